@@ -1,0 +1,127 @@
+"""The algorithm interface: what a server half and a client half of an algorithm offer, and what they exchange.
+
+An algorithm is one module with ``Config`` (a frozen dataclass), ``Server`` and ``Client``. The coordinator calls the
+server half (``select``, ``downlink``, ``aggregate``, ``evaluation_arrays``, ``state_dict``); the agent's single
+training loop (``algorithms.loop``) calls the client half's hooks (``on_receive``, ``extra_loss``,
+``after_backward``, ``after_step``, ``make_update``, ``state_dict``). They exchange ``Payload``s: named codec tensor
+groups plus a small metadata map, which the runtime encodes into packets. Must not import a transport or know
+sockets; it knows models only through named numpy arrays and the torch module the loop trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from codec import TensorGroup
+from models import arrays_to_state, state_to_arrays
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What travels in one direction for one client: named tensor groups and a metadata map."""
+
+    groups: Mapping[str, TensorGroup] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """What the server half knows of the model: tensor names by class, in state-dict order."""
+
+    names: tuple[str, ...]
+    prunable: tuple[str, ...]
+    batch_norm: tuple[str, ...]
+    layers: Mapping[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ModelLayout:
+        from models import batch_norm_names, layer_groups, prunable_names
+
+        return cls(
+            names=tuple(model.state_dict()),
+            prunable=tuple(prunable_names(model)),
+            batch_norm=tuple(batch_norm_names(model)),
+            layers={k: tuple(v) for k, v in layer_groups(model).items()},
+        )
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """Facts of the session a server half may need: the client count N, the layout, the seed."""
+
+    num_clients: int
+    layout: ModelLayout
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """One decoded update as the server half sees it."""
+
+    client_id: str
+    index: int
+    num_samples: int
+    payload: Payload
+
+
+@dataclass(frozen=True)
+class LocalStats:
+    """What the training loop reports: optimizer steps taken, samples seen, mean loss, learning rate."""
+
+    steps: int
+    samples: int
+    loss: float
+    lr: float
+
+
+def config_from_options(config_cls: type, options: Mapping[str, Any]) -> Any:
+    """Build an algorithm's frozen Config from a mapping; unknown keys are an error naming the valid ones."""
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = set(options) - known
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for this algorithm; valid: {sorted(known)}")
+    return config_cls(**dict(options))
+
+
+def weights_of(updates: Sequence[ClientUpdate], weighting: str) -> np.ndarray:
+    """Aggregation weights p_i: by data size (n_i / sum n) or uniform; they sum to 1."""
+    if not updates:
+        raise ValueError("no updates to weight")
+    if weighting == "uniform":
+        return np.full(len(updates), 1.0 / len(updates))
+    if weighting != "samples":
+        raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
+    sizes = np.array([max(u.num_samples, 0) for u in updates], dtype=np.float64)
+    if sizes.sum() <= 0:
+        return np.full(len(updates), 1.0 / len(updates))
+    return sizes / sizes.sum()
+
+
+def weighted_sum(arrays: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarray:
+    """sum_i w_i a_i accumulated in float64 and returned as float32."""
+    total = np.zeros(arrays[0].shape, dtype=np.float64)
+    for weight, array in zip(weights, arrays, strict=True):
+        total += weight * array.astype(np.float64, copy=False)
+    return total.astype(np.float32)
+
+
+def load_into(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
+    """Load a (possibly partial) set of named arrays into the model."""
+    arrays_to_state(model, dict(arrays), strict=False)
+
+
+def model_arrays(model: nn.Module) -> Arrays:
+    return state_to_arrays(model)
+
+
+def parameters_by_name(model: nn.Module) -> dict[str, torch.Tensor]:
+    return dict(model.named_parameters())

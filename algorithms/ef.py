@@ -1,0 +1,288 @@
+"""ef-fedavg / ef-fedprox: Fedge's compressed mode, a wrapper over a base algorithm (docs/ef.md is its reference).
+
+The whole model trains (no freezing); both directions carry the top ``keep`` fraction of a delta (k from
+``codec.retained_count``) with indices, values in ``value_dtype``, and each side keeps an error-feedback residual.
+- Public model X: the model every client replicates bit for bit. It starts as the initial model (rounded through
+  f16/bf16 when that is the value encoding, so the first sync costs 2 bytes a value) and advances only by the
+  decoded broadcast delta D_t, applied by the same function (``advance``) on both sides.
+- Server: u = sum_i p_i decode(U_i) + e; D_t = top-keep(u); e <- u - decode(D_t); X <- X + decode(D_t).
+- Client: replays the deltas it misses onto its replica (device state), trains from X through the base client's
+  hooks (FedProx's anchor is X), uploads U_i = top-keep(y - X + e_i) and keeps e_i <- (y - X + e_i) - decode(U_i).
+- Resync: the server tracks the public version (the round whose aggregate made it) each client holds. A client one
+  version behind gets D_t; further behind, the chain of stored deltas or a dense f32 copy of X, whichever encodes
+  smaller; a client never synced (or forgotten) gets X dense. Every downlink names its versions and the CRC of X,
+  which the client checks after applying, so a drifted replica fails loudly.
+Float buffers (BatchNorm running statistics) are treated like weights; integer buffers travel dense with every
+delta (the server takes the clients' maximum). Must not import a transport.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+import codec
+from algorithms.base import Arrays, ClientUpdate, LocalStats, Payload, ServerContext, config_from_options, weights_of
+from algorithms.sparse import FlatLayout, compress, decoded
+from codec import SparseSection, TensorGroup
+
+OWN_OPTIONS = ("keep", "value_dtype", "history")
+VALUE_DTYPES = ("f32", "f16", "bf16", "int8")
+
+
+@dataclass(frozen=True)
+class Config:
+    base: Any = None
+    keep: float = 0.1
+    value_dtype: str = "f16"
+    history: int = 8
+
+    def __post_init__(self) -> None:
+        if not 0 < self.keep <= 1:
+            raise ValueError(f"algorithm.keep must lie in (0, 1], got {self.keep}")
+        if self.value_dtype not in VALUE_DTYPES:
+            raise ValueError(f"algorithm.value_dtype must be one of {VALUE_DTYPES}, got {self.value_dtype!r}")
+        if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 1:
+            raise ValueError(f"algorithm.history must be an int >= 1, got {self.history!r}")
+
+
+def make_config(base_module: ModuleType, options: Mapping[str, Any]) -> Config:
+    known = set(OWN_OPTIONS) | {f.name for f in dataclasses.fields(base_module.Config)}
+    unknown = set(options) - known
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for this algorithm; valid: {sorted(known)}")
+    base = config_from_options(base_module.Config, {k: v for k, v in options.items() if k not in OWN_OPTIONS})
+    return Config(base=base, **{k: v for k, v in options.items() if k in OWN_OPTIONS})
+
+
+def is_float(array: np.ndarray) -> bool:
+    return bool(np.issubdtype(np.asarray(array).dtype, np.floating))
+
+
+def float_layout(arrays: Mapping[str, np.ndarray]) -> FlatLayout:
+    return FlatLayout.of(arrays, [name for name, value in arrays.items() if is_float(value)])
+
+
+def advance(public: Arrays, layout: FlatLayout, indices: np.ndarray, values: np.ndarray,
+            integers: Mapping[str, np.ndarray]) -> Arrays:
+    """X + D: the one float32 update both sides apply, so that their copies stay bit-identical."""
+    flat = layout.flat(public)
+    flat[indices] += np.asarray(values, dtype=np.float32)
+    moved = layout.split(flat)
+    return {name: moved[name] if name in moved else np.array(integers.get(name, value), copy=True)
+            for name, value in public.items()}
+
+
+def public_crc(public: Arrays) -> int:
+    crc = 0
+    for name, value in public.items():
+        crc = zlib.crc32(name.encode(), crc)
+        crc = zlib.crc32(np.ascontiguousarray(value).tobytes(), crc)
+    return crc
+
+
+def encoded_size(groups: Mapping[str, TensorGroup]) -> int:
+    return len(codec.encode(codec.Task(run_id="size", round=0, sender="algorithms", groups=dict(groups))))
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One broadcast delta: the version it applies to, its positions, its values before encoding, integer buffers."""
+
+    previous: int
+    indices: np.ndarray
+    values: np.ndarray
+    integers: Arrays
+
+
+class Server:
+    """Keeps the public model, its own residual, the recent broadcast deltas and every client's version."""
+
+    def __init__(self, config: Config, initial: Arrays, context: ServerContext, base_module: ModuleType) -> None:
+        self.config = config
+        self.context = context
+        self.layout = float_layout(initial)
+        self.start_dtype = config.value_dtype if config.value_dtype in ("f16", "bf16") else "f32"
+        start = decoded(TensorGroup(dense=initial, value_dtype=self.start_dtype)).dense
+        self.public: Arrays = {name: np.array(start[name], dtype=initial[name].dtype) for name in initial}
+        self.residual = np.zeros(self.layout.size, dtype=np.float32)
+        self.synced = np.full(context.num_clients, -1, dtype=np.int64)
+        self.version = 0
+        self.history: dict[int, Delta] = {}
+        self.resyncs = 0
+
+    def delta_group(self, version: int) -> TensorGroup:
+        delta = self.history[version]
+        section = SparseSection.with_indices(self.layout.names, self.layout.shapes, delta.indices, delta.values)
+        return TensorGroup(dense=delta.integers, sparse=section, value_dtype=self.config.value_dtype)
+
+    def chain(self, start: int) -> list[int] | None:
+        """The stored versions leading from ``start`` to the current one, or None when one is missing."""
+        versions = [v for v in sorted(self.history) if v > start]
+        previous = start
+        for version in versions:
+            if self.history[version].previous != previous:
+                return None
+            previous = version
+        return versions if previous == self.version else None
+
+    def downlink(self, round_number: int, client_index: int) -> Payload:
+        start = int(self.synced[client_index])
+        meta = {"ef_to": self.version, "ef_crc": public_crc(self.public)}
+        versions = self.chain(start) if start >= 0 else None
+        dense_dtype = self.start_dtype if self.version == 0 else "f32"
+        dense = {"public": TensorGroup(dense=self.public, value_dtype=dense_dtype)}
+        if versions is not None:
+            groups = {f"delta-{v}": self.delta_group(v) for v in versions}
+            if len(versions) <= 1 or encoded_size(groups) < encoded_size(dense):
+                return Payload(groups=groups, meta={**meta, "ef_from": start, "ef_rounds": versions})
+        self.resyncs += 1
+        return Payload(groups=dense, meta={**meta, "ef_from": -1, "ef_rounds": []})
+
+    def forget(self, client_index: int) -> None:
+        """The next downlink to this client is a dense copy (e.g. after it reported a lost replica)."""
+        self.synced[client_index] = -1
+
+    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        current = [u for u in updates if int(u.payload.meta.get("ef_base", -2)) == self.version]
+        for update in updates:
+            self.synced[update.index] = int(update.payload.meta.get("ef_base", -1))
+        if not current:
+            return {"ef_stale_updates": len(updates), "ef_dense_resyncs": self.resyncs}
+        total = np.zeros(self.layout.size, dtype=np.float64)
+        integers: dict[str, list[np.ndarray]] = {}
+        for weight, update in zip(weights_of(current, self.config.base.weighting), current, strict=True):
+            group = update.payload.groups["update"]
+            if group.sparse is None or tuple(group.sparse.names) != self.layout.names:
+                raise ValueError("an ef update must carry the float tensors as one indexed sparse section")
+            total[group.sparse.positions()] += weight * group.sparse.values.astype(np.float64)
+            for name, value in group.dense.items():
+                integers.setdefault(name, []).append(np.asarray(value))
+        merged = {name: np.max(np.stack(values), axis=0).astype(self.public[name].dtype)
+                  for name, values in integers.items()}
+        sent = compress(self.layout, total.astype(np.float32) + self.residual, self.config.keep,
+                        self.config.value_dtype, dense=merged)
+        self.residual = sent.residual
+        self.public = advance(self.public, self.layout, sent.indices, sent.decoded, merged)
+        self.history[round_number] = Delta(self.version, sent.indices, sent.group.sparse.values, merged)  # type: ignore[union-attr]
+        self.version = round_number
+        for old in sorted(self.history)[:-self.config.history]:
+            del self.history[old]
+        metrics = {"ef_stale_updates": len(updates) - len(current), "ef_dense_resyncs": self.resyncs,
+                   "ef_sent_down": int(sent.indices.size), "ef_residual_norm": float(np.linalg.norm(self.residual))}
+        self.resyncs = 0
+        return metrics
+
+    def evaluation_arrays(self) -> Arrays | None:
+        return self.public
+
+    def state_dict(self) -> tuple[Arrays, dict[str, Any]]:
+        arrays: Arrays = {f"public/{k}": v for k, v in self.public.items()}
+        arrays["residual"] = self.residual
+        arrays["synced"] = self.synced
+        for version, delta in self.history.items():
+            arrays[f"history/{version}/indices"] = delta.indices
+            arrays[f"history/{version}/values"] = delta.values
+            arrays.update({f"history/{version}/int/{k}": v for k, v in delta.integers.items()})
+        meta = {"version": self.version, "history": [[v, d.previous] for v, d in self.history.items()]}
+        return arrays, meta
+
+    def load_state_dict(self, arrays: Arrays, meta: dict[str, Any]) -> None:
+        self.public = {k[len("public/"):]: v.copy() for k, v in arrays.items() if k.startswith("public/")}
+        self.residual = np.array(arrays["residual"], dtype=np.float32)
+        self.synced = np.array(arrays["synced"], dtype=np.int64)
+        self.version = int(meta["version"])
+        self.history = {}
+        for version, previous in meta["history"]:
+            prefix = f"history/{version}/int/"
+            integers = {k[len(prefix):]: v.copy() for k, v in arrays.items() if k.startswith(prefix)}
+            self.history[int(version)] = Delta(int(previous), arrays[f"history/{version}/indices"].copy(),
+                                               arrays[f"history/{version}/values"].copy(), integers)
+
+
+class Client:
+    """The base client training from its replica of the public model, with its own residual as device state."""
+
+    def __init__(self, config: Config, client_index: int, base_module: ModuleType) -> None:
+        self.config = config
+        self.base = base_module.Client(config.base, client_index)
+        self.replica: Arrays = {}
+        self.version = -1
+        self.residual: np.ndarray | None = None
+
+    def sync(self, payload: Payload) -> None:
+        """Bring the replica to the version the packet names, and check it against the server's CRC."""
+        meta = payload.meta
+        if "public" in payload.groups:
+            self.replica = {k: np.array(v, copy=True) for k, v in payload.groups["public"].dense.items()}
+            self.version = int(meta["ef_to"])
+        elif self.version < int(meta["ef_from"]):
+            raise RuntimeError(f"ef: the replica is at version {self.version} but the packet starts at "
+                               f"{meta['ef_from']}; the coordinator must resync this client densely (forget)")
+        for version in meta["ef_rounds"]:
+            if version > self.version:
+                group = payload.groups[f"delta-{version}"]
+                section = group.sparse
+                layout = FlatLayout(section.names, section.shapes)
+                self.replica = advance(self.replica, layout, section.positions(), section.values, group.dense)
+                self.version = int(version)
+        if self.version != int(meta["ef_to"]) or public_crc(self.replica) != int(meta["ef_crc"]):
+            raise RuntimeError(f"ef: the replica (version {self.version}) differs from the public model "
+                               f"(version {meta['ef_to']}); it needs a dense resync")
+
+    def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
+        self.sync(payload)
+        model_group = {"model": TensorGroup(dense=self.replica)}
+        self.base.on_receive(round_number, Payload(groups=model_group, meta=payload.meta), model)
+
+    def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, settings: Any) -> None:
+        hook = getattr(self.base, "before_training", None)
+        if hook is not None:
+            hook(model, inputs, labels, settings)
+
+    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
+        result: torch.Tensor | None = self.base.extra_loss(model)
+        return result
+
+    def after_backward(self, model: nn.Module) -> None:
+        self.base.after_backward(model)
+
+    def after_step(self, model: nn.Module) -> None:
+        self.base.after_step(model)
+
+    def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
+        payload: Payload = self.base.make_update(round_number, model, stats)
+        is_model = "model" in payload.groups
+        trained = dict(payload.groups["model" if is_model else "delta"].dense)
+        layout = float_layout(self.replica)
+        delta = layout.flat(trained) - layout.flat(self.replica) if is_model else layout.flat(trained)
+        if self.residual is None or self.residual.size != layout.size:
+            self.residual = np.zeros(layout.size, dtype=np.float32)
+        integers = {name: value for name, value in trained.items() if name not in layout.names}
+        sent = compress(layout, delta + self.residual, self.config.keep, self.config.value_dtype, dense=integers)
+        self.residual = sent.residual
+        return Payload(groups={"update": sent.group}, meta={**payload.meta, "ef_base": self.version})
+
+    def state_dict(self) -> Arrays:
+        state: Arrays = {f"ef/public/{k}": v for k, v in self.replica.items()}
+        state["ef/version"] = np.array(self.version, dtype=np.int64)
+        if self.residual is not None:
+            state["ef/residual"] = self.residual
+        state.update(self.base.state_dict())
+        return state
+
+    def load_state_dict(self, state: Arrays) -> None:
+        self.base.load_state_dict({k: v for k, v in state.items() if not k.startswith("ef/")})
+        self.replica = {k[len("ef/public/"):]: np.array(v, copy=True) for k, v in state.items()
+                        if k.startswith("ef/public/")}
+        self.version = int(state["ef/version"]) if "ef/version" in state else -1
+        residual = state.get("ef/residual")
+        self.residual = None if residual is None else np.array(residual, dtype=np.float32)

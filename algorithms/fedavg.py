@@ -1,0 +1,139 @@
+"""FedAvg (McMahan et al. 2017; ALGORITHMS.md section 1): the defaults every other algorithm builds on.
+
+Server: x <- sum_i p_i y_i over the float tensors (parameters and float buffers), p_i by data size or uniform;
+integer buffers (BatchNorm's num_batches_tracked) take the clients' maximum, never an average.
+Client: load x, train, upload. Decision: the upload is the trained model itself (``upload = "model"``, default),
+so that one client with p = 1 reproduces its local run bit for bit; ``upload = "delta"`` sends y - x and the server
+computes x + sum p_i delta_i (both accumulate in float64). Must not import a transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from algorithms.base import (
+    Arrays,
+    ClientUpdate,
+    LocalStats,
+    Payload,
+    ServerContext,
+    load_into,
+    model_arrays,
+    weighted_sum,
+    weights_of,
+)
+from codec import TensorGroup
+
+UPLOADS = ("model", "delta")
+
+
+@dataclass(frozen=True)
+class Config:
+    weighting: str = "samples"
+    upload: str = "model"
+
+    def __post_init__(self) -> None:
+        if self.weighting not in ("samples", "uniform"):
+            raise ValueError(f"algorithm.weighting must be 'samples' or 'uniform', got {self.weighting!r}")
+        if self.upload not in UPLOADS:
+            raise ValueError(f"algorithm.upload must be one of {UPLOADS}, got {self.upload!r}")
+
+
+def is_float(array: np.ndarray) -> bool:
+    return bool(np.issubdtype(array.dtype, np.floating))
+
+
+def average(base: Arrays, uploads: Sequence[Arrays], weights: np.ndarray, as_delta: bool,
+            names: Sequence[str] | None = None) -> Arrays:
+    """The weighted aggregate of uploaded models (or of base + deltas) over ``names`` (default: all of base)."""
+    result = dict(base)
+    for name in names if names is not None else base:
+        values = [upload[name] for upload in uploads]
+        if not is_float(base[name]):
+            result[name] = np.max(np.stack(values), axis=0).astype(base[name].dtype)
+        elif as_delta:
+            total = base[name].astype(np.float64) + weighted_sum(values, weights).astype(np.float64)
+            result[name] = total.astype(np.float32)
+        else:
+            result[name] = weighted_sum(values, weights)
+    return result
+
+
+class Server:
+    """Holds the global model x and averages what the clients upload."""
+
+    def __init__(self, config: Config, initial: Arrays, context: ServerContext) -> None:
+        self.config = config
+        self.context = context
+        self.model: Arrays = {name: array.copy() for name, array in initial.items()}
+
+    def downlink(self, round_number: int, client_index: int) -> Payload:
+        return Payload(groups={"model": TensorGroup(dense=self.model)})
+
+    def uploaded(self, update: ClientUpdate) -> tuple[Arrays, bool]:
+        """The arrays a client uploaded and whether they are deltas."""
+        groups = update.payload.groups
+        if "model" in groups:
+            return dict(groups["model"].dense), False
+        return dict(groups["delta"].dense), True
+
+    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        weights = weights_of(updates, self.config.weighting)
+        uploads = [self.uploaded(u) for u in updates]
+        if len({as_delta for _, as_delta in uploads}) != 1:
+            raise ValueError("updates mix models and deltas")
+        self.model = average(self.model, [arrays for arrays, _ in uploads], weights, uploads[0][1])
+        return {}
+
+    def evaluation_arrays(self) -> Arrays | None:
+        return self.model
+
+    def state_dict(self) -> tuple[Arrays, dict[str, Any]]:
+        return {f"model/{k}": v for k, v in self.model.items()}, {}
+
+    def load_state_dict(self, arrays: Arrays, meta: dict[str, Any]) -> None:
+        self.model = {k[len("model/"):]: v for k, v in arrays.items() if k.startswith("model/")}
+
+
+class Client:
+    """Loads the received model, trains it through the loop unchanged, and uploads the result."""
+
+    def __init__(self, config: Config, client_index: int) -> None:
+        self.config = config
+        self.client_index = client_index
+        self.received: Arrays = {}
+
+    def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
+        self.received = {name: array.copy() for name, array in payload.groups["model"].dense.items()}
+        load_into(model, self.received)
+
+    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
+        return None
+
+    def after_backward(self, model: nn.Module) -> None:
+        return None
+
+    def after_step(self, model: nn.Module) -> None:
+        return None
+
+    def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
+        trained = model_arrays(model)
+        if self.config.upload == "model":
+            return Payload(groups={"model": TensorGroup(dense=trained)})
+        delta = {
+            name: (value - self.received[name]) if is_float(value) else value
+            for name, value in trained.items()
+        }
+        return Payload(groups={"delta": TensorGroup(dense=delta)})
+
+    def state_dict(self) -> Arrays:
+        return {}
+
+    def load_state_dict(self, state: Arrays) -> None:
+        return None

@@ -1,0 +1,108 @@
+"""THE local training loop: every algorithm's client half trains through this one function, via its hooks.
+
+Holds the optimizer factory and ``train_local``. A fresh optimizer is created every round (no optimizer state is
+carried between rounds, ALGORITHMS.md section 0). The batch order is fixed by the seed the caller derives from
+(run seed, round, client index), so a run is reproducible. A final batch of one sample is skipped when the model has
+BatchNorm (training-mode BN cannot normalise a single sample). Must not know sockets, packets or the coordinator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from algorithms.base import LocalStats
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Local training settings sent by the coordinator: epochs, batch size, optimizer and its rates."""
+
+    epochs: int = 1
+    batch_size: int = 64
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"train.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ValueError("train.epochs and train.batch_size must be >= 1 and train.lr > 0")
+
+
+class TrainingHooks(Protocol):
+    def extra_loss(self, model: nn.Module) -> torch.Tensor | None: ...
+    def after_backward(self, model: nn.Module) -> None: ...
+    def after_step(self, model: nn.Module) -> None: ...
+
+
+def make_optimizer(params: list[torch.nn.Parameter], settings: TrainSettings) -> torch.optim.Optimizer:
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum,
+                               weight_decay=settings.weight_decay)
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    return any(isinstance(m, _BatchNorm) for m in model.modules())
+
+
+def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, labels: torch.Tensor,
+                settings: TrainSettings, seed: int) -> LocalStats:
+    """Run ``settings.epochs`` epochs of minibatch training with the hooks; return what was done."""
+    model.train()
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], settings)
+    minimum_batch = 2 if has_batch_norm(model) else 1
+    count = int(labels.shape[0])
+    steps, samples, loss_sum = 0, 0, 0.0
+    for _ in range(settings.epochs):
+        order = torch.randperm(count, generator=generator)
+        for start in range(0, count, settings.batch_size):
+            batch = order[start:start + settings.batch_size]
+            if batch.numel() < minimum_batch:
+                continue
+            optimizer.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(model(inputs[batch]), labels[batch])
+            extra = hooks.extra_loss(model)
+            total = loss if extra is None else loss + extra
+            total.backward()
+            hooks.after_backward(model)
+            optimizer.step()
+            hooks.after_step(model)
+            steps += 1
+            samples += int(batch.numel())
+            loss_sum += float(loss.detach()) * int(batch.numel())
+    return LocalStats(steps=steps, samples=samples, loss=loss_sum / max(samples, 1), lr=settings.lr)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+             batch_size: int = 500) -> tuple[float, float]:
+    """Accuracy (a fraction) and mean cross-entropy of the model on a labelled set, in eval mode."""
+    model.eval()
+    correct, loss_sum, count = 0, 0.0, int(labels.shape[0])
+    if count == 0:
+        return float("nan"), float("nan")
+    for start in range(0, count, batch_size):
+        logits = model(inputs[start:start + batch_size])
+        target = labels[start:start + batch_size]
+        loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+        correct += int((logits.argmax(1) == target).sum())
+    return correct / count, loss_sum / count
+
+
+def round_seed(run_seed: int, round_number: int, client_index: int) -> int:
+    """The batch-order seed of one client in one round: a pure function, so a resumed run replays it exactly."""
+    return (run_seed * 1_000_003 + round_number * 10_007 + client_index) % (2**63 - 1)

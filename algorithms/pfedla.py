@@ -1,0 +1,189 @@
+"""pFedLA and HeurpFedLA (Ma et al., CVPR 2022; ALGORITHMS.md section 6): layer-wise personalised aggregation.
+
+Server: keeps theta_j, every client's latest trained parameters (initialised from the initial model), and one
+hypernetwork per client (``algorithms.hypernetwork``). For client i it sends theta_bar_i^l = sum_j alpha_i^{l,j}
+theta_j^l per layer l, receives Delta theta_i for all layers, steps HN_i in the descent direction of
+1/2 ||theta_bar_i - theta_i^trained||^2 (eta_hn = 5e-3 SGD) and stores theta_i <- theta_bar_i + Delta theta_i. There is no
+global model (``evaluation_arrays`` is None). ``state_dict`` holds theta (one (N, ...) stack per tensor) and every
+hypernetwork's parameters: the coordinator's checkpoint, resumed bit for bit. HeurpFedLA (``k`` > 0): the k layers
+with the largest normalised self-weight are retained: one-hot self, detached, and not downloaded. Client: keeps its
+whole local model as device state (personal buffers and retained layers live there), loads it, then the downlink,
+so after ``on_receive`` the model is its personalised theta_bar_i; uploads trained - received for every parameter.
+Must not import a transport.
+
+Decisions where ALGORITHMS.md is silent:
+- A layer is a module of ``context.layout.layers`` (weight and bias share one alpha row); its aggregated tensors are
+  its float tensors minus the BatchNorm buffers. Personal tensors (BN running statistics, num_batches_tracked, any
+  non-float tensor) are never sent down or up; they stay on the device untouched (one-hot self by construction).
+- The server tells BN buffers apart by name suffix within ``layout.batch_norm`` (running_mean, running_var,
+  num_batches_tracked), since the layout does not list parameters; the client uses ``named_parameters``.
+- A client that has never reported gets its retained layers too (from theta_i, the initial model): it has no local
+  values of its own yet. From its second participation on they are absent from the downlink.
+- Retained layers: ties in self-weight go to the lower layer index; on the server theta_bar_i^l = theta_i^l (its
+  stored copy, equal to the device's value whenever the device's previous upload arrived). A dropped upload leaves
+  the stored copy stale until that layer is next downloaded to the device.
+- HN updates of a round all use the theta_j held when the round's downlinks were made; theta_i are stored after.
+- Hypernetwork seeds derive from (context.seed, i). HeurpFedLA is this module with ``HeurConfig`` (k = 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from algorithms.base import Arrays, ClientUpdate, LocalStats, Payload, ServerContext, load_into, model_arrays
+from algorithms.hypernetwork import HyperNetwork, descend, layer_weights, mix, weight_gradient
+from codec import TensorGroup
+
+BUFFER_SUFFIXES = (".running_mean", ".running_var", ".num_batches_tracked")
+
+
+@dataclass(frozen=True)
+class Config:
+    k: int = 0
+    hn_lr: float = 5e-3
+    embedding_dim: int = 100
+    hidden_dim: int = 100
+
+    def __post_init__(self) -> None:
+        if self.k < 0 or self.hn_lr < 0 or self.embedding_dim < 1 or self.hidden_dim < 1:
+            raise ValueError("algorithm.k and algorithm.hn_lr must be >= 0, embedding_dim and hidden_dim >= 1")
+
+
+@dataclass(frozen=True)
+class HeurConfig(Config):
+    """HeurpFedLA's defaults: one retained layer (the paper's Tables 1-2)."""
+
+    k: int = 1
+
+
+def aggregated_names(initial: Arrays, names: Sequence[str], batch_norm: Sequence[str]) -> list[str]:
+    bn = set(batch_norm)
+    return [n for n in names if np.issubdtype(initial[n].dtype, np.floating)
+            and not (n in bn and n.endswith(BUFFER_SUFFIXES))]
+
+
+class Server:
+    """theta_j of every client, one hypernetwork per client, no global model."""
+
+    def __init__(self, config: Config, initial: Arrays, context: ServerContext) -> None:
+        self.config = config
+        self.context = context
+        layout = context.layout
+        self.layers: list[tuple[str, list[str]]] = []
+        for module, names in layout.layers.items():
+            own = aggregated_names(initial, names, layout.batch_norm)
+            if own:
+                self.layers.append((module, own))
+        if config.k > len(self.layers):
+            raise ValueError(f"algorithm.k = {config.k} exceeds the model's {len(self.layers)} layers")
+        count = context.num_clients
+        self.theta: Arrays = {name: np.repeat(initial[name][None].astype(np.float32), count, axis=0)
+                              for _, names in self.layers for name in names}
+        self.networks = [HyperNetwork(count, len(self.layers), config.embedding_dim, config.hidden_dim,
+                                      seed=context.seed * 1_000_003 + index) for index in range(count)]
+        self.seen: set[int] = set()
+
+    def weights(self, index: int) -> tuple[torch.Tensor, list[int]]:
+        """alpha_i (with autograd) and the retained layer indices."""
+        return layer_weights(self.networks[index], index, self.config.k)
+
+    def personalised(self, index: int, alpha: np.ndarray, retained: Sequence[int]) -> Arrays:
+        """theta_bar_i for every aggregated tensor (retained layers: the stored theta_i)."""
+        result: Arrays = {}
+        for row, (_, names) in enumerate(self.layers):
+            for name in names:
+                stack = self.theta[name]
+                result[name] = stack[index].copy() if row in retained else mix(alpha[row], stack)
+        return result
+
+    def downlink(self, round_number: int, client_index: int) -> Payload:
+        alpha, retained = self.weights(client_index)
+        model = self.personalised(client_index, alpha.detach().numpy(), retained)
+        if client_index in self.seen:
+            for row in retained:
+                for name in self.layers[row][1]:
+                    del model[name]
+        meta = {"retained": [self.layers[row][0] for row in retained]}
+        return Payload(groups={"model": TensorGroup(dense=model)}, meta=meta)
+
+    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        trained: dict[int, Arrays] = {}
+        self_weights = []
+        for update in updates:
+            index = update.index
+            delta = update.payload.groups["delta"].dense
+            alpha, retained = self.weights(index)
+            weights = alpha.detach().numpy()
+            bar = self.personalised(index, weights, retained)
+            trained[index] = {name: (bar[name].astype(np.float64) + np.asarray(delta[name], np.float64))
+                              .astype(np.float32) for name in self.theta}
+            stacks = [[self.theta[name] for name in names] for _, names in self.layers]
+            residuals = [[-np.asarray(delta[name], np.float64) for name in names] for _, names in self.layers]
+            descend(self.networks[index], alpha, weight_gradient(stacks, residuals), self.config.hn_lr)
+            self_weights.append(float(weights[:, index].mean()))
+        for index, arrays in trained.items():
+            for name, value in arrays.items():
+                self.theta[name][index] = value
+            self.seen.add(index)
+        return {"alpha_self": float(np.mean(self_weights))} if self_weights else {}
+
+    def evaluation_arrays(self) -> Arrays | None:
+        return None
+
+    def state_dict(self) -> tuple[Arrays, dict[str, Any]]:
+        arrays = {f"theta/{name}": stack.copy() for name, stack in self.theta.items()}
+        for index, network in enumerate(self.networks):
+            for name, tensor in network.state_dict().items():
+                arrays[f"hn/{index}/{name}"] = tensor.detach().numpy().copy()
+        return arrays, {"seen": sorted(self.seen)}
+
+    def load_state_dict(self, arrays: Arrays, meta: dict[str, Any]) -> None:
+        self.theta = {name: arrays[f"theta/{name}"].copy() for name in self.theta}
+        for index, network in enumerate(self.networks):
+            prefix = f"hn/{index}/"
+            network.load_state_dict({k[len(prefix):]: torch.from_numpy(v.copy())
+                                     for k, v in arrays.items() if k.startswith(prefix)})
+        self.seen = {int(i) for i in meta.get("seen", [])}
+
+
+class Client:
+    """Loads its own local model, then the personalised downlink; uploads trained - received per parameter."""
+
+    def __init__(self, config: Config, client_index: int) -> None:
+        self.config = config
+        self.client_index = client_index
+        self.local: Arrays = {}
+        self.received: Arrays = {}
+
+    def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
+        if self.local:
+            load_into(model, self.local)
+        load_into(model, payload.groups["model"].dense)
+        arrays = model_arrays(model)
+        self.received = {name: arrays[name] for name, _ in model.named_parameters()}
+
+    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
+        return None
+
+    def after_backward(self, model: nn.Module) -> None:
+        return None
+
+    def after_step(self, model: nn.Module) -> None:
+        return None
+
+    def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
+        self.local = model_arrays(model)
+        delta = {name: self.local[name] - start for name, start in self.received.items()}
+        return Payload(groups={"delta": TensorGroup(dense=delta)})
+
+    def state_dict(self) -> Arrays:
+        return {name: array.copy() for name, array in self.local.items()}
+
+    def load_state_dict(self, state: Arrays) -> None:
+        self.local = {name: array.copy() for name, array in state.items()}

@@ -1,0 +1,254 @@
+"""SCAFFOLD (Karimireddy et al. 2020; ALGORITHMS.md section 3): FedAvg with control variates against client drift.
+
+Server: x <- x + eta_g sum_i p_i dy_i and c <- c + (1/N) sum_i dc_i, with N = ``context.num_clients`` (all clients,
+not the sampled ones). Client: trains from x with the correction (c - c_i), then c_i+ by Option II (default,
+c_i - c + (x - y_i)/(K eta_l)) or Option I (the full local gradient at the received x), and uploads dy_i and dc_i.
+Downlink groups "model" (x) and "control" (c); uplink groups "delta" (dy_i; integer buffers travel as values) and
+"control" (dc_i). c_i is device state (``Client.state_dict``). Must not import a transport.
+
+Decisions where ALGORITHMS.md is silent:
+- Control variates exist for the float parameters only: every float tensor except BatchNorm running statistics.
+  Float buffers are averaged like parameters (x + eta_g sum p_i dy_i); integer buffers take the clients' maximum.
+- Aggregation weights p_i follow ``weighting`` (default "samples", as FedAvg, so that round 1 equals FedAvg's round
+  for any client sizes; "uniform" is the paper's 1/|S_t|). Both agree on equal client sizes.
+- ``correction = "update"`` (default, for every optimizer): y <- OptimizerStep(y) - eta_l (c - c_i) after each step
+  (NIID-Bench). ``"gradient"`` adds (c - c_i) to the gradient before the step (FL-bench). With plain SGD (no
+  momentum, no weight decay) the two give the same iterate up to float rounding; with Adam only "update" keeps
+  Option II's c_i on the scale of the update direction.
+- eta_l for the update-space correction: the learning rate the client learns in ``before_training`` when the loop
+  calls it; otherwise the lr of its own last round (device state), else the lr the server last saw reported
+  (downlink meta "lr"). c = c_i = 0 needs none. This assumes a constant lr until the loop passes its settings.
+- K = 0 steps (no data): c_i is left unchanged (dc_i = 0). Option I needs ``before_training`` (it reads the data).
+- ``freeze(masks)``: coordinates whose c_i must stay as they are this round (DSSA's retained weights, section 4.3).
+- Arithmetic is done in float64 and cast back to each tensor's dtype, so a float64 toy model keeps its precision.
+  The client stores c_i+ = c_i + dc_i, rounded exactly as the server rounds c + dc, so identical clients keep
+  c_i == c bit for bit (whenever 1/N is exact) and their correction is exactly zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from algorithms import fedavg
+from algorithms.base import Arrays, ClientUpdate, LocalStats, ModelLayout, Payload, ServerContext, model_arrays
+from algorithms.base import weights_of as base_weights
+from algorithms.loop import TrainSettings
+from codec import TensorGroup
+
+OPTIONS = ("II", "I")
+CORRECTIONS = ("update", "gradient")
+RUNNING_STATS = (".running_mean", ".running_var")
+
+
+@dataclass(frozen=True)
+class Config:
+    weighting: str = "samples"
+    option: str = "II"
+    correction: str = "update"
+    global_lr: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.weighting not in ("samples", "uniform"):
+            raise ValueError(f"algorithm.weighting must be 'samples' or 'uniform', got {self.weighting!r}")
+        if self.option not in OPTIONS:
+            raise ValueError(f"algorithm.option must be one of {OPTIONS}, got {self.option!r}")
+        if self.correction not in CORRECTIONS:
+            raise ValueError(f"algorithm.correction must be one of {CORRECTIONS}, got {self.correction!r}")
+        if not self.global_lr > 0:
+            raise ValueError(f"algorithm.global_lr must be > 0, got {self.global_lr}")
+
+
+def control_names(layout: ModelLayout, initial: Arrays) -> list[str]:
+    """The tensors that carry a control variate: float tensors that are not BatchNorm running statistics."""
+    running = {name for name in layout.batch_norm if name.endswith(RUNNING_STATS)}
+    return [name for name in layout.names if fedavg.is_float(initial[name]) and name not in running]
+
+
+def shifted(base: np.ndarray, arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    """base + sum_i w_i a_i, accumulated in float64 and cast back to base's dtype."""
+    total = base.astype(np.float64)
+    for weight, array in zip(weights, arrays, strict=True):
+        total += weight * np.asarray(array, dtype=np.float64)
+    return total.astype(base.dtype)
+
+
+class Server:
+    """Holds the global model x and the global control variate c."""
+
+    def __init__(self, config: Config, initial: Arrays, context: ServerContext) -> None:
+        self.config = config
+        self.context = context
+        self.model: Arrays = {name: array.copy() for name, array in initial.items()}
+        self.control: Arrays = {name: np.zeros_like(initial[name])
+                                for name in control_names(context.layout, initial)}
+        self.lr: float | None = None
+
+    def downlink(self, round_number: int, client_index: int) -> Payload:
+        meta = {} if self.lr is None else {"lr": self.lr}
+        return Payload(groups={"model": TensorGroup(dense=self.model), "control": TensorGroup(dense=self.control)},
+                       meta=meta)
+
+    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        weights = base_weights(updates, self.config.weighting) * self.config.global_lr
+        deltas = [update.payload.groups["delta"].dense for update in updates]
+        controls = [update.payload.groups["control"].dense for update in updates]
+        for name, value in self.model.items():
+            uploaded = [np.asarray(delta[name]) for delta in deltas]
+            if fedavg.is_float(value):
+                self.model[name] = shifted(value, uploaded, weights)
+            else:
+                self.model[name] = np.max(np.stack(uploaded), axis=0).astype(value.dtype)
+        share = [1.0 / self.context.num_clients] * len(updates)
+        for name, value in self.control.items():
+            self.control[name] = shifted(value, [control[name] for control in controls], share)
+        rates = [float(u.payload.meta["lr"]) for u in updates if "lr" in u.payload.meta]
+        if rates:
+            self.lr = rates[-1]
+        norm = float(np.sqrt(sum(float(np.sum(np.square(c, dtype=np.float64))) for c in self.control.values())))
+        return {"control_norm": norm}
+
+    def evaluation_arrays(self) -> Arrays | None:
+        return self.model
+
+    def state_dict(self) -> tuple[Arrays, dict[str, Any]]:
+        arrays = {f"model/{k}": v for k, v in self.model.items()}
+        arrays.update({f"control/{k}": v for k, v in self.control.items()})
+        return arrays, {"lr": self.lr}
+
+    def load_state_dict(self, arrays: Arrays, meta: dict[str, Any]) -> None:
+        self.model = {k[len("model/"):]: v.copy() for k, v in arrays.items() if k.startswith("model/")}
+        self.control = {k[len("control/"):]: v.copy() for k, v in arrays.items() if k.startswith("control/")}
+        self.lr = meta.get("lr")
+
+
+def full_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int) -> Arrays:
+    """The gradient of the mean cross-entropy over all local samples at the model's current weights (Option I).
+
+    Runs in training mode like the loop does, and restores every buffer (BatchNorm statistics) afterwards.
+    """
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    params = dict(model.named_parameters())
+    model.train()
+    model.zero_grad(set_to_none=True)
+    count = int(labels.shape[0])
+    for start in range(0, count, batch_size):
+        logits = model(inputs[start:start + batch_size])
+        (F.cross_entropy(logits, labels[start:start + batch_size], reduction="sum") / max(count, 1)).backward()
+    grads = {name: (p.grad.detach().cpu().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape)))
+             for name, p in params.items()}
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    return grads
+
+
+class Client(fedavg.Client):
+    """Trains with the (c - c_i) correction and keeps its own control variate c_i on the device."""
+
+    config: Config
+
+    def __init__(self, config: Config, client_index: int) -> None:
+        super().__init__(config, client_index)
+        self.own: Arrays = {}
+        self.last_lr: float | None = None
+        self.reset_round({})
+
+    def reset_round(self, control: Arrays, hinted_lr: float | None = None) -> None:
+        self.control = control
+        self.hinted_lr = hinted_lr
+        self.settings_lr: float | None = None
+        self.gradient_at_x: Arrays | None = None
+        self.frozen: dict[str, np.ndarray] = {}
+        self.difference: dict[str, torch.Tensor] = {}
+
+    def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
+        super().on_receive(round_number, payload, model)
+        control = {name: np.array(value, copy=True) for name, value in payload.groups["control"].dense.items()}
+        self.reset_round(control, payload.meta.get("lr"))
+        params = dict(model.named_parameters())
+        for name, value in control.items():
+            own = self.own.setdefault(name, np.zeros_like(value))
+            if np.any(value != own):
+                self.difference[name] = torch.from_numpy(
+                    (value.astype(np.float64) - own).astype(value.dtype)).to(params[name].dtype)
+
+    def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                        settings: TrainSettings) -> None:
+        """Learn this round's eta_l and, for Option I, take the full local gradient at the received x."""
+        self.settings_lr = settings.lr
+        if self.config.option == "I":
+            self.gradient_at_x = full_gradient(model, inputs, labels, settings.batch_size)
+
+    def freeze(self, frozen: Mapping[str, np.ndarray]) -> None:
+        """Coordinates (True) whose c_i stays unchanged this round; called after ``on_receive``."""
+        self.frozen = {name: np.asarray(mask, dtype=bool) for name, mask in frozen.items()}
+
+    def step_lr(self) -> float:
+        for lr in (self.settings_lr, self.last_lr, self.hinted_lr):
+            if lr is not None:
+                return float(lr)
+        raise RuntimeError("SCAFFOLD's update-space correction needs the local learning rate, and none is known "
+                           "yet (no before_training call, no earlier round, no 'lr' in the downlink)")
+
+    def after_backward(self, model: nn.Module) -> None:
+        if self.config.correction != "gradient" or not self.difference:
+            return
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if param.grad is not None and name in self.difference:
+                    param.grad.add_(self.difference[name])
+
+    def after_step(self, model: nn.Module) -> None:
+        if self.config.correction != "update" or not self.difference:
+            return
+        lr = self.step_lr()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name in self.difference:
+                    param.add_(self.difference[name], alpha=-lr)
+
+    def next_control(self, name: str, trained: np.ndarray, stats: LocalStats) -> np.ndarray:
+        own, control = self.own[name], self.control[name]
+        if self.config.option == "I":
+            if self.gradient_at_x is None:
+                raise RuntimeError("SCAFFOLD Option I needs before_training(model, inputs, labels, settings)")
+            target = self.gradient_at_x[name].astype(own.dtype)
+        elif stats.steps == 0:
+            target = own
+        else:
+            drift = (self.received[name].astype(np.float64) - trained) / (stats.steps * stats.lr)
+            target = (own.astype(np.float64) - control + drift).astype(own.dtype)
+        if name in self.frozen:
+            target = np.where(self.frozen[name], own, target)
+        return target
+
+    def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
+        trained = model_arrays(model)
+        delta = {name: (value - self.received[name]) if fedavg.is_float(value) else value
+                 for name, value in trained.items()}
+        targets = {name: self.next_control(name, trained[name], stats) for name in self.control}
+        change = {name: (targets[name].astype(np.float64) - self.own[name]).astype(self.own[name].dtype)
+                  for name in targets}
+        self.own = {name: (own.astype(np.float64) + change[name]).astype(own.dtype) if name in change else own
+                    for name, own in self.own.items()}
+        self.last_lr = stats.lr
+        return Payload(groups={"delta": TensorGroup(dense=delta), "control": TensorGroup(dense=change)},
+                       meta={"steps": stats.steps, "lr": stats.lr})
+
+    def state_dict(self) -> Arrays:
+        state = {f"control/{name}": value for name, value in self.own.items()}
+        if self.last_lr is not None:
+            state["lr"] = np.array(self.last_lr, dtype=np.float64)
+        return state
+
+    def load_state_dict(self, state: Arrays) -> None:
+        self.own = {k[len("control/"):]: np.array(v, copy=True) for k, v in state.items() if k.startswith("control/")}
+        self.last_lr = float(state["lr"]) if "lr" in state else None

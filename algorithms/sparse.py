@@ -1,0 +1,113 @@
+"""Flat views of named tensors and top-fraction compression with error feedback, shared by DSSA and ef-*.
+
+``FlatLayout`` fixes the flat positions of a set of tensors (row-major, concatenated in the given order), the
+positions that ``codec.SparseSection`` uses. ``compress`` sends the top ``keep`` fraction of an update (by
+magnitude, ties by flat index, k from ``codec.retained_count``) with indices, and returns what the receiver will
+decode and the error-feedback residual. ``decoded`` tells what a receiver gets from a group, by a real codec
+round trip when the value encoding is lossy. Holds no state; must not import a transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+import codec
+from codec import SparseSection, TensorGroup
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """Names and shapes of tensors laid end to end: position p of the flat vector is one coordinate."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, arrays: Mapping[str, np.ndarray], names: Sequence[str]) -> FlatLayout:
+        return cls(tuple(names), tuple(tuple(np.shape(arrays[name])) for name in names))
+
+    @property
+    def sizes(self) -> list[int]:
+        return [int(np.prod(shape, dtype=np.int64)) for shape in self.shapes]
+
+    @property
+    def size(self) -> int:
+        return sum(self.sizes)
+
+    def flat(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+        """A new float32 vector holding the named tensors end to end."""
+        if not self.names:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate([np.asarray(arrays[name], dtype=np.float32).reshape(-1) for name in self.names])
+
+    def split(self, flat: np.ndarray) -> Arrays:
+        """Named float32 tensors (copies) from a flat vector."""
+        out: Arrays = {}
+        start = 0
+        for name, shape, size in zip(self.names, self.shapes, self.sizes, strict=True):
+            out[name] = np.array(flat[start:start + size], dtype=np.float32).reshape(shape)
+            start += size
+        return out
+
+    def parts(self, flat: np.ndarray) -> Arrays:
+        """Named views (not copies) of a flat vector, e.g. of a mask."""
+        out: Arrays = {}
+        start = 0
+        for name, shape, size in zip(self.names, self.shapes, self.sizes, strict=True):
+            out[name] = flat[start:start + size].reshape(shape)
+            start += size
+        return out
+
+
+def roundtrip(group: TensorGroup) -> TensorGroup:
+    """The group as a receiver decodes it: encoded in a real packet and decoded back."""
+    packet = codec.encode(codec.Update(run_id="roundtrip", round=0, sender="algorithms", groups={"g": group}))
+    message = codec.decode(packet)
+    return message.groups["g"]  # type: ignore[union-attr]
+
+
+def decoded(group: TensorGroup) -> TensorGroup:
+    """What the receiver decodes: the group itself when its values travel losslessly (f32)."""
+    return group if group.value_dtype == "f32" else roundtrip(group)
+
+
+def decoded_values(group: TensorGroup) -> np.ndarray:
+    """The float32 values of the group's sparse section as the receiver will decode them."""
+    assert group.sparse is not None
+    return np.asarray(decoded(group).sparse.values, dtype=np.float32)  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class Compressed:
+    """One compressed update: the group to send, its positions, the decoded values and the new residual."""
+
+    group: TensorGroup
+    indices: np.ndarray
+    decoded: np.ndarray
+    residual: np.ndarray
+
+
+def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dtype: str,
+             dense: Mapping[str, np.ndarray] | None = None, candidates: np.ndarray | None = None) -> Compressed:
+    """Send the top ``keep`` fraction (by |value|) of ``update`` among ``candidates`` (default: all positions).
+
+    ``update`` is the full flat vector (already including the old residual). The new residual is ``update``
+    everywhere except at the sent positions, where it is what the receiver misses: update - decoded (zero when the
+    values travel as f32).
+    """
+    pool = update if candidates is None else update[candidates]
+    count = codec.retained_count(int(pool.size), keep=keep)
+    chosen = np.flatnonzero(codec.topk_mask([pool], count))
+    indices = (chosen if candidates is None else candidates[chosen]).astype(np.int64)
+    values = np.ascontiguousarray(update[indices], dtype=np.float32)
+    section = SparseSection.with_indices(layout.names, layout.shapes, indices, values)
+    group = TensorGroup(dense=dict(dense or {}), sparse=section, value_dtype=value_dtype)
+    received = decoded_values(group)
+    residual = np.array(update, dtype=np.float32)
+    residual[indices] = values - received
+    return Compressed(group=group, indices=indices, decoded=received, residual=residual)

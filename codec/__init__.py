@@ -1,0 +1,45 @@
+"""Fedge's wire codec: typed messages, sparse tensor coding, packets, limits and errors.
+
+`encode(message) -> bytes` and `decode(bytes, Limits()) -> message` are the whole I/O-free
+interface; docs/wire-format.md is the normative byte-level description. This package uses only
+the standard library, numpy, msgpack and zstandard: it must never import torch, zmq or any
+other Fedge package.
+"""
+
+from codec.errors import (
+    ChecksumError,
+    CodecError,
+    Limits,
+    Malformed,
+    MaskMismatch,
+    NonFinite,
+    OutOfRange,
+    ShapeMismatch,
+    TooLarge,
+    UnknownKind,
+    UnsupportedVersion,
+)
+from codec.masks import mask_crc, retained_count, topk_mask
+from codec.messages import (
+    PROTOCOL_VERSION,
+    Bye,
+    Commit,
+    ErrorMessage,
+    Heartbeat,
+    Hello,
+    Message,
+    Task,
+    Update,
+    Welcome,
+)
+from codec.packet import decode, encode
+from codec.sparse import SparseSection
+from codec.tensors import TensorGroup
+
+__all__ = [
+    "PROTOCOL_VERSION", "Hello", "Welcome", "Task", "Update", "Commit", "Heartbeat", "ErrorMessage", "Bye",
+    "Message", "TensorGroup", "SparseSection", "encode", "decode", "Limits",
+    "CodecError", "TooLarge", "Malformed", "UnsupportedVersion", "UnknownKind", "ChecksumError", "NonFinite",
+    "ShapeMismatch", "MaskMismatch", "OutOfRange",
+    "retained_count", "topk_mask", "mask_crc",
+]

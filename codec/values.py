@@ -1,0 +1,126 @@
+"""Value blocks: how a run of float32 values is laid out on the wire.
+
+A value block holds n float32 values in one of four encodings: "f32" (lossless, byte-shuffled),
+"f16" and "bf16" (lossy, 2 bytes, byte-shuffled) and "int8" (lossy, linear, one scale per
+segment; a segment is one tensor). Byte shuffling stores byte 0 of every value, then byte 1,
+and so on (as Blosc does), which lets zstd compress the exponent bytes and skip the noisy low
+mantissa bytes quickly. Decoded values are always float32.
+
+This module must not import torch, zmq or any other Fedge package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from codec.errors import Malformed, NonFinite, OutOfRange
+
+F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
+
+VALUE_ENCODINGS: tuple[str, ...] = ("f32", "f16", "bf16", "int8")
+WIDTH: dict[str, int] = {"f32": 4, "f16": 2, "bf16": 2, "int8": 1}
+INT8_MAX = 127
+
+
+def shuffle(planes_in: U8) -> U8:
+    """(n, w) bytes of n values -> (w, n): all byte-0s first, then all byte-1s, and so on."""
+    n, width = planes_in.shape
+    out = np.empty((width, n), dtype=np.uint8)
+    for j in range(width):
+        out[j] = planes_in[:, j]
+    return out
+
+
+def unshuffle(data: bytes | memoryview, n: int, width: int) -> U8:
+    """Inverse of `shuffle`: (w * n) shuffled bytes -> (n, w) bytes, one row per value."""
+    planes = np.frombuffer(data, dtype=np.uint8, count=n * width).reshape(width, n)
+    out = np.empty((n, width), dtype=np.uint8)
+    for j in range(width):
+        out[:, j] = planes[j]
+    return out
+
+
+def _segment_scales(mag: npt.NDArray[np.float64], counts: Sequence[int]) -> npt.NDArray[np.float32]:
+    counts_arr = np.asarray(counts, dtype=np.int64)
+    scales = np.zeros(len(counts_arr), dtype=np.float32)
+    nonempty = counts_arr > 0
+    if nonempty.any():
+        starts = (np.cumsum(counts_arr) - counts_arr)[nonempty]
+        peaks = np.maximum.reduceat(mag, starts)
+        scales[nonempty] = (peaks / INT8_MAX).astype(np.float32)
+    return scales
+
+
+def encode_values(values: F32, encoding: str, counts: Sequence[int]) -> tuple[memoryview, bytes]:
+    """Encode 1-D float32 `values`; returns (payload, int8 scales or b"").
+
+    `counts` splits the values into segments (one per tensor) for int8's per-tensor scales.
+    Lossy encodings refuse NaN/Inf (`NonFinite`) and values they would turn into infinity
+    (`OutOfRange`); "f32" carries every bit pattern unchanged.
+    """
+    if encoding not in WIDTH:
+        raise Malformed(f"unknown value encoding {encoding!r}; use one of {', '.join(VALUE_ENCODINGS)}")
+    vals = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
+    if encoding == "f32":
+        return shuffle(vals.view(np.uint8).reshape(-1, 4)).reshape(-1).data, b""
+    if not np.isfinite(vals).all():
+        raise NonFinite(f"cannot encode NaN or infinity as {encoding}; send these values as f32")
+    if encoding == "f16":
+        with np.errstate(over="ignore"):
+            half = vals.astype("<f2")
+        if np.isinf(half).any():
+            raise OutOfRange("a value is beyond float16's range (|x| > 65504); use bf16 or f32")
+        return shuffle(half.view(np.uint8).reshape(-1, 2)).reshape(-1).data, b""
+    if encoding == "bf16":
+        bits = vals.view("<u4")
+        rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype("<u2")
+        if ((rounded & 0x7F80) == 0x7F80).any():
+            raise OutOfRange("a value rounds to infinity in bfloat16; send these values as f32")
+        return shuffle(rounded.view(np.uint8).reshape(-1, 2)).reshape(-1).data, b""
+    wide = vals.astype(np.float64)
+    scales = _segment_scales(np.abs(wide), counts)
+    per_value = np.repeat(scales.astype(np.float64), counts)
+    quotient = np.zeros_like(wide)
+    np.divide(wide, per_value, out=quotient, where=per_value > 0)
+    quant = np.clip(np.rint(quotient), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return quant.view(np.uint8).data, scales.astype("<f4").tobytes()
+
+
+def decode_values(payload: bytes, scales: bytes, encoding: str, counts: Sequence[int],
+                  *, allow_nonfinite: bool, where: str) -> F32:
+    """Decode a value block of sum(counts) values; `where` names the block in error messages."""
+    if encoding not in WIDTH:
+        raise Malformed(f"{where}: unknown value encoding {encoding!r}")
+    n = int(sum(counts))
+    width = WIDTH[encoding]
+    if len(payload) != n * width:
+        raise Malformed(f"{where}: value payload holds {len(payload)} bytes, the table implies {n * width}")
+    want_scales = 4 * len(counts) if encoding == "int8" else 0
+    if len(scales) != want_scales:
+        raise Malformed(f"{where}: scale field holds {len(scales)} bytes, expected {want_scales}")
+    if encoding == "f32":
+        out = unshuffle(payload, n, 4).view("<f4").reshape(-1).astype(np.float32, copy=False)
+    elif encoding == "f16":
+        out = unshuffle(payload, n, 2).view("<f2").reshape(-1).astype(np.float32)
+    elif encoding == "bf16":
+        high = unshuffle(payload, n, 2).view("<u2").reshape(-1).astype(np.uint32)
+        out = (high << 16).view(np.float32)
+    else:
+        scale_arr = np.frombuffer(scales, dtype="<f4").astype(np.float32)
+        if not allow_nonfinite and not np.isfinite(scale_arr).all():
+            raise NonFinite(f"{where}: an int8 scale is NaN or infinite")
+        if (scale_arr < 0).any():
+            raise Malformed(f"{where}: an int8 scale is negative")
+        quant = np.frombuffer(payload, dtype=np.int8)
+        with np.errstate(over="ignore"):
+            out = quant.astype(np.float32) * np.repeat(scale_arr, counts)
+    if not allow_nonfinite and not np.isfinite(out).all():
+        bad = int(out.size - np.count_nonzero(np.isfinite(out)))
+        raise NonFinite(f"{where}: {bad} value(s) are NaN or infinite; the sender must not send them "
+                        f"(or decode with Limits(allow_nonfinite=True))")
+    return out
+

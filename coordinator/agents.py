@@ -1,0 +1,83 @@
+"""The coordinator's registry of agents: who registered, under which index, and who is alive.
+
+A client id (chosen by the device) maps to a stable index, assigned in order of first registration (or fixed up
+front for a local fleet) and kept in the checkpoint, so algorithms that need indices see the same client after any
+restart. Liveness is the time since the agent was last heard from. Knows nothing of sockets' internals or torch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Agent:
+    client_id: str
+    index: int
+    peer: bytes = b""
+    dataset_size: int = 0
+    last_seen: float = 0.0
+    connected: bool = False
+    hello: dict[str, Any] = field(default_factory=dict)
+    last_accepted_round: int = 0
+
+
+class AgentRegistry:
+    """Client id -> Agent, with a capacity (the session's client count N)."""
+
+    def __init__(self, capacity: int, liveness_s: float) -> None:
+        self.capacity = capacity
+        self.liveness_s = liveness_s
+        self.agents: dict[str, Agent] = {}
+
+    def reserve(self, client_ids: list[str]) -> None:
+        """Fix indices up front (a local fleet: agent i holds shard i)."""
+        for client_id in client_ids:
+            self.index_of(client_id)
+
+    def index_of(self, client_id: str) -> int | None:
+        """The index of a client id, assigning the next free one; None when the session is full."""
+        if client_id in self.agents:
+            return self.agents[client_id].index
+        if len(self.agents) >= self.capacity:
+            return None
+        agent = Agent(client_id=client_id, index=len(self.agents))
+        self.agents[client_id] = agent
+        return agent.index
+
+    def get(self, client_id: str) -> Agent | None:
+        return self.agents.get(client_id)
+
+    def by_index(self, index: int) -> Agent:
+        for agent in self.agents.values():
+            if agent.index == index:
+                return agent
+        raise KeyError(index)
+
+    def touch(self, client_id: str) -> None:
+        agent = self.agents.get(client_id)
+        if agent is not None:
+            agent.last_seen = time.monotonic()
+
+    def alive(self, agent: Agent, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return agent.connected and now - agent.last_seen <= self.liveness_s
+
+    def live_indices(self) -> list[int]:
+        now = time.monotonic()
+        return sorted(a.index for a in self.agents.values() if self.alive(a, now))
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "clients": {a.client_id: a.index for a in self.agents.values()},
+            "last_accepted": {a.client_id: a.last_accepted_round for a in self.agents.values()},
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        for client_id, index in sorted(state.get("clients", {}).items(), key=lambda kv: kv[1]):
+            self.agents[client_id] = Agent(client_id=client_id, index=int(index))
+        for client_id, round_number in state.get("last_accepted", {}).items():
+            if client_id in self.agents:
+                self.agents[client_id].last_accepted_round = int(round_number)

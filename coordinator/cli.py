@@ -1,0 +1,143 @@
+"""The ``coordinator`` command.
+
+    coordinator start --rounds 50                         # a local fleet of 10 agents on loopback, the demo data
+    coordinator start --bind tcp://0.0.0.0:5555 --expect 8 --config session.toml   # serve real devices
+    coordinator start --resume runs/RUN                   # continue a stopped or crashed run
+    coordinator status runs/RUN
+    coordinator keygen --keys-dir DIR
+    coordinator models [--json]
+    coordinator partition --dataset fmnist-demo --partition dirichlet --clients 10 --alpha 0.3 --seed 0 [--out DIR]
+
+Errors are one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from coordinator.config import ConfigError
+
+
+def add_start(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    start = sub.add_parser("start", help="run a federated session")
+    start.add_argument("--config", help="TOML config ([run], [fleet], [data], [model], [train], [round], ...)")
+    start.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override a config key (repeatable); VALUE is a TOML literal or a string")
+    start.add_argument("--rounds", type=int, help="run.rounds")
+    start.add_argument("--local-fleet", type=int, metavar="N", help="fleet.local_agents")
+    start.add_argument("--algorithm", help="algorithm.name")
+    start.add_argument("--model", help="model.name")
+    start.add_argument("--dataset", help="data.dataset")
+    start.add_argument("--data-dir", help="data.path")
+    start.add_argument("--partition", help="data.partition")
+    start.add_argument("--alpha", type=float, help="data.alpha")
+    start.add_argument("--seed", type=int, help="run.seed")
+    start.add_argument("--run-dir", help="run.run_dir (default: runs/DATE-ALGORITHM)")
+    start.add_argument("--bind", help="fleet.bind: serve real devices at this address instead of a local fleet")
+    start.add_argument("--expect", type=int, help="fleet.expect: agents to wait for before round 1")
+    start.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
+    start.add_argument("--service", action="store_true",
+                       help="run as a service: resume RUN_DIR if it has a checkpoint, else start; notify systemd")
+    start.add_argument("--quiet", action="store_true", help="no progress lines, warnings only")
+    start.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coordinator", description="Fedge coordinator")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_start(sub)
+    status = sub.add_parser("status", help="show a run's round, connected agents and ETA")
+    status.add_argument("run_dir")
+    status.add_argument("--json", action="store_true")
+    keygen = sub.add_parser("keygen", help="write the coordinator's CurveZMQ key pair and an empty allow-list")
+    keygen.add_argument("--keys-dir", required=True)
+    models = sub.add_parser("models", help="list the models and their parameter counts")
+    models.add_argument("--json", action="store_true")
+    partition = sub.add_parser("partition", help="split a dataset into client shards")
+    from fldata.cli import add_partition_arguments
+
+    add_partition_arguments(partition)
+    return parser
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "run.rounds": args.rounds, "fleet.local_agents": args.local_fleet, "algorithm.name": args.algorithm,
+        "model.name": args.model, "data.dataset": args.dataset, "data.path": args.data_dir,
+        "data.partition": args.partition, "data.alpha": args.alpha, "run.seed": args.seed,
+        "run.run_dir": args.run_dir, "fleet.bind": args.bind, "fleet.expect": args.expect,
+    }
+
+
+def command_status(args: argparse.Namespace) -> int:
+    path = Path(args.run_dir) / "status.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{args.run_dir} has no status.json: is it a run directory?")
+    status = json.loads(path.read_text())
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    age = time.time() - float(status.get("updated_at", 0))
+    eta = status.get("eta_s")
+    print(f"run {status['run_id']} ({status['algorithm']}): round {status['round']}/{status['rounds']}, "
+          f"{status['phase']} (updated {age:.0f} s ago)" + (f", ETA {eta / 60:.1f} min" if eta else ""))
+    for agent in status.get("agents", []):
+        seen = agent.get("seconds_since_seen")
+        print(f"  {agent['client_id']:<20} client {agent['index']:<3} "
+              f"{'connected' if agent['connected'] else 'gone':<10}"
+              + (f" last heard {seen:.0f} s before the update" if seen is not None else ""))
+    return 0
+
+
+def command_keygen(args: argparse.Namespace) -> int:
+    from coordinator.transport import ALLOWED_DIR, COORDINATOR_KEY, generate_keys
+
+    public, secret = generate_keys(args.keys_dir, COORDINATOR_KEY)
+    (Path(args.keys_dir) / ALLOWED_DIR).mkdir(exist_ok=True)
+    print(f"wrote {public} (give it to every agent) and {secret} (keep private); "
+          f"put agents' public keys in {Path(args.keys_dir) / ALLOWED_DIR}/")
+    return 0
+
+
+def command_models(args: argparse.Namespace) -> int:
+    from models import describe_models
+
+    rows = describe_models()
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'model':<8} {'input':<10} {'params':>10} {'prunable':>10}")
+    for row in rows:
+        shape = "x".join(str(x) for x in row["input_shape"])  # type: ignore[attr-defined]
+        print(f"{row['name']:<8} {shape:<10} {row['params']:>10,} {row['prunable']:>10,}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "start":
+            from coordinator.launch import command_start
+
+            return command_start(args, flags_of(args))
+        if args.command == "status":
+            return command_status(args)
+        if args.command == "keygen":
+            return command_keygen(args)
+        if args.command == "models":
+            return command_models(args)
+        from fldata.cli import run_partition
+
+        return run_partition(args)
+    except (ConfigError, ValueError, FileNotFoundError, KeyError, OSError) as exc:
+        print(f"coordinator: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The coordinator's configuration: one frozen dataclass per TOML section, loading, overrides and validation.
+
+``load_config`` reads a TOML file (unknown sections or keys are an error), applies ``--set SECTION.KEY=VALUE``
+overrides (VALUE parsed as a TOML literal, else taken as a string) and returns a ``Config``. The ``[algorithm]``
+section holds ``name`` plus that algorithm's own options, which its Config dataclass validates. docs/config.md lists
+every key; a test keeps the two in step. Must not import transports, torch or algorithms' internals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class RunSection:
+    rounds: int = 50
+    seed: int = 0
+    run_dir: str = ""
+
+
+@dataclass(frozen=True)
+class FleetSection:
+    local_agents: int = 10
+    bind: str = ""
+    expect: int = 0
+    heartbeat_s: float = 2.0
+    liveness_s: float = 20.0
+    join_timeout_s: float = 180.0
+
+
+@dataclass(frozen=True)
+class DataSection:
+    dataset: str = "fmnist-demo"
+    path: str = ""
+    partition: str = "dirichlet"
+    alpha: float = 0.3
+    clients: int = 0
+    classes_per_client: int = 4
+    classes_layout: str = "random"
+    train_limit: int = 0
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    name: str = "cnn"
+    pan: str = "off"
+    pan_a: float = 0.1
+    pan_t: float = 1.0
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    epochs: int = 1
+    batch_size: int = 64
+    lr: float = 0.001
+    optimizer: str = "adam"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class RoundSection:
+    fraction: float = 1.0
+    count: int = 0
+    min_clients: int = 1
+    deadline_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class SecuritySection:
+    curve: str = "auto"
+    keys_dir: str = ""
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    every: int = 1
+    personal_every: int = 0
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunSection = field(default_factory=RunSection)
+    fleet: FleetSection = field(default_factory=FleetSection)
+    data: DataSection = field(default_factory=DataSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    round: RoundSection = field(default_factory=RoundSection)
+    algorithm: dict[str, Any] = field(default_factory=lambda: {"name": "fedavg"})
+    security: SecuritySection = field(default_factory=SecuritySection)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+    @property
+    def algorithm_name(self) -> str:
+        return str(self.algorithm.get("name", "fedavg"))
+
+    @property
+    def algorithm_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.algorithm.items() if k != "name"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTION_CLASSES: dict[str, type] = {
+    "run": RunSection, "fleet": FleetSection, "data": DataSection, "model": ModelSection,
+    "train": TrainSection, "round": RoundSection, "security": SecuritySection, "eval": EvalSection,
+}
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that names the key."""
+
+
+def _coerce(section: str, key: str, expected: Any, value: Any) -> Any:
+    if isinstance(expected, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{section}.{key} must be true or false, got {value!r}")
+        return value
+    if isinstance(expected, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{section}.{key} must be an integer, got {value!r}")
+        return value
+    if isinstance(expected, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{section}.{key} must be a number, got {value!r}")
+        return float(value)
+    if isinstance(expected, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{section}.{key} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    """Build a Config from nested mappings, refusing unknown sections and keys."""
+    unknown = set(raw) - set(SECTION_CLASSES) - {"algorithm"}
+    if unknown:
+        raise ConfigError(f"unknown section(s) {sorted(unknown)}; known: {sorted([*SECTION_CLASSES, 'algorithm'])}")
+    built: dict[str, Any] = {}
+    for name, cls in SECTION_CLASSES.items():
+        values = raw.get(name, {})
+        if not isinstance(values, dict):
+            raise ConfigError(f"[{name}] must be a table")
+        defaults = cls()
+        known = {f.name for f in fields(cls)}
+        bad = set(values) - known
+        if bad:
+            raise ConfigError(f"unknown key(s) {sorted(bad)} in [{name}]; known: {sorted(known)}")
+        built[name] = cls(**{k: _coerce(name, k, getattr(defaults, k), v) for k, v in values.items()})
+    algorithm = dict(raw.get("algorithm", {}))
+    algorithm.setdefault("name", "fedavg")
+    if not isinstance(algorithm["name"], str):
+        raise ConfigError("algorithm.name must be a string")
+    built["algorithm"] = algorithm
+    config = Config(**built)
+    validate(config)
+    return config
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """'SECTION.KEY=VALUE' -> (section, key, value); VALUE is a TOML literal, else a plain string."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(f"--set takes SECTION.KEY=VALUE, got {text!r}")
+    dotted, literal = text.split("=", 1)
+    section, key = dotted.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {literal.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = literal.strip()
+    return section, key, value
+
+
+def merge(raw: dict[str, Any], section: str, key: str, value: Any) -> None:
+    table = raw.setdefault(section, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{section}] must be a table")
+    table[key] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                flags: dict[str, Any] | None = None) -> Config:
+    """Read the TOML file (if any), then apply flag shorthands, then ``--set`` overrides, then validate."""
+    raw: dict[str, Any] = {}
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {path}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    for dotted, value in (flags or {}).items():
+        if value is not None:
+            section, key = dotted.split(".", 1)
+            merge(raw, section, key, value)
+    for text in overrides:
+        merge(raw, *parse_override(text))
+    return from_dict(raw)
+
+
+def validate(config: Config) -> None:
+    """Cross-key checks that a dataclass alone cannot express."""
+    if config.run.rounds < 1:
+        raise ConfigError("run.rounds must be >= 1")
+    if config.fleet.local_agents < 0 or config.fleet.expect < 0:
+        raise ConfigError("fleet.local_agents and fleet.expect must be >= 0")
+    if not config.fleet.bind and config.fleet.local_agents < 1:
+        raise ConfigError("with no fleet.bind the coordinator runs a local fleet: fleet.local_agents must be >= 1")
+    if not 0 < config.round.fraction <= 1:
+        raise ConfigError("round.fraction must be in (0, 1]")
+    if config.round.deadline_s <= 0:
+        raise ConfigError("round.deadline_s must be > 0")
+    if config.security.curve not in ("auto", "on", "off"):
+        raise ConfigError("security.curve must be auto, on or off")
+    if config.train.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError("train.device must be auto, cpu or cuda")
+    if config.eval.every < 0 or config.eval.personal_every < 0:
+        raise ConfigError("eval.every and eval.personal_every must be >= 0")
+
+
+def to_toml(config: Config) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(config.to_dict())

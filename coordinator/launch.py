@@ -1,0 +1,225 @@
+"""``coordinator start``: turn a configuration into a running session, and finish it.
+
+Resolves the run directory (new, resumed, or service mode), loads the dataset for evaluation, writes the local
+fleet's shards and keys, binds the transport (CurveZMQ on by default for non-loopback binds), starts the local
+agents, plays the session, and writes the final model, its ONNX export and report.json. Ctrl-C or SIGTERM finishes
+cleanly: the last completed round is already checkpointed. Knows no algorithm by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from coordinator.config import Config, ConfigError, load_config, to_toml
+from coordinator.fleet import AgentSpec, LocalFleet, agent_id
+from coordinator.rundir import RunDir, save_arrays
+from coordinator.session import Session
+from coordinator.transport import ALLOWED_DIR, COORDINATOR_KEY, CurveServerKeys, RouterTransport, generate_keys
+from edge_agent.logsetup import setup_logging
+from edge_agent.transport import AGENT_KEY
+from models import ModelSpec
+
+log = logging.getLogger("fedge.coordinator")
+
+LOOPBACK_HOSTS = ("127.", "localhost", "[::1]", "::1")
+
+
+def is_loopback(bind: str) -> bool:
+    host = bind.split("://", 1)[-1].rsplit(":", 1)[0]
+    return bind.startswith(("ipc://", "inproc://")) or host.startswith(LOOPBACK_HOSTS)
+
+
+def resolve_run(args: argparse.Namespace, flags: dict[str, Any]) -> tuple[Config, RunDir, bool]:
+    """(config, run directory, resuming?) from --resume, --service or a fresh start."""
+    if args.resume:
+        run_dir = RunDir(args.resume)
+        if not run_dir.checkpoint.exists():
+            raise ConfigError(f"{args.resume} has no checkpoint.npz to resume from")
+        extend = {"run.rounds": args.rounds} if args.rounds else {}
+        return load_config(run_dir / "config.toml", args.set, extend), run_dir, True
+    config = load_config(args.config, args.set, flags)
+    if args.service:
+        if not config.run.run_dir and not args.run_dir:
+            raise ConfigError("--service needs --run-dir or run.run_dir")
+        run_dir = RunDir(args.run_dir or config.run.run_dir)
+        if run_dir.checkpoint.exists():
+            return load_config(run_dir / "config.toml", args.set, flags), run_dir, True
+        return config, run_dir, False
+    path = config.run.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.algorithm_name}"
+    if (Path(path) / "checkpoint.npz").exists():
+        raise ConfigError(f"{path} already holds a run: use --resume {path} or another --run-dir")
+    return config, RunDir(path), False
+
+
+def load_dataset_for(config: Config) -> Any:
+    from fldata import load_dataset
+
+    return load_dataset(config.data.dataset, config.data.path or None)
+
+
+def prepare_local_fleet(config: Config, run_dir: RunDir, dataset: Any) -> list[AgentSpec]:
+    """Write one shard per agent (once; a resumed run reuses them) and return the agents to start."""
+    from fldata import partition, write_shard
+
+    count = config.fleet.local_agents
+    clients = config.data.clients or count
+    if clients != count:
+        raise ConfigError(f"a local fleet runs one agent per client: data.clients ({clients}) != agents ({count})")
+    data_dir = run_dir.path / "data"
+    shards = [data_dir / f"client-{i:03d}.npz" for i in range(count)]
+    if not all(s.exists() for s in shards):
+        data_dir.mkdir(parents=True, exist_ok=True)
+        parts = partition(dataset, config.data.partition, clients, seed=config.run.seed, alpha=config.data.alpha,
+                          classes_per_client=config.data.classes_per_client,
+                          classes_layout=config.data.classes_layout)
+        for shard, path in zip(parts, shards, strict=True):
+            write_shard(path, shard)
+    return [AgentSpec(agent_id(i), shards[i], run_dir.path / "agents" / agent_id(i)) for i in range(count)]
+
+
+def curve_keys(config: Config, run_dir: RunDir, bind: str, agents: list[AgentSpec]) -> tuple[
+        CurveServerKeys | None, list[AgentSpec]]:
+    mode = config.security.curve
+    if mode == "off" or (mode == "auto" and is_loopback(bind)):
+        return None, agents
+    keys_dir = Path(config.security.keys_dir or run_dir.path / "keys")
+    if not (keys_dir / f"{COORDINATOR_KEY}.key_secret").exists():
+        generate_keys(keys_dir, COORDINATOR_KEY)
+    (keys_dir / ALLOWED_DIR).mkdir(parents=True, exist_ok=True)
+    with_keys = []
+    for agent in agents:
+        agent_keys = agent.state_dir / "keys"
+        if not (agent_keys / f"{AGENT_KEY}.key_secret").exists():
+            public, _ = generate_keys(agent_keys, AGENT_KEY)
+            (keys_dir / ALLOWED_DIR / f"{agent.client_id}.key").write_bytes(public.read_bytes())
+        with_keys.append(AgentSpec(agent.client_id, agent.shard, agent.state_dir, agent_keys))
+    return CurveServerKeys.load(keys_dir), with_keys
+
+
+def progress_printer(config: Config, quiet: bool) -> Any:
+    started = time.monotonic()
+
+    def show(row: dict[str, Any]) -> None:
+        if quiet:
+            return
+        done = row["round"]
+        elapsed = time.monotonic() - started
+        eta = elapsed / max(done, 1) * (config.run.rounds - done)
+        acc = row.get("test_accuracy")
+        acc_text = f"acc {100 * acc:5.1f}%" if isinstance(acc, float) and not math.isnan(acc) else "acc   n/a"
+        print(f"round {done:>3}/{config.run.rounds} | {acc_text} | {row['reported']}/{row['selected']} agents | "
+              f"down {row['bytes_down'] / 1e6:6.2f} MB up {row['bytes_up'] / 1e6:6.2f} MB | "
+              f"{row['wall_s']:5.1f} s | ETA {eta / 60:4.1f} min", flush=True)
+
+    return show
+
+
+def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wall_s: float) -> dict[str, Any]:
+    rows = run_dir.read_jsonl("metrics.jsonl")
+    arrays = session.server.evaluation_arrays()
+    files: dict[str, str | None] = {"model": None, "onnx": None}
+    if arrays is not None and outcome == "done":
+        save_arrays(run_dir / "model.npz", dict(arrays), {"model": spec.name, "round": session.round})
+        files["model"] = "model.npz"
+        try:
+            from models import arrays_to_state, build
+            from models.export import export_onnx
+
+            model = build(spec)
+            arrays_to_state(model, dict(arrays), strict=False)
+            export_onnx(model, spec.input_shape, run_dir / "model.onnx")
+            files["onnx"] = "model.onnx"
+        except Exception as exc:  # the export extra may be missing on a small device
+            log.warning("no ONNX export: %s", exc)
+    accuracies = [r["test_accuracy"] for r in rows if isinstance(r.get("test_accuracy"), float)]
+    report = {
+        "run_id": session.run_id, "status": outcome, "algorithm": session.config.algorithm_name,
+        "rounds": session.config.run.rounds, "rounds_completed": session.round,
+        "final_test_accuracy": accuracies[-1] if accuracies else None,
+        "best_test_accuracy": max(accuracies) if accuracies else None,
+        "final_test_loss": rows[-1].get("test_loss") if rows else None,
+        "total_bytes_down": sum(r["bytes_down"] for r in rows), "total_bytes_up": sum(r["bytes_up"] for r in rows),
+        "wall_s": wall_s, "mean_round_s": (sum(r["wall_s"] for r in rows) / len(rows)) if rows else None,
+        "files": files,
+    }
+    run_dir.write_json("report.json", report)
+    return report
+
+
+def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
+    config, run_dir, resuming = resolve_run(args, flags)
+    setup_logging(json_lines=args.log_json, log_file=str(run_dir / "coordinator.log"), quiet=args.quiet)
+    if not resuming:
+        run_dir.write_text("config.toml", to_toml(config))
+    if not args.quiet:
+        print(f"# effective configuration ({run_dir / 'config.toml'})\n{to_toml(config)}", flush=True)
+    local = not config.fleet.bind
+    try:
+        dataset = load_dataset_for(config)
+    except Exception as exc:
+        if local:
+            raise
+        log.warning("no test set on the coordinator (%s): test accuracy will be null", exc)
+        dataset = None
+    if dataset is None:
+        raise ConfigError("serving real devices without the dataset is not supported yet: set data.dataset/path")
+    spec = ModelSpec(name=config.model.name, input_shape=tuple(dataset.input_shape),  # type: ignore[arg-type]
+                     num_classes=dataset.num_classes, pan=config.model.pan, pan_a=config.model.pan_a,
+                     pan_t=config.model.pan_t)
+    bind = config.fleet.bind or "tcp://127.0.0.1:0"
+    agents = prepare_local_fleet(config, run_dir, dataset) if local else []
+    curve, agents = curve_keys(config, run_dir, bind, agents)
+    num_clients = len(agents) if local else (config.data.clients or config.fleet.expect)
+    if num_clients < 1:
+        raise ConfigError("serving real devices needs fleet.expect (or data.clients) >= 1")
+    from coordinator.evaluation import GlobalEvaluator
+
+    transport = RouterTransport(bind, curve)
+    run_dir.write_provenance(config.run.seed, transport.endpoint, {"curve": curve is not None})
+    session = Session(config, run_dir, transport, spec, num_clients, GlobalEvaluator(spec, dataset),
+                      run_id=uuid.uuid4().hex[:12], reserved_ids=[a.client_id for a in agents],
+                      on_round=progress_printer(config, args.quiet))
+    if resuming:
+        session.load_checkpoint()
+    else:
+        session.save_checkpoint()
+    fleet = LocalFleet(transport.endpoint, agents,
+                       (Path(config.security.keys_dir or run_dir.path / "keys") / f"{COORDINATOR_KEY}.key")
+                       if curve else None)
+
+    def stop(signum: int, _frame: object) -> None:
+        log.warning("signal %d: stopping after checkpointing the last completed round", signum)
+        session.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("coordinator listening on %s (CurveZMQ %s)", transport.endpoint, "on" if curve else "off")
+    started = time.monotonic()
+    from edge_agent.service import ServiceNotifier
+
+    with ServiceNotifier(lambda: session.progress) if args.service else contextlib.nullcontext():
+        fleet.start()
+        try:
+            expect = len(agents) if local else max(config.fleet.expect, 1)
+            outcome = session.run(expect, config.fleet.join_timeout_s)
+            report = finish(session, run_dir, spec, outcome, time.monotonic() - started)
+            session.say_goodbye("session finished" if outcome == "done" else "coordinator stopping")
+        finally:
+            fleet.stop()
+            transport.close()
+    if outcome == "done":
+        acc = report["final_test_accuracy"]
+        print(f"done: {session.round} rounds, final test accuracy "
+              f"{'n/a' if acc is None else f'{100 * acc:.2f}%'}; results in {run_dir.path}/ "
+              "(metrics.jsonl, report.json, model.npz, model.onnx)", flush=True)
+        return 0
+    print(f"stopped at round {session.round}; resume with: coordinator start --resume {run_dir.path}", flush=True)
+    return 0 if outcome == "stopped" else 1

@@ -1,0 +1,143 @@
+"""The run directory: where a session writes its configuration, records, checkpoint, final model and provenance.
+
+Layout (docs/run-dir.md is the specification, version ``RUN_DIR_VERSION``): ``config.toml`` (effective config),
+``endpoint`` (the bound address), ``provenance.json``, ``metrics.jsonl`` (one object per completed round),
+``clients.jsonl`` (one object per agent per round), ``checkpoint.npz`` (written atomically every round),
+``status.json`` (live state for ``coordinator status``), ``coordinator.log`` (JSON lines), ``model.npz`` and
+``model.onnx`` (final model), ``report.json`` (summary), ``data/`` (local-fleet shards), ``agents/`` (local-fleet
+agent state and logs). Knows nothing of sockets or algorithms.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RUN_DIR_VERSION = 1
+
+# Every metrics.jsonl line has these keys (null when they do not apply), in this order; algorithms may add more.
+METRICS_FIELDS = (
+    "round", "algorithm", "selected", "reported", "dropped", "test_accuracy", "test_loss",
+    "test_accuracy_pruned", "personal_accuracy_mean", "personal_accuracy", "bytes_down", "bytes_up",
+    "train_loss", "wall_s", "train_s_max",
+)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same directory, fsync it, then rename it over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+    """Arrays plus a JSON meta object in one .npz, written atomically (no pickle)."""
+    buffer = io.BytesIO()
+    payload = {f"a/{k}": np.asarray(v) for k, v in arrays.items()}
+    payload["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(buffer, **payload)  # type: ignore[arg-type]
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def load_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    with np.load(path, allow_pickle=False) as data:
+        meta = json.loads(bytes(data["meta"]).decode())
+        arrays = {k[2:]: data[k] for k in data.files if k.startswith("a/")}
+    return arrays, meta
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+class RunDir:
+    """Paths and writers of one run directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / "checkpoint.npz"
+
+    def write_text(self, name: str, text: str) -> None:
+        atomic_write_bytes(self.path / name, text.encode())
+
+    def write_json(self, name: str, obj: Any) -> None:
+        self.write_text(name, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+    def append_jsonl(self, name: str, obj: Mapping[str, Any]) -> None:
+        with open(self.path / name, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(obj, default=_json_default) + "\n")
+            handle.flush()
+
+    def read_jsonl(self, name: str) -> list[dict[str, Any]]:
+        path = self.path / name
+        if not path.exists():
+            return []
+        rows = []
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+        return rows
+
+    def truncate_jsonl(self, name: str, last_round: int) -> None:
+        """Drop records of rounds after ``last_round`` (written before a crash, not in the checkpoint)."""
+        rows = [r for r in self.read_jsonl(name) if int(r.get("round", 0)) <= last_round]
+        self.write_text(name, "".join(json.dumps(r) + "\n" for r in rows))
+
+    def write_provenance(self, seed: int, endpoint: str, extra: Mapping[str, Any]) -> None:
+        import torch
+
+        from coordinator import __version__
+
+        self.write_text("endpoint", endpoint + "\n")
+        self.write_json("provenance.json", {
+            "run_dir_version": RUN_DIR_VERSION,
+            "fedge_version": __version__,
+            "git_commit": git_commit(),
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "host": socket.gethostname(),
+            "platform": platform.platform(),
+            "seed": seed,
+            "endpoint": endpoint,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **extra,
+        })
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

@@ -1,0 +1,408 @@
+"""THE round loop: register agents, select, send downlinks, gather updates, aggregate, evaluate, checkpoint, record.
+
+A ``Session`` owns one run: the algorithm's server half, the agent registry and the run directory. It talks to
+agents only through ``RouterTransport`` frames and codec packets, so a local fleet on loopback and a fleet of
+Raspberry Pis are served by the same code. Every message is validated before it can touch state: a malformed,
+late, duplicate, stale or mismatched packet is rejected with a reason (logged and sent back) and the loop goes on.
+Device state is committed in two phases: an agent promotes what a round produced only when told that the round was
+checkpointed with its update in it. Must not import torch directly (models and evaluation do that), nor know any
+algorithm by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import codec
+from algorithms import make_server
+from algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
+from coordinator.agents import AgentRegistry
+from coordinator.config import Config
+from coordinator.rundir import METRICS_FIELDS, RunDir, load_arrays, save_arrays
+from coordinator.transport import RouterTransport
+from models import ModelSpec, build, definition_hash, state_to_arrays
+
+log = logging.getLogger("fedge.coordinator")
+
+CHECKPOINT_FORMAT = 1
+SENDER = "coordinator"
+
+
+@dataclass
+class RoundState:
+    number: int
+    selected: list[int]
+    started: float
+    deadline: float
+    bytes_down: dict[int, int] = field(default_factory=dict)
+    masks: dict[int, set[int]] = field(default_factory=dict)
+    updates: dict[int, tuple[codec.Update, int]] = field(default_factory=dict)
+
+
+class Session:
+    """One federated session over a transport; ``run()`` plays rounds until done or asked to stop."""
+
+    def __init__(self, config: Config, run_dir: RunDir, transport: RouterTransport, spec: ModelSpec,
+                 num_clients: int, evaluator: Callable[[dict[str, np.ndarray]], tuple[float, float]] | None,
+                 run_id: str, reserved_ids: list[str] | None = None,
+                 on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.transport = transport
+        self.spec = spec
+        self.evaluator = evaluator
+        self.run_id = run_id
+        self.on_round = on_round
+        self.stopping = False
+        self.progress = 0
+        self.round = 0
+        self.current: RoundState | None = None
+        self.registry = AgentRegistry(num_clients, config.fleet.liveness_s)
+        self.registry.reserve(reserved_ids or [])
+        model = build(spec, seed=config.run.seed)
+        self.model_hash = definition_hash(spec)
+        self.layout = ModelLayout.of(model)
+        self.shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        context = ServerContext(num_clients=num_clients, layout=self.layout, seed=config.run.seed)
+        self.server = make_server(config.algorithm_name, config.algorithm_options, state_to_arrays(model), context)
+        self.started = time.monotonic()
+        self.round_walls: list[float] = []
+
+    # ----------------------------------------------------------------------------------------- checkpoint
+    def save_checkpoint(self) -> None:
+        arrays, server_meta = self.server.state_dict()
+        meta = {"format": CHECKPOINT_FORMAT, "round": self.round, "run_id": self.run_id,
+                "algorithm": self.config.algorithm_name, "model_hash": self.model_hash,
+                "server": server_meta, **self.registry.state()}
+        save_arrays(self.run_dir.checkpoint, arrays, meta)
+
+    def load_checkpoint(self) -> None:
+        arrays, meta = load_arrays(self.run_dir.checkpoint)
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{self.run_dir.checkpoint}: unsupported checkpoint format {meta.get('format')}")
+        if meta.get("model_hash") != self.model_hash or meta.get("algorithm") != self.config.algorithm_name:
+            raise ValueError(f"{self.run_dir.checkpoint} was written by another model or algorithm")
+        self.server.load_state_dict(arrays, meta["server"])
+        self.registry.load_state(meta)
+        self.round = int(meta["round"])
+        self.run_id = str(meta["run_id"])
+        for name in ("metrics.jsonl", "clients.jsonl"):
+            self.run_dir.truncate_jsonl(name, self.round)
+        log.info("resumed %s at round %d", self.run_dir.path, self.round)
+
+    # ----------------------------------------------------------------------------------------- messaging
+    def send(self, peer: bytes, message: codec.Message) -> int:
+        frame = codec.encode(message)
+        return len(frame) if self.transport.send(peer, frame) else 0
+
+    def refuse(self, peer: bytes, code: str, reason: str) -> None:
+        log.warning("rejected a message from %r: %s (%s)", peer, reason, code)
+        self.send(peer, codec.ErrorMessage(run_id=self.run_id, round=self.round, sender=SENDER, code=code,
+                                           reason=reason))
+
+    def session_meta(self, index: int) -> dict[str, Any]:
+        c = self.config
+        return {
+            "run_id": self.run_id, "client_index": index, "num_clients": self.registry.capacity,
+            "seed": c.run.seed, "model_hash": self.model_hash,
+            "model": {"name": self.spec.name, "input_shape": list(self.spec.input_shape),
+                      "num_classes": self.spec.num_classes, "pan": self.spec.pan, "pan_a": self.spec.pan_a,
+                      "pan_t": self.spec.pan_t},
+            "algorithm": dict(c.algorithm),
+            "train": {"epochs": c.train.epochs, "batch_size": c.train.batch_size, "lr": c.train.lr,
+                      "optimizer": c.train.optimizer, "momentum": c.train.momentum,
+                      "weight_decay": c.train.weight_decay},
+            "data": {"train_limit": c.data.train_limit},
+            "heartbeat_s": c.fleet.heartbeat_s, "liveness_s": c.fleet.liveness_s,
+        }
+
+    def handle(self, peer: bytes, frame: bytes) -> None:
+        try:
+            message = codec.decode(frame)
+        except codec.CodecError as exc:
+            self.refuse(peer, "malformed", f"{type(exc).__name__}: {exc}")
+            return
+        client_id = peer.decode(errors="replace")
+        if message.sender != client_id:
+            self.refuse(peer, "sender-mismatch", f"sender {message.sender!r} is not the connection's id")
+            return
+        if isinstance(message, codec.Hello):
+            self.on_hello(peer, message)
+            return
+        agent = self.registry.get(client_id)
+        if agent is None or not agent.connected:
+            self.refuse(peer, "hello-first", "this agent has not registered in this session: send a hello")
+            return
+        self.registry.touch(client_id)
+        agent.peer = peer
+        if isinstance(message, codec.Heartbeat):
+            self.send(peer, codec.Heartbeat(run_id=self.run_id, round=self.round, sender=SENDER))
+        elif isinstance(message, codec.Update):
+            self.on_update(peer, agent.index, message, len(frame))
+        elif isinstance(message, codec.Bye):
+            agent.connected = False
+            log.info("agent %s left: %s", client_id, message.reason)
+        elif isinstance(message, codec.ErrorMessage):
+            log.warning("agent %s reports %s: %s", client_id, message.code, message.reason)
+        else:
+            self.refuse(peer, "unexpected", f"a {type(message).__name__} is not expected from an agent")
+
+    def on_hello(self, peer: bytes, hello: codec.Hello) -> None:
+        if hello.protocol_version != codec.PROTOCOL_VERSION:
+            self.refuse(peer, "protocol-mismatch", f"agent speaks protocol {hello.protocol_version}, "
+                        f"this coordinator {codec.PROTOCOL_VERSION}: upgrade the older side")
+            return
+        if hello.model_hash and hello.model_hash != self.model_hash:
+            self.refuse(peer, "model-mismatch", f"agent's model definition {hello.model_hash} differs from the "
+                        f"session's {self.model_hash} (different Fedge or torch versions?)")
+            return
+        index = self.registry.index_of(hello.sender)
+        if index is None:
+            self.refuse(peer, "session-full", f"the session already has its {self.registry.capacity} clients")
+            return
+        agent = self.registry.agents[hello.sender]
+        first = not agent.connected
+        agent.peer, agent.connected, agent.dataset_size = peer, True, hello.dataset_size
+        agent.hello = {"fedge": hello.fedge_version, "torch": hello.torch_version,
+                       "capabilities": list(hello.capabilities), **dict(hello.meta)}
+        self.registry.touch(hello.sender)
+        if first:
+            log.info("agent %s registered as client %d (%d samples, torch %s)", hello.sender, index,
+                     hello.dataset_size, hello.torch_version)
+        self.send(peer, codec.Welcome(run_id=self.run_id, round=self.round, sender=SENDER,
+                                      meta=self.session_meta(index)))
+        current = self.current
+        if current is not None and index in current.selected and index not in current.updates:
+            self.send_task(current, index)
+
+    def on_update(self, peer: bytes, index: int, update: codec.Update, size: int) -> None:
+        current = self.current
+        if current is None or update.round != current.number:
+            self.refuse(peer, "stale", f"update for round {update.round} arrived outside it "
+                        f"(current: {current.number if current else 'none'})")
+            return
+        if index not in current.selected:
+            self.refuse(peer, "not-selected", f"client {index} was not selected in round {update.round}")
+            return
+        if index in current.updates:
+            self.refuse(peer, "duplicate", f"a second update from client {index} in round {update.round}")
+            return
+        problem = self.check_update(update, current.masks.get(index, set()))
+        if problem:
+            self.refuse(peer, "invalid-update", problem)
+            return
+        current.updates[index] = (update, size)
+
+    def check_update(self, update: codec.Update, masks_sent: set[int]) -> str:
+        """A reason to reject the update's tensors (unknown names, wrong shapes, foreign mask), or ''."""
+        if not isinstance(update.meta.get("num_samples"), int) or update.meta["num_samples"] < 0:
+            return "meta.num_samples must be a non-negative integer"
+        for group_name, group in update.groups.items():
+            for name, array in group.dense.items():
+                if name not in self.shapes:
+                    return f"group {group_name!r} names an unknown tensor {name!r}"
+                if tuple(array.shape) != self.shapes[name]:
+                    return f"{group_name}/{name}: shape {tuple(array.shape)}, expected {self.shapes[name]}"
+            sparse = group.sparse
+            if sparse is None:
+                continue
+            for name, shape in zip(sparse.names, sparse.shapes, strict=True):
+                if self.shapes.get(name) != tuple(shape):
+                    return f"{group_name}: sparse tensor {name!r} with shape {tuple(shape)} is not in the model"
+            if sparse.kind == "masked-values" and sparse.mask_crc not in masks_sent:
+                return f"{group_name}: values are bound to a mask (crc {sparse.mask_crc:#x}) not sent this round"
+        return ""
+
+    def pump(self, timeout_ms: int) -> None:
+        self.progress += 1
+        for peer, frame in self.transport.poll(timeout_ms):
+            self.handle(peer, frame)
+
+    def drain(self) -> None:
+        """Handle everything already queued (heartbeats included) so that liveness reflects the present."""
+        for _ in range(10_000):
+            arrived = self.transport.poll(0)
+            if not arrived:
+                return
+            for peer, frame in arrived:
+                self.handle(peer, frame)
+
+    # ----------------------------------------------------------------------------------------- the round
+    def select(self, round_number: int, available: list[int]) -> list[int]:
+        rng = np.random.default_rng([self.config.run.seed, round_number])
+        chooser = getattr(self.server, "select", None)
+        chosen = chooser(round_number, available, rng) if chooser is not None else None
+        if chosen is not None:
+            return sorted(int(i) for i in chosen)
+        r = self.config.round
+        count = r.count if r.count > 0 else math.ceil(r.fraction * len(available))
+        count = min(len(available), max(count, r.min_clients))
+        return sorted(int(i) for i in rng.choice(available, size=count, replace=False))
+
+    def send_task(self, current: RoundState, index: int) -> None:
+        agent = self.registry.by_index(index)
+        payload: Payload = self.server.downlink(current.number, index)
+        personal = self.config.eval.personal_every
+        meta = {
+            **dict(payload.meta), "committed_round": self.round,
+            "last_accepted_round": agent.last_accepted_round,
+            "deadline_s": max(0.0, current.deadline - time.monotonic()),
+            "personal_eval": bool(personal and current.number % personal == 0),
+        }
+        task = codec.Task(run_id=self.run_id, round=current.number, sender=SENDER, groups=dict(payload.groups),
+                          meta=meta)
+        current.bytes_down[index] = current.bytes_down.get(index, 0) + self.send(agent.peer, task)
+        for group in payload.groups.values():
+            if group.sparse is not None and group.sparse.mask is not None:
+                current.masks.setdefault(index, set()).add(codec.mask_crc(group.sparse.mask))
+
+    def wait_for_agents(self, expect: int, timeout_s: float) -> bool:
+        minimum = max(self.config.round.min_clients, 1)
+        until = time.monotonic() + timeout_s
+        announced = -1
+        while not self.stopping:
+            live = len(self.registry.live_indices())
+            if live != announced:
+                log.info("%d of %d expected agents connected", live, expect)
+                announced = live
+            if live >= expect or (time.monotonic() > until and live >= minimum):
+                return True
+            self.pump(200)
+            self.write_status("waiting for agents")
+        return False
+
+    def play_round(self, number: int) -> dict[str, Any] | None:
+        """One round; returns its metrics, or None when the session was asked to stop mid-round."""
+        started = time.monotonic()
+        self.drain()
+        available = self.registry.live_indices()
+        current = RoundState(number=number, selected=self.select(number, available), started=started,
+                             deadline=started + self.config.round.deadline_s)
+        self.current = current
+        for index in current.selected:
+            self.send_task(current, index)
+        while len(current.updates) < len(current.selected) and time.monotonic() < current.deadline:
+            if self.stopping:
+                self.current = None
+                return None
+            self.pump(100)
+            waiting = [i for i in current.selected if i not in current.updates]
+            if waiting and not any(self.registry.alive(self.registry.by_index(i)) for i in waiting):
+                log.warning("round %d: every agent still awaited (%s) is gone; closing the round", number, waiting)
+                break
+            self.write_status(f"round {number}: {len(current.updates)}/{len(current.selected)} updates")
+        self.current = None
+        return self.finish_round(current, started)
+
+    def finish_round(self, current: RoundState, started: float) -> dict[str, Any]:
+        number = current.number
+        missing = [i for i in current.selected if i not in current.updates]
+        if missing:
+            log.warning("round %d: no update from client(s) %s before the deadline", number, missing)
+            notify = getattr(self.server, "missed", None)
+            if notify is not None:
+                notify(number, missing)
+        ordered = sorted(current.updates.items())
+        updates = [ClientUpdate(client_id=self.registry.by_index(i).client_id, index=i,
+                                num_samples=int(u.meta["num_samples"]),
+                                payload=Payload(groups=dict(u.groups), meta=dict(u.meta)))
+                   for i, (u, _) in ordered]
+        extra = dict(self.server.aggregate(number, updates)) if updates else {}
+        row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS)
+        row.update(round=number, algorithm=self.config.algorithm_name, selected=len(current.selected),
+                   reported=len(updates), dropped=len(missing),
+                   bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()))
+        self.evaluate_into(row, number)
+        personal = {u.client_id: u.payload.meta["personal_accuracy"] for u in updates
+                    if isinstance(u.payload.meta.get("personal_accuracy"), float)}
+        if personal:
+            row["personal_accuracy"] = personal
+            row["personal_accuracy_mean"] = float(np.mean(list(personal.values())))
+        losses = [u.payload.meta.get("train_loss") for u in updates]
+        if losses and all(isinstance(x, float) for x in losses):
+            row["train_loss"] = float(np.average(losses, weights=[max(u.num_samples, 1) for u in updates]))
+        train_s = [u.payload.meta.get("train_s") for u in updates if isinstance(u.payload.meta.get("train_s"), float)]
+        row["train_s_max"] = max(train_s) if train_s else None
+        row.update(extra)
+        for index, (update, size) in ordered:
+            agent = self.registry.by_index(index)
+            agent.last_accepted_round = number
+            record = update.meta.get("meter")
+            self.run_dir.append_jsonl("clients.jsonl", {
+                "round": number, "client_id": agent.client_id, "client_index": index,
+                "num_samples": update.meta["num_samples"], "bytes_down": current.bytes_down.get(index, 0),
+                "bytes_up": size, "train_loss": update.meta.get("train_loss"),
+                "train_s": update.meta.get("train_s"), **(record if isinstance(record, dict) else {})})
+        self.round = number
+        row["wall_s"] = time.monotonic() - started
+        self.run_dir.append_jsonl("metrics.jsonl", row)
+        self.save_checkpoint()
+        for index, (update, _) in ordered:
+            agent = self.registry.by_index(index)
+            self.send(agent.peer, codec.Commit(run_id=self.run_id, round=number, sender=SENDER))
+        self.round_walls.append(row["wall_s"])
+        return row
+
+    def evaluate_into(self, row: dict[str, Any], number: int) -> None:
+        every = self.config.eval.every
+        due = every > 0 and (number % every == 0 or number == self.config.run.rounds)
+        if self.evaluator is None or not due:
+            return
+        arrays = self.server.evaluation_arrays()
+        if arrays is not None:
+            row["test_accuracy"], row["test_loss"] = self.evaluator(dict(arrays))
+        pruned = getattr(self.server, "pruned_evaluation_arrays", None)
+        pruned_arrays = pruned() if pruned is not None else None
+        if pruned_arrays is not None:
+            row["test_accuracy_pruned"], _ = self.evaluator(dict(pruned_arrays))
+
+    # ----------------------------------------------------------------------------------------- driving
+    def write_status(self, phase: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - getattr(self, "_status_at", 0.0) < 1.0:
+            return
+        self._status_at = now
+        mean_round = float(np.mean(self.round_walls[-5:])) if self.round_walls else None
+        remaining = self.config.run.rounds - self.round
+        self.run_dir.write_json("status.json", {
+            "run_id": self.run_id, "phase": phase, "round": self.round, "rounds": self.config.run.rounds,
+            "algorithm": self.config.algorithm_name, "updated_at": time.time(),
+            "eta_s": mean_round * remaining if mean_round is not None else None,
+            "agents": [{"client_id": a.client_id, "index": a.index, "connected": self.registry.alive(a),
+                        "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None}
+                       for a in self.registry.agents.values()],
+        })
+
+    def run(self, expect: int, join_timeout_s: float) -> str:
+        """Play the remaining rounds; returns 'done', 'stopped' or 'no-agents'."""
+        if not self.wait_for_agents(expect, join_timeout_s):
+            return "stopped"
+        while self.round < self.config.run.rounds:
+            self.drain()
+            if not self.registry.live_indices():
+                log.warning("no live agent; waiting for agents to come back")
+                if not self.wait_for_agents(max(self.config.round.min_clients, 1), self.config.fleet.join_timeout_s):
+                    return "stopped"
+                if not self.registry.live_indices():
+                    return "no-agents"
+            row = self.play_round(self.round + 1)
+            if row is None:
+                self.write_status("stopped", force=True)
+                return "stopped"
+            self.write_status(f"round {self.round} done", force=True)
+            if self.on_round is not None:
+                self.on_round(row)
+        self.write_status("done", force=True)
+        return "done"
+
+    def say_goodbye(self, reason: str) -> None:
+        for agent in self.registry.agents.values():
+            if agent.connected and agent.peer:
+                self.send(agent.peer, codec.Bye(run_id=self.run_id, round=self.round, sender=SENDER, reason=reason))

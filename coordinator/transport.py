@@ -1,0 +1,134 @@
+"""The coordinator's ZeroMQ transport: one ROUTER socket that moves opaque frames to and from agents.
+
+It binds, resolves the real endpoint (so an ephemeral port can be published), switches on CurveZMQ with an allow-list
+of agent public keys when asked, and says in the log why a peer was refused. It moves bytes and counts them; it knows
+nothing of the codec, algorithms, models or torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from edge_agent.transport import generate_keys
+
+log = logging.getLogger("fedge.coordinator.transport")
+
+__all__ = ["AllowList", "CurveServerKeys", "RouterTransport", "generate_keys"]
+
+COORDINATOR_KEY = "coordinator"
+ALLOWED_DIR = "allowed"
+
+
+@dataclass(frozen=True)
+class CurveServerKeys:
+    """The coordinator's key pair and the directory of allowed agent public keys."""
+
+    public: bytes
+    secret: bytes
+    allowed_dir: Path
+
+    @classmethod
+    def load(cls, keys_dir: str | Path) -> CurveServerKeys:
+        keys_dir = Path(keys_dir)
+        secret_file = keys_dir / f"{COORDINATOR_KEY}.key_secret"
+        if not secret_file.exists():
+            raise FileNotFoundError(
+                f"no coordinator key pair in {keys_dir}: run `coordinator keygen --keys-dir {keys_dir}`")
+        public, secret = zmq.auth.load_certificate(secret_file)
+        if secret is None:
+            raise ValueError(f"{secret_file} holds no secret key")
+        return cls(public=public, secret=secret, allowed_dir=keys_dir / ALLOWED_DIR)
+
+
+class AllowList:
+    """ZAP credentials callback: a peer is allowed when its public key is in a *.key file of the allow-list dir.
+
+    The directory is read again on every handshake, so adding or removing an agent's key needs no restart.
+    """
+
+    def __init__(self, allowed_dir: Path) -> None:
+        self.allowed_dir = allowed_dir
+
+    def allowed_keys(self) -> set[bytes]:
+        keys: set[bytes] = set()
+        if self.allowed_dir.is_dir():
+            for path in sorted(self.allowed_dir.glob("*.key")):
+                try:
+                    public, _ = zmq.auth.load_certificate(path)
+                except (OSError, ValueError) as exc:
+                    log.warning("ignoring unreadable key file %s: %s", path, exc)
+                    continue
+                keys.add(public)
+        return keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self.allowed_keys():
+            return True
+        log.warning("refused a peer: its CurveZMQ public key %s is not in the allow-list %s",
+                    key.decode(errors="replace"), self.allowed_dir)
+        return False
+
+
+class RouterTransport:
+    """A bound ROUTER socket: poll for (peer identity, frame) pairs, send a frame to a peer."""
+
+    def __init__(self, bind: str, curve: CurveServerKeys | None = None, max_frame_bytes: int = 64 << 20) -> None:
+        self.context = zmq.Context()
+        self.authenticator: ThreadAuthenticator | None = None
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self.socket.setsockopt(zmq.LINGER, 2000)
+        self.socket.setsockopt(zmq.SNDHWM, 100)
+        if curve is not None:
+            self.authenticator = ThreadAuthenticator(self.context, log=logging.getLogger("fedge.zap"))
+            self.authenticator.start()
+            self.authenticator.configure_curve_callback("*", credentials_provider=AllowList(curve.allowed_dir))
+            self.socket.curve_secretkey = curve.secret
+            self.socket.curve_publickey = curve.public
+            self.socket.curve_server = True
+        self.socket.bind(bind)
+        self.endpoint: str = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.curve = curve is not None
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def poll(self, timeout_ms: int) -> list[tuple[bytes, bytes]]:
+        """Everything that arrived within the timeout, as (peer identity, frame); extra frames are dropped."""
+        received: list[tuple[bytes, bytes]] = []
+        if not self.socket.poll(timeout_ms, zmq.POLLIN):
+            return received
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return received
+            if len(frames) != 2:
+                log.warning("dropped a message of %d frames from %r (expected one frame)", len(frames) - 1,
+                            frames[0] if frames else b"?")
+                continue
+            self.bytes_in += len(frames[1])
+            received.append((frames[0], frames[1]))
+
+    def send(self, peer: bytes, frame: bytes) -> bool:
+        """Send one frame to a connected peer; False (and a log line) when the peer is gone or its queue is full."""
+        try:
+            self.socket.send_multipart([peer, frame], zmq.NOBLOCK)
+        except (zmq.Again, zmq.ZMQError) as exc:
+            log.warning("could not send %d bytes to %r: %s", len(frame), peer, exc)
+            return False
+        self.bytes_out += len(frame)
+        return True
+
+    def close(self) -> None:
+        self.socket.close()
+        if self.authenticator is not None:
+            self.authenticator.stop()
+        self.context.term()

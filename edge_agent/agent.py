@@ -1,0 +1,268 @@
+"""The agent loop: register with the coordinator, train on each task, send the update, keep device state.
+
+The main thread owns the DEALER socket: it says hello (again, whenever the coordinator seems to have gone), sends
+heartbeats, receives tasks, commits and byes. Local training runs in a worker thread so that heartbeats continue
+during a long step. The agent reads only its own shard. Its algorithm's client half is built from the session
+settings in the coordinator's welcome, and its device state is committed in two phases (``edge_agent.state``).
+Must not know any algorithm by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+import codec
+from algorithms import make_client
+from algorithms.base import Payload
+from algorithms.loop import TrainSettings, evaluate, round_seed, train_local
+from edge_agent.config import AgentSettings
+from edge_agent.state import DeviceState
+from edge_agent.transport import CurveClientKeys, DealerTransport
+from fldata import ClientShard, normalize, read_shard
+from models import ModelSpec, build, definition_hash
+
+log = logging.getLogger("fedge.agent")
+
+CAPABILITIES = ("sparse-mask", "sparse-values", "sparse-indices", "f16", "bf16", "int8")
+
+
+def fedge_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedge")
+    except PackageNotFoundError:  # pragma: no cover
+        return "0.0.0+source"
+
+
+@dataclass
+class Session:
+    """What the welcome told this agent, and what it built from it."""
+
+    run_id: str
+    index: int
+    meta: dict[str, Any]
+    model: torch.nn.Module
+    client: Any
+    train: TrainSettings
+    heartbeat_s: float
+    liveness_s: float
+
+
+@dataclass
+class Outcome:
+    round: int
+    frame: bytes | None
+    error: str = ""
+
+
+class Agent:
+    """One edge agent; ``run()`` returns a process exit code."""
+
+    def __init__(self, settings: AgentSettings, parent_pid: int | None = None) -> None:
+        self.settings = settings
+        self.parent_pid = parent_pid
+        self.stop_requested = threading.Event()
+        self.state = DeviceState(settings.state_dir)
+        self.shard: ClientShard = read_shard(settings.data)
+        self.device = self.pick_device(settings.device)
+        self.session: Session | None = None
+        self.worker: threading.Thread | None = None
+        self.outcome: Outcome | None = None
+        self.busy_round = 0
+        self.last_heard = 0.0
+        self.last_hello = 0.0
+        self.last_heartbeat = 0.0
+        self.progress = 0
+        self.exit_code = 0
+
+    @staticmethod
+    def pick_device(choice: str) -> torch.device:
+        if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+            return torch.device("cuda")
+        return torch.device("cpu")
+
+    # ------------------------------------------------------------------------------------------------ wire
+    def send(self, transport: DealerTransport, message: codec.Message) -> None:
+        transport.send(codec.encode(message))
+
+    def hello(self, transport: DealerTransport) -> None:
+        self.last_hello = time.monotonic()
+        self.send(transport, codec.Hello(
+            run_id=self.session.run_id if self.session else "", round=0, sender=self.settings.client_id,
+            fedge_version=fedge_version(), protocol_version=codec.PROTOCOL_VERSION,
+            torch_version=torch.__version__, model_hash="", capabilities=CAPABILITIES,
+            dataset_size=int(self.shard.train_y.shape[0]),
+            meta={"device": str(self.device), "input_shape": list(self.shard.train_x.shape[1:]),
+                  "num_classes": self.shard.num_classes}))
+
+    def on_welcome(self, transport: DealerTransport, welcome: codec.Welcome) -> None:
+        meta = dict(welcome.meta)
+        if self.session is not None and self.session.run_id == meta["run_id"] and \
+                self.session.index == meta["client_index"]:
+            log.info("coordinator welcomed us back (run %s, round %d)", welcome.run_id, welcome.round)
+            return
+        model_meta = meta["model"]
+        spec = ModelSpec(name=model_meta["name"], input_shape=tuple(model_meta["input_shape"]),
+                         num_classes=int(model_meta["num_classes"]), pan=model_meta["pan"],
+                         pan_a=float(model_meta["pan_a"]), pan_t=float(model_meta["pan_t"]))
+        shape = tuple(self.shard.train_x.shape[1:])
+        if shape != spec.input_shape or self.shard.num_classes != spec.num_classes:
+            self.fail(transport, "data-mismatch", f"this device's data is {shape} with {self.shard.num_classes} "
+                      f"classes; the session's model wants {spec.input_shape} with {spec.num_classes}")
+            return
+        if definition_hash(spec) != meta["model_hash"]:
+            self.fail(transport, "model-mismatch", "this agent builds the model differently from the coordinator "
+                      "(different Fedge or torch versions?)")
+            return
+        model = build(spec, seed=int(meta["seed"])).to(self.device)
+        algorithm = dict(meta["algorithm"])
+        name = algorithm.pop("name")
+        client = make_client(name, algorithm, int(meta["client_index"]))
+        train = TrainSettings(**meta["train"])
+        self.session = Session(run_id=meta["run_id"], index=int(meta["client_index"]), meta=meta, model=model,
+                               client=client, train=train, heartbeat_s=float(meta["heartbeat_s"]),
+                               liveness_s=float(meta["liveness_s"]))
+        limit = int(meta.get("data", {}).get("train_limit", 0))
+        count = self.shard.train_y.shape[0] if limit <= 0 else min(limit, self.shard.train_y.shape[0])
+        self.inputs = torch.from_numpy(normalize(self.shard.train_x[:count], self.shard.mean,
+                                                 self.shard.std)).to(self.device)
+        self.labels = torch.from_numpy(self.shard.train_y[:count].astype(np.int64)).to(self.device)
+        self.test_inputs = torch.from_numpy(normalize(self.shard.test_x, self.shard.mean,
+                                                      self.shard.std)).to(self.device)
+        self.test_labels = torch.from_numpy(self.shard.test_y.astype(np.int64)).to(self.device)
+        log.info("joined run %s as client %d: %s with %s, %d samples on %s", meta["run_id"], self.session.index,
+                 spec.name, name, count, self.device)
+
+    def fail(self, transport: DealerTransport, code: str, reason: str) -> None:
+        log.error("%s: %s", code, reason)
+        self.send(transport, codec.ErrorMessage(run_id="", round=0, sender=self.settings.client_id, code=code,
+                                                reason=reason))
+        self.exit_code = 2
+        self.stop_requested.set()
+
+    # ------------------------------------------------------------------------------------------------ round
+    def start_task(self, task: codec.Task) -> None:
+        session = self.session
+        if session is None or task.run_id != session.run_id:
+            log.warning("ignoring a task of run %s (we are in %s)", task.run_id, session and session.run_id)
+            return
+        if self.worker is not None and self.worker.is_alive():
+            log.warning("ignoring the task of round %d: still training round %d", task.round, self.busy_round)
+            return
+        self.busy_round = task.round
+        self.outcome = None
+        self.worker = threading.Thread(target=self.train_round, args=(session, task), daemon=True,
+                                       name=f"train-round-{task.round}")
+        self.worker.start()
+
+    def train_round(self, session: Session, task: codec.Task) -> None:
+        try:
+            meta = dict(task.meta)
+            self.state.discard_unconfirmed(session.run_id, int(meta.get("last_accepted_round", 0)))
+            session.client.load_state_dict(self.state.committed(session.run_id))
+            payload = Payload(groups=dict(task.groups), meta=meta)
+            session.client.on_receive(task.round, payload, session.model)
+            extra: dict[str, Any] = {}
+            if meta.get("personal_eval") and self.test_labels.numel():
+                extra["personal_accuracy"], _ = evaluate(session.model, self.test_inputs, self.test_labels)
+            started = time.monotonic()
+            seed = round_seed(int(session.meta["seed"]), task.round, session.index)
+            stats = train_local(session.model, session.client, self.inputs, self.labels, session.train, seed)
+            train_s = time.monotonic() - started
+            update = session.client.make_update(task.round, session.model, stats)
+            self.state.write_pending(session.run_id, task.round, session.client.state_dict())
+            meta_up = {**dict(update.meta), **extra, "num_samples": int(self.labels.shape[0]),
+                       "steps": stats.steps, "train_loss": float(stats.loss), "train_s": float(train_s)}
+            frame = codec.encode(codec.Update(run_id=session.run_id, round=task.round,
+                                              sender=self.settings.client_id, groups=dict(update.groups),
+                                              meta=meta_up))
+            self.outcome = Outcome(task.round, frame)
+        except Exception as exc:  # a failed round is reported, never fatal for the agent
+            log.exception("round %d failed", task.round)
+            self.outcome = Outcome(task.round, None, f"{type(exc).__name__}: {exc}")
+
+    def on_commit(self, commit: codec.Commit) -> None:
+        if self.session is not None and self.state.confirm(self.session.run_id, commit.round):
+            log.info("round %d committed", commit.round)
+
+    # ------------------------------------------------------------------------------------------------ loop
+    def handle(self, transport: DealerTransport, frame: bytes) -> None:
+        try:
+            message = codec.decode(frame)
+        except codec.CodecError as exc:
+            log.warning("dropped a malformed packet from the coordinator: %s", exc)
+            return
+        self.last_heard = time.monotonic()
+        self.progress += 1
+        if isinstance(message, codec.Welcome):
+            self.on_welcome(transport, message)
+        elif isinstance(message, codec.Task):
+            self.start_task(message)
+        elif isinstance(message, codec.Commit):
+            self.on_commit(message)
+        elif isinstance(message, codec.Bye):
+            log.info("coordinator says goodbye: %s", message.reason)
+            self.stop_requested.set()
+        elif isinstance(message, codec.ErrorMessage):
+            log.warning("coordinator: %s: %s", message.code, message.reason)
+            if message.code == "hello-first":
+                self.hello(transport)
+            elif message.code in ("protocol-mismatch", "model-mismatch", "session-full"):
+                self.exit_code = 2
+                self.stop_requested.set()
+
+    def tick(self, transport: DealerTransport) -> None:
+        now = time.monotonic()
+        session = self.session
+        heard_recently = session is not None and now - self.last_heard < session.liveness_s
+        if not heard_recently and now - self.last_hello >= self.settings.hello_interval_s:
+            if session is not None and self.last_heard:
+                log.warning("nothing heard from the coordinator for %.0f s; saying hello again",
+                            now - self.last_heard)
+            self.hello(transport)
+        if session is not None and now - self.last_heartbeat >= session.heartbeat_s:
+            self.last_heartbeat = now
+            self.send(transport, codec.Heartbeat(run_id=session.run_id, round=self.busy_round,
+                                                 sender=self.settings.client_id))
+        outcome = self.outcome
+        if outcome is not None and session is not None:
+            self.outcome = None
+            if outcome.frame is not None:
+                transport.send(outcome.frame)
+                log.info("round %d: sent update (%d bytes)", outcome.round, len(outcome.frame))
+            else:
+                self.send(transport, codec.ErrorMessage(run_id=session.run_id, round=outcome.round,
+                                                        sender=self.settings.client_id, code="round-failed",
+                                                        reason=outcome.error))
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            log.warning("the process that started this agent is gone; stopping")
+            self.stop_requested.set()
+
+    def run(self) -> int:
+        curve = None
+        if self.settings.curve == "on":
+            curve = CurveClientKeys.load(self.settings.keys_dir, self.settings.coordinator_public_key)
+        transport = DealerTransport(self.settings.coordinator, self.settings.client_id, curve)
+        log.info("agent %s connecting to %s (CurveZMQ %s)", self.settings.client_id, self.settings.coordinator,
+                 "on" if curve else "off")
+        try:
+            while not self.stop_requested.is_set():
+                for frame in transport.poll(100):
+                    self.handle(transport, frame)
+                self.tick(transport)
+                self.progress += 1
+            if self.session is not None:
+                self.send(transport, codec.Bye(run_id=self.session.run_id, round=self.busy_round,
+                                               sender=self.settings.client_id, reason="agent stopping"))
+        finally:
+            transport.close()
+        return self.exit_code

@@ -1,0 +1,86 @@
+"""The ``edge-agent`` command: ``run`` (join a coordinator and train) and ``keygen`` (a CurveZMQ key pair).
+
+    edge-agent run --coordinator tcp://HOST:5555 --client-id pi-01 --data /var/lib/fedge-agent/shard.npz
+    edge-agent run --config /etc/fedge/agent.toml
+    edge-agent keygen --keys-dir /var/lib/fedge-agent/keys
+
+Errors are one line on stderr and a non-zero exit. SIGTERM and Ctrl-C stop the agent cleanly (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge-agent", description="Fedge edge agent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="join a coordinator and train on this device's data")
+    run.add_argument("--config", help="TOML file with [agent] and [security] sections")
+    run.add_argument("--coordinator", help="the coordinator's address, e.g. tcp://192.0.2.10:5555")
+    run.add_argument("--client-id", help="this device's stable id")
+    run.add_argument("--data", help="this device's shard (.npz written by `coordinator partition --out`)")
+    run.add_argument("--state-dir", help="where device state is kept (default ~/.local/state/fedge-agent/ID)")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    run.add_argument("--curve", choices=("on", "off"), help="CurveZMQ encryption and authentication")
+    run.add_argument("--keys-dir", help="directory holding agent.key and agent.key_secret")
+    run.add_argument("--coordinator-key", help="the coordinator's public key file")
+    run.add_argument("--parent-pid", type=int, help="stop when this process is gone (used by the local fleet)")
+    run.add_argument("--log-file", help="also write JSON-lines logs here")
+    run.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
+    keygen = sub.add_parser("keygen", help="write a CurveZMQ key pair (agent.key, agent.key_secret)")
+    keygen.add_argument("--keys-dir", required=True)
+    return parser
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    from edge_agent.config import load_settings
+    from edge_agent.logsetup import setup_logging
+
+    setup_logging(json_lines=args.log_json, log_file=args.log_file)
+    settings = load_settings(args.config, {
+        "coordinator": args.coordinator, "client_id": args.client_id, "data": args.data,
+        "state_dir": args.state_dir, "device": args.device, "curve": args.curve, "keys_dir": args.keys_dir,
+        "coordinator_public_key": args.coordinator_key,
+    })
+    if os.environ.get("OMP_NUM_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    from edge_agent.agent import Agent
+    from edge_agent.service import ServiceNotifier
+
+    agent = Agent(settings, parent_pid=args.parent_pid)
+
+    def stop(signum: int, _frame: object) -> None:
+        logging.getLogger("fedge.agent").info("signal %d: stopping", signum)
+        agent.stop_requested.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    with ServiceNotifier(lambda: agent.progress):
+        return agent.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "keygen":
+            from edge_agent.transport import AGENT_KEY, generate_keys
+
+            public, secret = generate_keys(args.keys_dir, AGENT_KEY)
+            print(f"wrote {public} (public: give it to the coordinator's allow-list) and {secret} (keep private)")
+            return 0
+        return run_agent(args)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"edge-agent: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

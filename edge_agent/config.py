@@ -1,0 +1,75 @@
+"""The agent's settings: where the coordinator is, who this device is, where its data and state live, its keys.
+
+Read from a TOML file (``[agent]`` and ``[security]``; unknown keys are an error) and overridden by command-line
+flags. Must not import torch, transports or algorithms.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    coordinator: str = ""
+    client_id: str = ""
+    data: str = ""
+    state_dir: str = ""
+    device: str = "auto"
+    curve: str = "off"
+    keys_dir: str = ""
+    coordinator_public_key: str = ""
+    hello_interval_s: float = 3.0
+
+    def validate(self) -> None:
+        if not self.coordinator:
+            raise ValueError("agent.coordinator is required (e.g. tcp://192.0.2.10:5555)")
+        if not self.client_id or any(c.isspace() for c in self.client_id) or len(self.client_id) > 64:
+            raise ValueError("agent.client_id is required: up to 64 characters, no spaces")
+        if not self.data:
+            raise ValueError("agent.data is required: the path of this device's shard (.npz)")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError("agent.device must be auto, cpu or cuda")
+        if self.curve not in ("on", "off"):
+            raise ValueError("security.curve must be on or off")
+        if self.curve == "on" and not (self.keys_dir and self.coordinator_public_key):
+            raise ValueError("with security.curve = on, set security.keys_dir and security.coordinator_public_key")
+
+
+AGENT_KEYS = {"coordinator", "client_id", "data", "state_dir", "device", "hello_interval_s"}
+SECURITY_KEYS = {"curve", "keys_dir", "coordinator_public_key"}
+
+
+def load_settings(path: str | None, overrides: dict[str, Any]) -> AgentSettings:
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ValueError(f"config file not found: {path}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path} is not valid TOML: {exc}") from exc
+        unknown_sections = set(raw) - {"agent", "security"}
+        if unknown_sections:
+            raise ValueError(f"unknown section(s) {sorted(unknown_sections)} in {path}; known: agent, security")
+        for section, allowed in (("agent", AGENT_KEYS), ("security", SECURITY_KEYS)):
+            table = raw.get(section, {})
+            bad = set(table) - allowed
+            if bad:
+                raise ValueError(f"unknown key(s) {sorted(bad)} in [{section}] of {path}; known: {sorted(allowed)}")
+            values.update(table)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in fields(AgentSettings)}
+    settings = replace(AgentSettings(), **{k: v for k, v in values.items() if k in known})
+    if not settings.state_dir:
+        settings = replace(settings, state_dir=str(Path.home() / ".local/state/fedge-agent" / settings.client_id))
+    settings.validate()
+    return settings

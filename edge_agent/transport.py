@@ -1,0 +1,129 @@
+"""The agent's ZeroMQ transport: one DEALER socket to the coordinator, with reconnect, backoff and CurveZMQ.
+
+ZeroMQ reconnects by itself with an exponential backoff (RECONNECT_IVL doubling up to RECONNECT_IVL_MAX), so a
+coordinator restart needs nothing from the caller but to say hello again. A socket monitor turns handshake failures
+into a readable reason (for example, the coordinator refused this agent's key). It moves bytes; it knows nothing of
+the codec, algorithms, models or torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.utils.monitor import recv_monitor_message
+
+log = logging.getLogger("fedge.agent.transport")
+
+AGENT_KEY = "agent"
+
+
+@dataclass(frozen=True)
+class CurveClientKeys:
+    """This agent's key pair and the coordinator's public key."""
+
+    public: bytes
+    secret: bytes
+    server_public: bytes
+
+    @classmethod
+    def load(cls, keys_dir: str | Path, coordinator_public_key: str | Path) -> CurveClientKeys:
+        secret_file = Path(keys_dir) / f"{AGENT_KEY}.key_secret"
+        if not secret_file.exists():
+            raise FileNotFoundError(f"no agent key pair in {keys_dir}: run `edge-agent keygen --keys-dir {keys_dir}`")
+        public, secret = zmq.auth.load_certificate(secret_file)
+        server_public, _ = zmq.auth.load_certificate(coordinator_public_key)
+        if secret is None:
+            raise ValueError(f"{secret_file} holds no secret key")
+        return cls(public=public, secret=secret, server_public=server_public)
+
+
+def generate_keys(keys_dir: str | Path, name: str) -> tuple[Path, Path]:
+    """Write NAME.key (public) and NAME.key_secret in keys_dir (pyzmq's certificate layout); returns both paths."""
+    keys_dir = Path(keys_dir)
+    keys_dir.mkdir(parents=True, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(str(keys_dir), name)
+    Path(secret).chmod(0o600)
+    return Path(public), Path(secret)
+
+
+HANDSHAKE_FAILURES = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the coordinator refused this agent's CurveZMQ key (not in its allow-list)",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the handshake failed: protocol mismatch (CurveZMQ on one side only?)",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the handshake failed (CurveZMQ on one side only, or a wrong key?)",
+}
+
+
+class DealerTransport:
+    """A DEALER socket connected to the coordinator, identified by the client id."""
+
+    def __init__(self, endpoint: str, identity: str, curve: CurveClientKeys | None = None,
+                 max_frame_bytes: int = 256 << 20) -> None:
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.IDENTITY, identity.encode())
+        self.socket.setsockopt(zmq.RECONNECT_IVL, 200)
+        self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self.socket.setsockopt(zmq.LINGER, 1000)
+        if curve is not None:
+            self.socket.curve_secretkey = curve.secret
+            self.socket.curve_publickey = curve.public
+            self.socket.curve_serverkey = curve.server_public
+        self.monitor = self.socket.get_monitor_socket()
+        self.socket.connect(endpoint)
+        self.endpoint = endpoint
+        self.last_failure = ""
+        self.connected = False
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def _drain_monitor(self) -> None:
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            kind = event["event"]
+            if kind in HANDSHAKE_FAILURES:
+                reason = HANDSHAKE_FAILURES[kind]
+                if reason != self.last_failure:
+                    log.error("%s: %s", self.endpoint, reason)
+                self.last_failure = reason
+                self.connected = False
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.last_failure = ""
+                self.connected = True
+                log.info("connected to %s", self.endpoint)
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self.connected = False
+                log.warning("disconnected from %s; reconnecting with backoff", self.endpoint)
+
+    def poll(self, timeout_ms: int) -> list[bytes]:
+        self._drain_monitor()
+        frames: list[bytes] = []
+        if not self.socket.poll(timeout_ms, zmq.POLLIN):
+            self._drain_monitor()
+            return frames
+        while True:
+            try:
+                parts = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return frames
+            self.bytes_in += sum(len(p) for p in parts)
+            frames.append(parts[-1])
+
+    def send(self, frame: bytes) -> bool:
+        try:
+            self.socket.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("send queue full; %d bytes not sent (coordinator unreachable?)", len(frame))
+            return False
+        self.bytes_out += len(frame)
+        return True
+
+    def close(self) -> None:
+        self.socket.disable_monitor()
+        self.monitor.close()
+        self.socket.close()
+        self.context.term()

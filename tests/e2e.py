@@ -1,0 +1,85 @@
+"""Helpers for the end-to-end tests: start real coordinator and agent processes on 127.0.0.1, wait, clean up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Small, fast sessions: the MLP, a few hundred samples per agent, short heartbeats.
+FAST = ["--model", "mlp", "--set", "data.train_limit=300", "--set", "fleet.heartbeat_s=0.5",
+        "--set", "fleet.liveness_s=6.0", "--quiet"]
+
+
+class Processes:
+    """Every process a test starts; all of them (and their process groups) are killed at teardown."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name}.out", "ab")  # noqa: SIM115 - closed by the child's exit
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        process = subprocess.Popen([sys.executable, "-m", *args], cwd=self.workdir, stdout=log, stderr=log,
+                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        log.close()
+        self.started.append(process)
+        return process
+
+    def coordinator(self, *args: str, name: str = "coordinator") -> subprocess.Popen[bytes]:
+        return self.start(["coordinator.cli", "start", *args], name)
+
+    def agent(self, *args: str, name: str) -> subprocess.Popen[bytes]:
+        return self.start(["edge_agent", "run", *args], name)
+
+    def output(self, name: str) -> str:
+        path = self.workdir / f"{name}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def cleanup(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            process.wait(timeout=10)
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    processes = Processes(tmp_path)
+    try:
+        yield processes
+    finally:
+        processes.cleanup()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def finished(process: subprocess.Popen[bytes], timeout: float) -> int:
+    return process.wait(timeout=timeout)

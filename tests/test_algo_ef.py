@@ -1,0 +1,163 @@
+"""ef-fedavg / ef-fedprox (docs/ef.md): the replica never drifts, resyncs are counted, keep is respected."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import codec
+from algorithms import ef, fedavg, fedprox
+from algorithms.base import ClientUpdate, Payload
+from algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round
+from algorithms.registry import REGISTRY, AlgorithmSpec
+from models import state_to_arrays
+from tests.algo_helpers import ADAM, TINY_CNN_BN, TINY_MLP, client_data, same_arrays
+
+DATA = client_data(TINY_MLP, 4, samples=32)
+PATTERN = [[0, 1, 2, 3], [0, 1], [0, 1, 2], [1], [0, 1], [3, 0], [2], [0, 1, 2, 3]]
+
+
+@pytest.fixture(autouse=True)
+def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name, base in (("ef-fedavg", fedavg), ("ef-fedprox", fedprox)):
+        if name not in REGISTRY:
+            monkeypatch.setitem(REGISTRY, name, AlgorithmSpec(ef, base))
+    yield
+
+
+class ReplicaCheck:
+    """After each on_receive: the client's replica, and the model it trains from, equal the public model."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.kinds: dict[int, list[str]] = {}
+
+    def __call__(self, index: int, payload: Payload, model: torch.nn.Module) -> None:
+        public = self.fleet.server.public
+        assert same_arrays(self.fleet.clients[index].replica, public)
+        assert same_arrays(state_to_arrays(model), public)
+        self.kinds[index] = sorted(payload.groups)
+
+
+def restart(fleet: Fleet, name: str, options: dict[str, Any]) -> None:
+    """Devices and coordinator restart from their saved state."""
+    base = fedprox if name == "ef-fedprox" else fedavg
+    config = ef.make_config(base, options)
+    states = [client.state_dict() for client in fleet.clients]
+    fleet.clients = [ef.Client(config, index, base) for index in range(len(states))]
+    for client, state in zip(fleet.clients, states, strict=True):
+        client.load_state_dict({k: np.array(v, copy=True) for k, v in state.items()})
+    arrays, meta = fleet.server.state_dict()
+    fleet.server = ef.Server(config, global_arrays(fleet), fleet.server.context, base)
+    fleet.server.load_state_dict({k: np.array(v, copy=True) for k, v in arrays.items()}, meta)
+
+
+@pytest.mark.parametrize(("name", "options"), [("ef-fedavg", {}), ("ef-fedprox", {"mu": 0.1, "value_dtype": "bf16"}),
+                                               ("ef-fedavg", {"value_dtype": "int8", "history": 2})])
+def test_replica_is_the_public_model_bit_for_bit_through_misses_and_restarts(name: str,
+                                                                          options: dict[str, Any]) -> None:
+    fleet = make_fleet(name, options, TINY_MLP, clients=4, seed=1)
+    for round_number, chosen in enumerate(PATTERN, start=1):
+        if round_number == 5:
+            restart(fleet, name, options)
+        check = ReplicaCheck(fleet)
+        run_round(fleet, round_number, DATA, ADAM, seed=1, participants=chosen, inspect=check)
+        assert len(check.kinds) == len(chosen)
+    assert fleet.clients[0].version == len(PATTERN) - 1 and np.abs(fleet.clients[0].residual).max() > 0
+
+
+def test_missed_rounds_get_the_delta_chain_or_a_dense_copy_and_both_are_counted() -> None:
+    fleet = make_fleet("ef-fedavg", {"history": 3}, TINY_MLP, clients=3, seed=2)
+    seen: dict[int, list[str]] = {}
+    sizes = []
+    for round_number, chosen in enumerate([[0, 1, 2], [0], [0], [0, 1], [0], [0], [0], [0, 2]], start=1):
+        check = ReplicaCheck(fleet)
+        before = len(fleet.bytes_down)
+        metrics = run_round(fleet, round_number, DATA, ADAM, seed=2, participants=chosen, inspect=check)
+        sizes.append(dict(zip(chosen, fleet.bytes_down[before:], strict=True)))
+        seen.update({(round_number, i): k for i, k in check.kinds.items()})  # type: ignore[misc]
+        if round_number == 8:
+            assert metrics["ef_dense_resyncs"] == 1
+    assert seen[(1, 0)] == ["public"]  # never synced: dense
+    assert seen[(2, 0)] == ["delta-1"]
+    assert seen[(4, 1)] == ["delta-1", "delta-2", "delta-3"]  # missed two rounds: the chain, smaller than dense
+    assert seen[(8, 2)] == ["public"]  # missed more rounds than the history holds: dense f32
+    floats = sum(a.size for a in global_arrays(fleet).values())
+    assert sizes[7][2] > 2 * floats > 4 * sizes[7][0]  # the resync travels in (and is counted by) the packet
+    assert sizes[3][1] < sizes[7][2] / 3
+
+
+def test_keep_fraction_is_respected_both_ways() -> None:
+    fleet = make_fleet("ef-fedavg", {"keep": 0.05}, TINY_MLP, clients=2, seed=3)
+    uploads: list[ClientUpdate] = []
+    aggregate = fleet.server.aggregate
+    fleet.server.aggregate = lambda r, updates: (uploads.extend(updates), aggregate(r, updates))[1]
+    run_round(fleet, 1, DATA, ADAM, seed=3)
+    seen: list[Payload] = []
+    run_round(fleet, 2, DATA, ADAM, seed=3, inspect=lambda i, p, m: seen.append(p))
+    n = fleet.server.layout.size
+    k = codec.retained_count(n, keep=0.05)
+    for update in uploads:
+        section = update.payload.groups["update"].sparse
+        assert section.kind == "indices" and section.indices.size == k
+    assert seen[0].groups["delta-1"].sparse.indices.size == k
+    assert seen[0].groups["delta-1"].value_dtype == "f16"
+
+
+def test_keep_one_in_f32_is_fedavg_with_deltas_bit_for_bit() -> None:
+    runs = []
+    for name, options in (("ef-fedavg", {"keep": 1.0, "value_dtype": "f32"}), ("fedavg", {"upload": "delta"})):
+        fleet = make_fleet(name, options, TINY_MLP, clients=3, seed=4)
+        for round_number in (1, 2, 3):
+            run_round(fleet, round_number, DATA, ADAM, seed=4)
+        runs.append(global_arrays(fleet))
+    assert same_arrays(*runs)
+
+
+def test_error_feedback_keeps_what_was_not_sent_on_both_sides() -> None:
+    fleet = make_fleet("ef-fedavg", {"keep": 0.1, "value_dtype": "f32"}, TINY_MLP, clients=1, seed=5)
+    client, server = fleet.clients[0], fleet.server
+    run_round(fleet, 1, DATA, ADAM, seed=5)
+    start = server.layout.flat(client.replica)
+    trained = server.layout.flat(state_to_arrays(fleet.models[0]))
+    delta = trained - start
+    assert np.array_equal(client.residual[client.residual != 0], delta[client.residual != 0])
+    assert int((client.residual == 0).sum()) >= codec.retained_count(delta.size, keep=0.1)
+    moved = server.layout.flat(server.public) - start
+    np.testing.assert_allclose(moved + server.residual, delta - client.residual, atol=1e-6)
+
+
+def test_fedprox_anchor_is_the_public_model() -> None:
+    fleet = make_fleet("ef-fedprox", {"mu": 0.5}, TINY_MLP, clients=2, seed=6)
+    run_round(fleet, 1, DATA, ADAM, seed=6)
+    check: list[bool] = []
+
+    def anchored(index: int, payload: Payload, model: torch.nn.Module) -> None:
+        anchor = fleet.clients[index].base.anchor
+        check.append(all(np.array_equal(anchor[n].numpy(), fleet.server.public[n]) for n in anchor))
+
+    run_round(fleet, 2, DATA, ADAM, seed=6, inspect=anchored)
+    assert check == [True, True]
+
+
+def test_batch_norm_buffers_follow_the_public_model() -> None:
+    data = client_data(TINY_CNN_BN, 2, samples=16)
+    fleet = make_fleet("ef-fedavg", {}, TINY_CNN_BN, clients=2, seed=7)
+    for round_number, chosen in ((1, [0, 1]), (2, [0]), (3, [0, 1])):
+        run_round(fleet, round_number, data, ADAM, seed=7, participants=chosen, inspect=ReplicaCheck(fleet))
+    public = fleet.server.public
+    assert int(public["bn1.num_batches_tracked"]) == 3  # integer buffers: the clients' maximum, sent dense
+    assert not np.array_equal(public["bn1.running_mean"], np.zeros_like(public["bn1.running_mean"]))
+
+
+def test_options_are_validated() -> None:
+    assert ef.make_config(fedprox, {"mu": 0.2, "keep": 0.2}).base == fedprox.Config(mu=0.2)
+    with pytest.raises(ValueError, match="mu"):
+        ef.make_config(fedavg, {"mu": 0.2})
+    for bad in ({"keep": 0.0}, {"value_dtype": "f64"}, {"history": 0}):
+        with pytest.raises(ValueError):
+            ef.make_config(fedavg, bad)

@@ -1,0 +1,128 @@
+"""End to end, things going wrong: an agent killed mid-round, the coordinator killed and resumed, a hostile peer,
+an agent without an allowed key. Real processes on 127.0.0.1, every one of them cleaned up."""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+import codec
+from tests.e2e import FAST, Processes, finished, metrics, procs, wait_for  # noqa: F401
+
+
+def shards(tmp_path: Path, clients: int) -> Path:
+    out = tmp_path / "shards"
+    subprocess.run([sys.executable, "-m", "coordinator.cli", "partition", "--dataset", "fmnist-demo",
+                    "--partition", "iid", "--clients", str(clients), "--seed", "0", "--out", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    return out
+
+
+def endpoint(run_dir: Path) -> str:
+    return wait_for(lambda: (run_dir / "endpoint").exists() and (run_dir / "endpoint").read_text().strip(),
+                    60, "the endpoint file")
+
+
+def test_an_agent_killed_mid_round_is_dropped_and_rejoins(procs: Processes, tmp_path: Path) -> None:
+    data, run_dir = shards(tmp_path, 3), tmp_path / "run"
+    coordinator = procs.coordinator(
+        "--bind", "tcp://127.0.0.1:0", "--expect", "3", "--rounds", "6", "--run-dir", str(run_dir),
+        "--model", "cnn", "--set", "data.train_limit=500", "--set", "round.deadline_s=20",
+        "--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=3.0", "--set", "data.partition=iid",
+        "--set", "data.clients=3", "--quiet")
+    address = endpoint(run_dir)
+
+    def agent(i: int, name: str) -> subprocess.Popen[bytes]:
+        return procs.agent("--coordinator", address, "--client-id", f"dev-{i}", "--data",
+                           str(data / f"client-{i:03d}.npz"), "--state-dir", str(tmp_path / f"state-{i}"),
+                           name=name)
+
+    agents = [agent(i, f"agent-{i}") for i in range(3)]
+    wait_for(lambda: len(metrics(run_dir)) >= 1, 120, "round 1")
+    os.kill(agents[2].pid, signal.SIGKILL)
+    agents[2].wait(10)
+    rows = wait_for(lambda: [r for r in metrics(run_dir) if r["dropped"] == 1], 120, "a round without dev-2")
+    assert rows[0]["reported"] == 2 and rows[0]["test_accuracy"] is not None
+    agent(2, "agent-2-again")
+    assert finished(coordinator, 240) == 0, procs.output("coordinator")
+    final = metrics(run_dir)
+    assert len(final) == 6 and final[-1]["reported"] == 3, final
+    log = (run_dir / "coordinator.log").read_text()
+    assert re.search(r"round \d: no update from client\(s\) \[\d\]", log)
+
+
+def test_a_killed_coordinator_resumes_to_the_same_model(procs: Processes, tmp_path: Path) -> None:
+    common = ["--rounds", "4", "--local-fleet", "2", "--seed", "7", *FAST]
+    reference = tmp_path / "reference"
+    assert finished(procs.coordinator(*common, "--run-dir", str(reference), name="ref"), 240) == 0
+    run_dir = tmp_path / "run"
+    victim = procs.coordinator(*common, "--run-dir", str(run_dir), name="victim")
+    wait_for(lambda: len(metrics(run_dir)) >= 2, 180, "round 2")
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    resumed = procs.coordinator("--resume", str(run_dir), "--quiet", name="resumed")
+    assert finished(resumed, 240) == 0, procs.output("resumed")
+    assert [r["round"] for r in metrics(run_dir)] == [1, 2, 3, 4]
+    with np.load(reference / "model.npz") as a, np.load(run_dir / "model.npz") as b:
+        names = [n for n in a.files if n.startswith("a/")]
+        assert names and all(np.array_equal(a[n], b[n]) for n in names)
+
+
+def test_a_hostile_peer_is_answered_with_reasons_and_the_session_goes_on(procs: Processes,
+                                                                       tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    coordinator = procs.coordinator("--rounds", "3", "--local-fleet", "2", "--run-dir", str(run_dir), *FAST)
+    address = endpoint(run_dir)
+    context = zmq.Context()
+    rogue = context.socket(zmq.DEALER)
+    rogue.setsockopt(zmq.IDENTITY, b"rogue")
+    rogue.setsockopt(zmq.LINGER, 0)
+    rogue.connect(address)
+    try:
+        hello = codec.encode(codec.Heartbeat(run_id="x", round=0, sender="rogue"))
+        for junk, expected in ((b"\x00garbage", "malformed"), (hello[: len(hello) // 2], "malformed"),
+                               (hello, "hello-first"),
+                               (codec.encode(codec.Heartbeat(run_id="x", round=0, sender="agent-00")),
+                                "sender-mismatch")):
+            rogue.send(junk)
+            assert rogue.poll(20_000), f"no answer to {junk[:12]!r}"
+            answer = codec.decode(rogue.recv())
+            assert isinstance(answer, codec.ErrorMessage) and answer.code == expected, answer
+            assert answer.reason
+    finally:
+        rogue.close()
+        context.term()
+    assert finished(coordinator, 240) == 0, procs.output("coordinator")
+    assert json.loads((run_dir / "report.json").read_text())["status"] == "done"
+    assert "rejected a message from b'rogue'" in (run_dir / "coordinator.log").read_text()
+
+
+def test_an_agent_without_an_allowed_key_is_refused(procs: Processes, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    coordinator = procs.coordinator("--rounds", "3", "--local-fleet", "2", "--run-dir", str(run_dir),
+                                    "--set", "security.curve=on", "--set", "round.min_clients=2", *FAST)
+    address = endpoint(run_dir)
+    assert json.loads((run_dir / "provenance.json").read_text())["curve"] is True
+    keys = tmp_path / "intruder-keys"
+    subprocess.run([sys.executable, "-m", "edge_agent", "keygen", "--keys-dir", str(keys)], check=True,
+                   capture_output=True, timeout=60)
+    intruder = procs.agent("--coordinator", address, "--client-id", "intruder", "--data",
+                           str(run_dir / "data" / "client-000.npz"), "--state-dir", str(tmp_path / "intruder"),
+                           "--curve", "on", "--keys-dir", str(keys),
+                           "--coordinator-key", str(run_dir / "keys" / "coordinator.key"), name="intruder")
+    wait_for(lambda: "refused" in procs.output("intruder"), 60, "the intruder to be told it is refused")
+    assert finished(coordinator, 240) == 0, procs.output("coordinator")
+    log = (run_dir / "coordinator.log").read_text()
+    assert "not in the allow-list" in log
+    assert all(r["selected"] == 2 for r in metrics(run_dir))
+    assert "intruder" not in (run_dir / "clients.jsonl").read_text()
+    intruder.send_signal(signal.SIGTERM)
+    assert intruder.wait(30) == 0

@@ -1,0 +1,66 @@
+"""End to end: a local fleet of real agent processes over loopback TCP plays a few rounds; the run directory
+matches docs/run-dir.md; `coordinator status` reads it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e import FAST, Processes, finished, metrics, procs  # noqa: F401
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "run-dir.md"
+
+
+def documented_fields(table_heading: str) -> list[str]:
+    text = DOC.read_text().split(f"## {table_heading}", 1)[1].split("\n## ", 1)[0]
+    names: list[str] = []
+    for line in text.splitlines():
+        match = re.match(r"\| (`[^|]+`) \|", line)
+        if match:
+            names += re.findall(r"`(\w+)`", match.group(1))
+    return names
+
+
+def test_a_local_fleet_runs_rounds_and_writes_the_documented_run_dir(procs: Processes, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    coordinator = procs.coordinator("--rounds", "3", "--local-fleet", "3", "--run-dir", str(run_dir),
+                                    "--seed", "1", "--set", "eval.personal_every=2", *FAST)
+    assert finished(coordinator, 240) == 0, procs.output("coordinator")
+    rows = metrics(run_dir)
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    fields = documented_fields("metrics.jsonl")
+    for row in rows:
+        assert set(fields) <= set(row), set(fields) - set(row)
+        assert row["selected"] == 3 and row["reported"] == 3 and row["dropped"] == 0
+        assert 0.0 <= row["test_accuracy"] <= 1.0 and row["wall_s"] > 0
+        assert row["bytes_down"] > 0 and row["bytes_up"] > 0
+    assert rows[-1]["test_accuracy"] > 0.4, "3 rounds on Fashion-MNIST should beat chance clearly"
+    assert rows[0]["personal_accuracy"] is None and rows[1]["personal_accuracy_mean"] is not None
+    assert set(rows[1]["personal_accuracy"]) == {"agent-00", "agent-01", "agent-02"}
+    clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
+    assert len(clients) == 9 and set(documented_fields("clients.jsonl")) <= set(clients[0])
+    provenance = json.loads((run_dir / "provenance.json").read_text())
+    assert provenance["run_dir_version"] == 1 and provenance["seed"] == 1
+    assert (run_dir / "endpoint").read_text().startswith("tcp://127.0.0.1:")
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "done" and report["rounds_completed"] == 3
+    assert report["total_bytes_up"] == sum(r["bytes_up"] for r in rows)
+    for name in ("model.npz", "model.onnx", "checkpoint.npz", "config.toml", "coordinator.log"):
+        assert (run_dir / name).stat().st_size > 0, name
+    for line in (run_dir / "coordinator.log").read_text().splitlines():
+        assert {"ts", "level", "logger", "msg"} <= set(json.loads(line))
+    status = subprocess.run([sys.executable, "-m", "coordinator.cli", "status", str(run_dir)],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and "round 3/3" in status.stdout and "agent-02" in status.stdout
+
+
+def test_start_refuses_an_existing_run_and_a_bad_key(tmp_path: Path) -> None:
+    bad = subprocess.run([sys.executable, "-m", "coordinator.cli", "start", "--set", "train.nope=1"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert bad.returncode == 2 and "unknown key" in bad.stderr and "Traceback" not in bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "coordinator.cli", "start", "--resume", str(tmp_path)],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no checkpoint" in missing.stderr
