@@ -75,12 +75,14 @@ class ClientUpdate:
 
 @dataclass(frozen=True)
 class LocalStats:
-    """What the training loop reports: optimizer steps taken, samples seen, mean loss, learning rate."""
+    """What the training loop reports: optimizer steps taken, samples seen, mean loss, learning rate, and the size
+    of every batch stepped on (for the meter's FLOP count)."""
 
     steps: int
     samples: int
     loss: float
     lr: float
+    batch_sizes: tuple[int, ...] = ()
 
 
 def config_from_options(config_cls: type, options: Mapping[str, Any]) -> Any:

@@ -44,7 +44,15 @@ import torch
 from torch import nn
 
 import codec
-from algorithms.base import Arrays, ClientUpdate, LocalStats, Payload, ServerContext, config_from_options, weights_of
+from algorithms.base import (
+    Arrays,
+    ClientUpdate,
+    LocalStats,
+    Payload,
+    ServerContext,
+    config_from_options,
+    weights_of,
+)
 from algorithms.sparse import FlatLayout, compress, decoded
 from codec import SparseSection, TensorGroup
 

@@ -30,7 +30,15 @@ import torch
 from torch import nn
 
 import codec
-from algorithms.base import Arrays, ClientUpdate, LocalStats, Payload, ServerContext, config_from_options, weights_of
+from algorithms.base import (
+    Arrays,
+    ClientUpdate,
+    LocalStats,
+    Payload,
+    ServerContext,
+    config_from_options,
+    weights_of,
+)
 from algorithms.sparse import FlatLayout, compress, decoded
 from codec import SparseSection, TensorGroup
 
@@ -110,7 +118,7 @@ class Server:
         self.config = config
         self.context = context
         self.layout = float_layout(initial)
-        self.start_dtype = config.value_dtype if config.value_dtype in ("f16", "bf16") else "f32"
+        self.start_dtype = "f32" if config.value_dtype == "f32" else "f16"
         start = decoded(TensorGroup(dense=initial, value_dtype=self.start_dtype)).dense
         self.public: Arrays = {name: np.array(start[name], dtype=initial[name].dtype) for name in initial}
         self.residual = np.zeros(self.layout.size, dtype=np.float32)
@@ -118,6 +126,7 @@ class Server:
         self.version = 0
         self.history: dict[int, Delta] = {}
         self.resyncs = 0
+        self.crc = public_crc(self.public)
 
     def delta_group(self, version: int) -> TensorGroup:
         delta = self.history[version]
@@ -136,7 +145,7 @@ class Server:
 
     def downlink(self, round_number: int, client_index: int) -> Payload:
         start = int(self.synced[client_index])
-        meta = {"ef_to": self.version, "ef_crc": public_crc(self.public)}
+        meta = {"ef_to": self.version, "ef_crc": self.crc}
         versions = self.chain(start) if start >= 0 else None
         dense_dtype = self.start_dtype if self.version == 0 else "f32"
         dense = {"public": TensorGroup(dense=self.public, value_dtype=dense_dtype)}
@@ -172,6 +181,7 @@ class Server:
                         self.config.value_dtype, dense=merged)
         self.residual = sent.residual
         self.public = advance(self.public, self.layout, sent.indices, sent.decoded, merged)
+        self.crc = public_crc(self.public)
         self.history[round_number] = Delta(self.version, sent.indices, sent.group.sparse.values, merged)  # type: ignore[union-attr]
         self.version = round_number
         for old in sorted(self.history)[:-self.config.history]:
@@ -199,6 +209,7 @@ class Server:
         self.public = {k[len("public/"):]: v.copy() for k, v in arrays.items() if k.startswith("public/")}
         self.residual = np.array(arrays["residual"], dtype=np.float32)
         self.synced = np.array(arrays["synced"], dtype=np.int64)
+        self.crc = public_crc(self.public)
         self.version = int(meta["version"])
         self.history = {}
         for version, previous in meta["history"]:
@@ -231,6 +242,8 @@ class Client:
             if version > self.version:
                 group = payload.groups[f"delta-{version}"]
                 section = group.sparse
+                if section is None:
+                    raise ValueError(f"ef: delta-{version} carries no sparse section")
                 layout = FlatLayout(section.names, section.shapes)
                 self.replica = advance(self.replica, layout, section.positions(), section.values, group.dense)
                 self.version = int(version)

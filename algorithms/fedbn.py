@@ -10,8 +10,9 @@ non-BN tensors plus its own BN. Must not import a transport.
 Decisions where ALGORITHMS.md is silent:
 - Options and defaults are FedAvg's: ``weighting = "samples"`` (section 0's default; the official code's uniform
   1/K is ``weighting = "uniform"``) and ``upload = "model" | "delta"``.
-- Before a client's first round its BN is whatever its freshly built model holds; BN initial values are fixed
-  (weight 1, bias 0, mean 0, var 1, count 0), so they are the same on every client as the paper requires.
+- A client without BN state (its first round, or a device whose state was never committed) resets its BN modules to
+  their fixed initial values (weight 1, bias 0, mean 0, var 1, count 0), the same on every client as the paper
+  requires, rather than keep what an uncommitted round left in the model.
 - ``evaluation_arrays`` returns None when the model has BatchNorm (no global model exists: the server never holds BN
   tensors, so evaluation is per client with its own BN); without BN it is FedAvg's global model and FedBN runs
   exactly as FedAvg.
@@ -23,14 +24,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Mapping
+from typing import Any, TypeVar
 
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from algorithms import fedavg
 from algorithms.base import Arrays, LocalStats, Payload, ServerContext, load_into, model_arrays
 from models import batch_norm_names
 
 Config = fedavg.Config
+Value = TypeVar("Value", bound=Any)
 
 
 def is_local(name: str, batch_norm: Collection[str]) -> bool:
@@ -38,7 +42,8 @@ def is_local(name: str, batch_norm: Collection[str]) -> bool:
     return name in batch_norm
 
 
-def shared(arrays: Mapping[str, object], batch_norm: Collection[str]) -> dict:
+def shared(arrays: Mapping[str, Value], batch_norm: Collection[str]) -> dict[str, Value]:
+    """The tensors that are aggregated: everything but the local ones."""
     return {name: value for name, value in arrays.items() if not is_local(name, batch_norm)}
 
 
@@ -47,6 +52,13 @@ def without_local(payload: Payload, batch_norm: Collection[str]) -> Payload:
     groups = {key: dataclasses.replace(group, dense=shared(group.dense, batch_norm))
               for key, group in payload.groups.items()}
     return Payload(groups=groups, meta=payload.meta)
+
+
+def reset_batch_norm(model: nn.Module) -> None:
+    """Every BatchNorm module back to its fixed initial values (weight 1, bias 0, mean 0, var 1, count 0)."""
+    for module in model.modules():
+        if isinstance(module, _BatchNorm):
+            module.reset_parameters()
 
 
 class Server(fedavg.Server):
@@ -71,6 +83,8 @@ class Client(fedavg.Client):
         names = frozenset(batch_norm_names(model))
         if self.batch_norm:
             load_into(model, self.batch_norm)
+        else:
+            reset_batch_norm(model)
         super().on_receive(round_number, without_local(payload, names), model)
         # FedAvg's delta upload subtracts what was received; the BN part of it is dropped again in make_update.
         self.received.update({n: a for n, a in model_arrays(model).items() if n in names})

@@ -115,6 +115,7 @@ class Server:
     def select(self, round_number: int, available: Sequence[int], rng: np.random.Generator) -> list[int] | None:
         if not available:
             return []
+        self.boosted = {c: r for c, r in self.boosted.items() if r >= round_number}
         count = min(len(available), math.ceil(self.config.sample_rate * len(available) - 1e-9))
         weights = np.array([self.config.boost if self.boosted.get(c) == round_number else 1.0 for c in available])
         picked = rng.choice(np.asarray(available), size=count, replace=False, p=weights / weights.sum())
@@ -141,7 +142,7 @@ class Server:
             share = sizes / sizes.sum() if sizes.sum() > 0 else np.full(len(updates), 1 / len(updates))
             self.initial_c = average(grads[0], grads, share, as_delta=False)
             self.warmed = True
-            return {"warmup_clients": len(updates)}
+            return {"cos_warmup_clients": len(updates)}
         deltas = [dict(u.payload.groups["delta"].dense) for u in updates]
         flat = [np.concatenate([np.asarray(d[n], np.float64).ravel() for n in self.cos_names]) for d in deltas]
         weights, kept = cosine_weights(flat, [u.num_samples for u in updates], self.config.tau)
@@ -149,8 +150,8 @@ class Server:
         if kept.any():
             kept_deltas = [d for d, keep in zip(deltas, kept, strict=True) if keep]
             self.model = average(self.model, kept_deltas, weights[kept], as_delta=True)
-        return {"excluded": int((~kept).sum()),
-                "weights": {u.client_id: float(w) for u, w in zip(updates, weights, strict=True)}}
+        return {"cos_excluded": int((~kept).sum()),
+                "cos_weights": {u.client_id: float(w) for u, w in zip(updates, weights, strict=True)}}
 
     def evaluation_arrays(self) -> Arrays | None:
         return self.model
@@ -197,13 +198,14 @@ class Client:
         self.warming = payload.meta.get("phase") == "warmup"
         self.gradients, self.steps = {}, 0
         if "cv" in payload.groups and not self.has_initial_c:
-            self.c = {n: torch.tensor(np.asarray(a), dtype=torch.float32) for n, a in payload.groups["cv"].dense.items()}
+            initial = payload.groups["cv"].dense
+            self.c = {n: torch.tensor(np.asarray(a), dtype=torch.float32) for n, a in initial.items()}
             self.has_initial_c = True
         if self.config.reset_each_round:
             self.c = {}
         for name, parameter in model.named_parameters():
-            if name not in self.c:
-                self.c[name] = torch.zeros_like(parameter.detach())
+            own = self.c.get(name)
+            self.c[name] = torch.zeros_like(parameter.detach()) if own is None else own.to(parameter)
         self.update_c = self.rounds % self.config.cv_every == 0
 
     def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
@@ -239,7 +241,7 @@ class Client:
         dtype = self.config.value_dtype
         if self.warming:
             load_into(model, self.received)
-            mean = {n: (g / max(self.steps, 1)).numpy() for n, g in self.gradients.items()}
+            mean = {n: (g / max(self.steps, 1)).cpu().numpy() for n, g in self.gradients.items()}
             return Payload(groups={"grad": TensorGroup(dense=mean, value_dtype=dtype)})
         self.rounds += 1
         trained = model_arrays(model)
@@ -247,7 +249,7 @@ class Client:
         return Payload(groups={"delta": TensorGroup(dense=delta, value_dtype=dtype)})
 
     def state_dict(self) -> Arrays:
-        state = {f"c/{name}": tensor.numpy().copy() for name, tensor in self.c.items()}
+        state = {f"c/{name}": tensor.detach().cpu().numpy().copy() for name, tensor in self.c.items()}
         state["rounds"] = np.array(self.rounds, dtype=np.int64)
         state["has_initial_c"] = np.array(self.has_initial_c)
         return state

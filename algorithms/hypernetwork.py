@@ -35,7 +35,8 @@ class HyperNetwork(nn.Module):
             nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
             nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
         )
-        self.heads = nn.ModuleList(nn.Linear(hidden_dim, num_clients) for _ in range(num_layers))
+        heads = [nn.Linear(hidden_dim, num_clients) for _ in range(num_layers)]
+        self.heads = nn.ModuleList(heads)
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             self.embedding.normal_(generator=generator)
@@ -44,7 +45,7 @@ class HyperNetwork(nn.Module):
                     bound = 1 / math.sqrt(layer.in_features)
                     layer.weight.uniform_(-bound, bound, generator=generator)
                     layer.bias.uniform_(-bound, bound, generator=generator)
-            for head in self.heads:
+            for head in heads:
                 head.weight.uniform_(0.0, 1.0, generator=generator)
                 head.bias.zero_()
 
@@ -103,7 +104,7 @@ def weight_gradient(stacks: Sequence[Sequence[np.ndarray]], residuals: Sequence[
 def backpropagate(network: HyperNetwork, alpha: torch.Tensor, grad_alpha: np.ndarray) -> None:
     """Set every parameter's .grad to (d alpha / d psi)^T grad_alpha, the vector-Jacobian product by autograd."""
     network.zero_grad(set_to_none=True)
-    alpha.backward(torch.as_tensor(grad_alpha, dtype=alpha.dtype))
+    torch.autograd.backward(alpha, torch.as_tensor(grad_alpha, dtype=alpha.dtype))
 
 
 def descend(network: HyperNetwork, alpha: torch.Tensor, grad_alpha: np.ndarray, lr: float) -> None:

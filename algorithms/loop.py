@@ -66,7 +66,7 @@ def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, la
     optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], settings)
     minimum_batch = 2 if has_batch_norm(model) else 1
     count = int(labels.shape[0])
-    steps, samples, loss_sum = 0, 0, 0.0
+    steps, samples, loss_sum, sizes = 0, 0, 0.0, []
     for _ in range(settings.epochs):
         order = torch.randperm(count, generator=generator)
         for start in range(0, count, settings.batch_size):
@@ -82,9 +82,11 @@ def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, la
             optimizer.step()
             hooks.after_step(model)
             steps += 1
+            sizes.append(int(batch.numel()))
             samples += int(batch.numel())
             loss_sum += float(loss.detach()) * int(batch.numel())
-    return LocalStats(steps=steps, samples=samples, loss=loss_sum / max(samples, 1), lr=settings.lr)
+    return LocalStats(steps=steps, samples=samples, loss=loss_sum / max(samples, 1), lr=settings.lr,
+                      batch_sizes=tuple(sizes))
 
 
 @torch.no_grad()

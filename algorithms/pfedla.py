@@ -3,13 +3,13 @@
 Server: keeps theta_j, every client's latest trained parameters (initialised from the initial model), and one
 hypernetwork per client (``algorithms.hypernetwork``). For client i it sends theta_bar_i^l = sum_j alpha_i^{l,j}
 theta_j^l per layer l, receives Delta theta_i for all layers, steps HN_i in the descent direction of
-1/2 ||theta_bar_i - theta_i^trained||^2 (eta_hn = 5e-3 SGD) and stores theta_i <- theta_bar_i + Delta theta_i. There is no
-global model (``evaluation_arrays`` is None). ``state_dict`` holds theta (one (N, ...) stack per tensor) and every
-hypernetwork's parameters: the coordinator's checkpoint, resumed bit for bit. HeurpFedLA (``k`` > 0): the k layers
-with the largest normalised self-weight are retained: one-hot self, detached, and not downloaded. Client: keeps its
-whole local model as device state (personal buffers and retained layers live there), loads it, then the downlink,
-so after ``on_receive`` the model is its personalised theta_bar_i; uploads trained - received for every parameter.
-Must not import a transport.
+1/2 ||theta_bar_i - theta_i^trained||^2 (eta_hn = 5e-3 SGD) and stores theta_i <- theta_bar_i + Delta theta_i (in
+float64, rounded to float32). There is no global model (``evaluation_arrays`` is None). ``state_dict`` holds theta
+(one (N, ...) stack per tensor) and every hypernetwork's parameters: the coordinator's checkpoint, resumed bit for
+bit. HeurpFedLA (``k`` > 0): the k layers with the largest normalised self-weight are retained: one-hot self,
+detached, and not downloaded. Client: keeps its whole local model as device state (personal buffers and retained
+layers live there), loads it, then the downlink, so after ``on_receive`` the model is its personalised theta_bar_i;
+uploads trained - received for every parameter. Must not import a transport.
 
 Decisions where ALGORITHMS.md is silent:
 - A layer is a module of ``context.layout.layers`` (weight and bias share one alpha row); its aggregated tensors are
@@ -18,10 +18,11 @@ Decisions where ALGORITHMS.md is silent:
 - The server tells BN buffers apart by name suffix within ``layout.batch_norm`` (running_mean, running_var,
   num_batches_tracked), since the layout does not list parameters; the client uses ``named_parameters``.
 - A client that has never reported gets its retained layers too (from theta_i, the initial model): it has no local
-  values of its own yet. From its second participation on they are absent from the downlink.
-- Retained layers: ties in self-weight go to the lower layer index; on the server theta_bar_i^l = theta_i^l (its
-  stored copy, equal to the device's value whenever the device's previous upload arrived). A dropped upload leaves
-  the stored copy stale until that layer is next downloaded to the device.
+  values of its own yet. From its second participation on they are absent from the downlink. A device without
+  local state starts from fresh BN running statistics (mean 0, var 1, count 0), the same on every device.
+- Retained layers: ties in self-weight go to the lower layer index; on the server theta_bar_i^l = theta_i^l, its
+  stored copy. It equals the device's value because the agent falls back to its last committed state when an upload
+  is not accepted (a device that kept an uncommitted round would differ until that layer is next downloaded).
 - HN updates of a round all use the theta_j held when the round's downlinks were made; theta_i are stored after.
 - Hypernetwork seeds derive from (context.seed, i). HeurpFedLA is this module with ``HeurConfig`` (k = 1).
 """
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from algorithms.base import Arrays, ClientUpdate, LocalStats, Payload, ServerContext, load_into, model_arrays
 from algorithms.hypernetwork import HyperNetwork, descend, layer_weights, mix, weight_gradient
@@ -103,7 +105,8 @@ class Server:
         return result
 
     def downlink(self, round_number: int, client_index: int) -> Payload:
-        alpha, retained = self.weights(client_index)
+        with torch.no_grad():
+            alpha, retained = self.weights(client_index)
         model = self.personalised(client_index, alpha.detach().numpy(), retained)
         if client_index in self.seen:
             for row in retained:
@@ -131,7 +134,7 @@ class Server:
             for name, value in arrays.items():
                 self.theta[name][index] = value
             self.seen.add(index)
-        return {"alpha_self": float(np.mean(self_weights))} if self_weights else {}
+        return {"alpha_self_mean": float(np.mean(self_weights))} if self_weights else {}
 
     def evaluation_arrays(self) -> Arrays | None:
         return None
@@ -164,6 +167,10 @@ class Client:
     def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
         if self.local:
             load_into(model, self.local)
+        else:
+            for module in model.modules():
+                if isinstance(module, _BatchNorm):
+                    module.reset_running_stats()
         load_into(model, payload.groups["model"].dense)
         arrays = model_arrays(model)
         self.received = {name: arrays[name] for name, _ in model.named_parameters()}

@@ -37,7 +37,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from algorithms import fedavg
-from algorithms.base import Arrays, ClientUpdate, LocalStats, ModelLayout, Payload, ServerContext, model_arrays
+from algorithms.base import (
+    Arrays,
+    ClientUpdate,
+    LocalStats,
+    ModelLayout,
+    Payload,
+    ServerContext,
+    model_arrays,
+)
 from algorithms.base import weights_of as base_weights
 from algorithms.loop import TrainSettings
 from codec import TensorGroup
@@ -71,7 +79,7 @@ def control_names(layout: ModelLayout, initial: Arrays) -> list[str]:
     return [name for name in layout.names if fedavg.is_float(initial[name]) and name not in running]
 
 
-def shifted(base: np.ndarray, arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+def shifted(base: np.ndarray, arrays: Sequence[np.ndarray], weights: Sequence[float] | np.ndarray) -> np.ndarray:
     """base + sum_i w_i a_i, accumulated in float64 and cast back to base's dtype."""
     total = base.astype(np.float64)
     for weight, array in zip(weights, arrays, strict=True):
@@ -153,10 +161,10 @@ def full_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
 class Client(fedavg.Client):
     """Trains with the (c - c_i) correction and keeps its own control variate c_i on the device."""
 
-    config: Config
+    config: Config  # type: ignore[assignment]  # SCAFFOLD's Config replaces FedAvg's (no `upload` option)
 
     def __init__(self, config: Config, client_index: int) -> None:
-        super().__init__(config, client_index)
+        super().__init__(config, client_index)  # type: ignore[arg-type]
         self.own: Arrays = {}
         self.last_lr: float | None = None
         self.reset_round({})

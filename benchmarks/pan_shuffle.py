@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from models.pan import PanSpec  # noqa: E402
-from models.shuffle import random_permutations, shuffle_error, shuffle_mlp  # noqa: E402
+from models.pan import PanSpec
+from models.shuffle import random_permutations, shuffle_error, shuffle_mlp
 
 MODES = {"add": "PAN+", "mul": "PAN∘"}
 DEFAULT_AMPLITUDES = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75)

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from codec import frames
 from codec.errors import Malformed
+from codec.masks import flat_positions
 from codec.schema import is_int
 
 BoolArray = npt.NDArray[np.bool_]
@@ -50,24 +51,42 @@ def _best_rice_param(gaps: I64, n: int) -> tuple[int, int]:
     return r, cost
 
 
-def _bit_columns(values: I64, r: int) -> npt.NDArray[np.uint8]:
-    """(len(values), r) array of the r low bits of each value, most significant first."""
-    nbytes = 1 if r <= 8 else 2 if r <= 16 else 4
-    wide = values.astype(f">u{nbytes}")
-    bits = np.unpackbits(wide.view(np.uint8)).reshape(-1, 8 * nbytes)
-    return bits[:, 8 * nbytes - r:]
+def _write_fields(values: I64, r: int) -> bytes:
+    """`values` as consecutive r-bit big-endian fields (1 <= r <= 30), zero-padded to a byte."""
+    count = int(values.size)
+    nbytes = (count * r + 7) // 8
+    if r <= 8:  # eight fields fill exactly r bytes: build them in one uint64 per group
+        fields = np.zeros(-(-count // 8) * 8, dtype=np.uint64)
+        fields[:count] = values
+        weights = np.uint64(1) << (r * np.arange(7, -1, -1, dtype=np.uint64))
+        packed = (fields.reshape(-1, 8) @ weights).astype(">u8").view(np.uint8).reshape(-1, 8)
+        out: bytes = packed[:, 8 - r:].tobytes()[:nbytes]
+        return out
+    width = 16 if r <= 16 else 32
+    bits = np.unpackbits(values.astype(f">u{width // 8}").view(np.uint8)).reshape(-1, width)
+    return np.packbits(bits[:, width - r:].reshape(-1)).tobytes()
 
 
 def _read_fields(stream: bytes, count: int, r: int) -> I64:
     """The `count` consecutive r-bit big-endian fields at the start of `stream`, as int64."""
+    groups = -(-count // 8)
+    if r <= 8:
+        raw = np.zeros((groups, 8), dtype=np.uint8)
+        flat = np.zeros(groups * r, dtype=np.uint8)
+        flat[: len(stream)] = np.frombuffer(stream, dtype=np.uint8)
+        raw[:, 8 - r:] = flat.reshape(groups, r)
+        words = raw.view(">u8").reshape(-1, 1).astype(np.uint64)
+        fields = (words >> (r * np.arange(7, -1, -1, dtype=np.uint64))) & np.uint64((1 << r) - 1)
+        return fields.reshape(-1)[:count].astype(np.int64)
     buf = np.zeros(len(stream) + 8, dtype=np.uint8)
     buf[: len(stream)] = np.frombuffer(stream, dtype=np.uint8)
     windows = np.ndarray(shape=(len(buf) - 7,), dtype=">u8", buffer=buf, strides=(1,))
     starts = np.arange(count, dtype=np.int64) * r
-    words = windows[starts >> 3].astype(np.uint64)
-    words <<= (starts & 7).astype(np.uint64)
-    words >>= np.uint64(64 - r)
-    return words.astype(np.int64)
+    words64 = windows[starts >> 3].astype(np.uint64)
+    words64 <<= (starts & 7).astype(np.uint64)
+    words64 >>= np.uint64(64 - r)
+    result: I64 = words64.astype(np.int64)
+    return result
 
 
 def rice_encode(positions: I64, r: int) -> tuple[bytes, bytes]:
@@ -81,7 +100,7 @@ def rice_encode(positions: I64, r: int) -> tuple[bytes, bytes]:
     hi = np.packbits(unary).tobytes()
     if r == 0:
         return hi, b""
-    return hi, np.packbits(_bit_columns(gaps & ((1 << r) - 1), r).reshape(-1)).tobytes()
+    return hi, _write_fields(gaps & ((1 << r) - 1), r)
 
 
 def rice_decode(hi: bytes, lo: bytes, count: int, r: int, n: int, where: str) -> I64:
@@ -128,9 +147,9 @@ def encode_segment(carried: BoolArray, positions: I64 | None = None) -> Segment:
     if minority_count >= BITMAP_ONLY_DENSITY * n:
         return [BITMAP, 0, _bitmap_frame(carried), b""]
     if complement:
-        minority = np.flatnonzero(~carried)
+        minority = flat_positions(~carried)
     else:
-        minority = positions if positions is not None else np.flatnonzero(carried)
+        minority = positions if positions is not None else flat_positions(carried)
     gaps = _gaps(minority)
     r, cost_bits = _best_rice_param(gaps, n)
     clustered = 4 * (1 + int(np.count_nonzero(gaps[1:]))) <= minority_count

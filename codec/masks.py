@@ -92,6 +92,22 @@ def topk_mask(arrays: Sequence[npt.ArrayLike], k: int) -> BoolArray:
     return mask
 
 
+def flat_positions(mask: BoolArray) -> npt.NDArray[np.int64]:
+    """`np.flatnonzero(mask)` for a 1-D bool array, about twice as fast at 3-10 % density.
+
+    numpy (2.x) switches to a branchy loop at or below 10 % density, which is slowest around
+    5 %; appending a run of True values lifts the density over 10 % and keeps the fast
+    branch-free loop. The answer is identical either way.
+    """
+    n = mask.size
+    k = int(np.count_nonzero(mask))
+    if not (n // 33 <= k <= n // 10) or n < 4096:
+        return np.flatnonzero(mask)
+    padded = np.ones(n + (n - 10 * k) // 9 + 1, dtype=np.bool_)
+    padded[:n] = mask
+    return np.flatnonzero(padded)[:k]
+
+
 def mask_crc(mask: npt.ArrayLike) -> int:
     """CRC-32 (zlib polynomial) of `np.packbits(mask)`.
 

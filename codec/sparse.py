@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from codec.errors import MaskMismatch, ShapeMismatch
-from codec.masks import mask_crc
+from codec.masks import flat_positions, mask_crc
 from codec.schema import check_name, check_shape, numel
 
 F32 = npt.NDArray[np.float32]
@@ -88,7 +88,7 @@ class SparseSection:
     select: bool = True
     mask: BoolArray | None = None
     indices: I64 | None = None
-    local_cache: dict[int, I64] = field(default_factory=dict, repr=False)
+    local_cache: dict[int, I64] = field(default_factory=dict, repr=False)  # tensor -> local positions
 
     @property
     def size(self) -> int:
@@ -123,6 +123,8 @@ class SparseSection:
         names_t, shapes_t = _layout(names, shapes)
         offsets = offsets_of(shapes_t)
         idx = np.asarray(indices)
+        if idx.size == 0:
+            idx = idx.astype(np.int64)
         if idx.dtype.kind not in "iu" or idx.ndim != 1:
             raise ShapeMismatch(f"indices must be a 1-D integer array, got {idx.dtype} with shape {idx.shape}")
         idx = idx.astype(np.int64)
@@ -141,7 +143,7 @@ class SparseSection:
         shapes = [p.shape for p in parts]
         offsets = offsets_of([tuple(s) for s in shapes])
         flat = _flat_bool(mask, offsets[-1], "mask")
-        local = [np.flatnonzero(flat[lo:hi]) for lo, hi in zip(offsets[:-1], offsets[1:], strict=True)]
+        local = [flat_positions(flat[lo:hi]) for lo, hi in zip(offsets[:-1], offsets[1:], strict=True)]
         values = np.empty(sum(p.size for p in local), dtype=np.float32)
         start = 0
         for part, pos in zip(parts, local, strict=True):
@@ -171,7 +173,7 @@ class SparseSection:
         if found is None:
             offsets = offsets_of(self.shapes)
             if self.mask is not None:
-                found = np.flatnonzero(self.mask[offsets[t]:offsets[t + 1]])
+                found = flat_positions(self.mask[offsets[t]:offsets[t + 1]])
             else:
                 assert self.indices is not None
                 cuts = np.cumsum((0,) + self.counts)
@@ -191,7 +193,7 @@ class SparseSection:
         if _counts(flat, offsets, self.select) != self.counts:
             raise MaskMismatch("the reference mask selects other per-tensor counts than the values carry")
         chosen = flat if self.select else ~flat
-        return [np.flatnonzero(chosen[lo:hi]) for lo, hi in zip(offsets[:-1], offsets[1:], strict=True)]
+        return [flat_positions(chosen[lo:hi]) for lo, hi in zip(offsets[:-1], offsets[1:], strict=True)]
 
     def positions(self, reference_mask: npt.ArrayLike | None = None) -> I64:
         """Flat int64 positions of the carried values (a "masked-values" section needs the mask)."""

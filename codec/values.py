@@ -47,9 +47,9 @@ def unshuffle(data: bytes | memoryview, n: int, width: int) -> U8:
 def _segment_scales(mag: npt.NDArray[np.float64], counts: Sequence[int]) -> npt.NDArray[np.float32]:
     counts_arr = np.asarray(counts, dtype=np.int64)
     scales = np.zeros(len(counts_arr), dtype=np.float32)
-    nonempty = counts_arr > 0
-    if nonempty.any():
-        starts = (np.cumsum(counts_arr) - counts_arr)[nonempty]
+    nonempty = np.flatnonzero(counts_arr)
+    if nonempty.size:
+        starts = (np.cumsum(counts_arr) - counts_arr).take(nonempty)
         peaks = np.maximum.reduceat(mag, starts)
         scales[nonempty] = (peaks / INT8_MAX).astype(np.float32)
     return scales

@@ -6,6 +6,8 @@
     coordinator status runs/RUN
     coordinator keygen --keys-dir DIR
     coordinator models [--json]
+    coordinator report runs/RUN [--vs runs/OTHER] [-o DIR]  # markdown + PNG plots, claims check
+    coordinator sweep --grid benchmarks/grids/small.toml     # the reproduction harness (resumable)
     coordinator partition --dataset fmnist-demo --partition dirichlet --clients 10 --alpha 0.3 --seed 0 [--out DIR]
 
 Errors are one line on stderr and a non-zero exit.
@@ -58,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--keys-dir", required=True)
     models = sub.add_parser("models", help="list the models and their parameter counts")
     models.add_argument("--json", action="store_true")
+    report = sub.add_parser("report", help="a markdown report with plots of a run (and its reduction against another)")
+    report.add_argument("run_dir")
+    report.add_argument("--vs", metavar="OTHER_RUN_DIR", help="compare against this run (e.g. FedAvg)")
+    report.add_argument("-o", "--out", help="output directory (default: RUN_DIR)")
+    sweep = sub.add_parser("sweep", help="run a grid of sessions (resumable) and tabulate them")
+    sweep.add_argument("--grid", required=True, help="grid TOML (see benchmarks/grids/)")
+    sweep.add_argument("--out", help="output directory (default runs/sweep-GRID)")
+    sweep.add_argument("--dry-run", action="store_true", help="list the runs and stop")
+    sweep.add_argument("--verbose", action="store_true", help="show each run's progress lines")
     partition = sub.add_parser("partition", help="split a dataset into client shards")
     from fldata.cli import add_partition_arguments
 
@@ -131,6 +142,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return command_keygen(args)
         if args.command == "models":
             return command_models(args)
+        if args.command == "report":
+            from meter.report import write_report
+
+            print(f"wrote {write_report(args.run_dir, vs=args.vs, out_dir=args.out)}")
+            return 0
+        if args.command == "sweep":
+            from coordinator.sweep import command_sweep
+
+            return command_sweep(args.grid, args.out, args.dry_run, quiet=not args.verbose)
         from fldata.cli import run_partition
 
         return run_partition(args)

@@ -25,8 +25,9 @@ from algorithms import make_server
 from algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from coordinator.agents import AgentRegistry
 from coordinator.config import Config
-from coordinator.rundir import METRICS_FIELDS, RunDir, load_arrays, save_arrays
+from coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir, load_arrays, save_arrays
 from coordinator.transport import RouterTransport
+from meter import round_totals, zmtp
 from models import ModelSpec, build, definition_hash, state_to_arrays
 
 log = logging.getLogger("fedge.coordinator")
@@ -44,6 +45,26 @@ class RoundState:
     bytes_down: dict[int, int] = field(default_factory=dict)
     masks: dict[int, set[int]] = field(default_factory=dict)
     updates: dict[int, tuple[codec.Update, int]] = field(default_factory=dict)
+
+
+def agent_record(record: object, update_bytes: int, curve: bool) -> dict[str, Any]:
+    """An agent's meter record, completed with the update packet that carried it (counted where it arrived:
+    the record cannot describe its own packet). Records that are not flat maps of scalars are dropped."""
+    if not isinstance(record, dict) or not all(isinstance(v, (int, float, str, bool, type(None)))
+                                               for v in record.values()):
+        return {}
+    record = dict(record)
+    framed = zmtp.message_bytes([update_bytes], "CURVE" if curve else "NULL")
+    for key, value in (("bytes_payload_up", update_bytes), ("bytes_zmtp_up", framed), ("messages_up", 1)):
+        previous = record.get(key)
+        record[key] = (previous if isinstance(previous, (int, float)) else 0) + value
+    return record
+
+
+def meter_totals(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round's totals over agents (docs/run-dir.md: flops_train, energy_j, cpu_s, ...); nulls without records."""
+    totals = round_totals(records) if records and all(records) else {}
+    return {name: totals.get(name) for name in METER_FIELDS}
 
 
 class Session:
@@ -315,7 +336,7 @@ class Session:
                                 payload=Payload(groups=dict(u.groups), meta=dict(u.meta)))
                    for i, (u, _) in ordered]
         extra = dict(self.server.aggregate(number, updates)) if updates else {}
-        row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS)
+        row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
         row.update(round=number, algorithm=self.config.algorithm_name, selected=len(current.selected),
                    reported=len(updates), dropped=len(missing),
                    bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()))
@@ -331,15 +352,18 @@ class Session:
         train_s = [u.payload.meta.get("train_s") for u in updates if isinstance(u.payload.meta.get("train_s"), float)]
         row["train_s_max"] = max(train_s) if train_s else None
         row.update(extra)
+        records = []
         for index, (update, size) in ordered:
             agent = self.registry.by_index(index)
             agent.last_accepted_round = number
-            record = update.meta.get("meter")
+            record = agent_record(update.meta.get("meter"), size, self.transport.curve)
+            records.append(record)
             self.run_dir.append_jsonl("clients.jsonl", {
-                "round": number, "client_id": agent.client_id, "client_index": index,
+                **record, "round": number, "client_id": agent.client_id, "client_index": index,
                 "num_samples": update.meta["num_samples"], "bytes_down": current.bytes_down.get(index, 0),
                 "bytes_up": size, "train_loss": update.meta.get("train_loss"),
-                "train_s": update.meta.get("train_s"), **(record if isinstance(record, dict) else {})})
+                "train_s": update.meta.get("train_s")})
+        row.update(meter_totals(records))
         self.round = number
         row["wall_s"] = time.monotonic() - started
         self.run_dir.append_jsonl("metrics.jsonl", row)

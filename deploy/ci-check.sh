@@ -75,9 +75,9 @@ step "wheel: build Fedge from $SOURCE"
 rm -rf "$WORK/src" "$WORK/dist" "$ROOT"
 mkdir -p "$WORK/src" "$WORK/dist" "$ROOT"
 if git -C "$SOURCE" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    # Tracked and untracked-but-not-ignored files: what a commit of this tree would hold.
     (cd "$SOURCE" && git ls-files -z --cached --others --exclude-standard |
-        xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh |
-        tar --null -T - -cf -) | tar -xf - -C "$WORK/src"
+        tar --null --ignore-failed-read -T - -cf - 2>/dev/null) | tar -xf - -C "$WORK/src"
 else
     cp -a "$SOURCE/." "$WORK/src/"
 fi
@@ -173,16 +173,20 @@ check(agent["agent"]["coordinator"] == "tcp://ci-coordinator:5555" and agent["se
 session = root / "etc/fedge/coordinator/ci.toml"
 raw = tomllib.loads(session.read_text())
 check(raw["fleet"]["bind"] == "tcp://0.0.0.0:5555" and raw["fleet"]["expect"] == 1, "ci.toml: bind and expect")
+# The runtime's own loaders, from the installed wheel: the templated files must be what they accept.
 try:
     from coordinator.config import load_config
+    from edge_agent.config import load_settings
 except ImportError as exc:
-    print(f"skip coordinator.config.load_config ({exc})")
+    check(False, f"the runtime's config loaders import: {exc}")
 else:
-    try:
-        load_config(session)
-        check(True, "ci.toml accepted by coordinator.config.load_config")
-    except Exception as exc:
-        check(False, f"ci.toml accepted by coordinator.config.load_config: {exc}")
+    for what, load in [("ci.toml", lambda: load_config(session)),
+                       ("agent.toml", lambda: load_settings(str(root / "etc/fedge/agent.toml"), {}))]:
+        try:
+            load()
+            check(True, f"{what} accepted by the runtime's loader")
+        except Exception as exc:
+            check(False, f"{what} accepted by the runtime's loader: {exc}")
 sys.exit(1 if problems else 0)
 EOF
 

@@ -9,8 +9,10 @@ Must not know any algorithm by name.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from edge_agent.config import AgentSettings
 from edge_agent.state import DeviceState
 from edge_agent.transport import CurveClientKeys, DealerTransport
 from fldata import ClientShard, normalize, read_shard
+from meter import AgentMeter, ParamSnapshot
 from models import ModelSpec, build, definition_hash
 
 log = logging.getLogger("fedge.agent")
@@ -83,6 +86,8 @@ class Agent:
         self.last_heartbeat = 0.0
         self.progress = 0
         self.exit_code = 0
+        self.meter = AgentMeter(energy=settings.energy)
+        self.handshakes_counted = 0
 
     @staticmethod
     def pick_device(choice: str) -> torch.device:
@@ -92,7 +97,9 @@ class Agent:
 
     # ------------------------------------------------------------------------------------------------ wire
     def send(self, transport: DealerTransport, message: codec.Message) -> None:
-        transport.send(codec.encode(message))
+        frame = codec.encode(message)
+        if transport.send(frame):
+            self.meter.add_bytes("up", len(frame))
 
     def hello(self, transport: DealerTransport) -> None:
         self.last_hello = time.monotonic()
@@ -139,6 +146,10 @@ class Agent:
         self.test_inputs = torch.from_numpy(normalize(self.shard.test_x, self.shard.mean,
                                                       self.shard.std)).to(self.device)
         self.test_labels = torch.from_numpy(self.shard.test_y.astype(np.int64)).to(self.device)
+        sizes = [train.batch_size] + ([count % train.batch_size] if count % train.batch_size else [])
+        self.meter.prepare_training(model, spec.input_shape, sizes)
+        with contextlib.suppress(RuntimeError):  # a window is already open after a re-welcome
+            self.meter.begin_round(0)
         log.info("joined run %s as client %d: %s with %s, %d samples on %s", meta["run_id"], self.session.index,
                  spec.name, name, count, self.device)
 
@@ -150,7 +161,7 @@ class Agent:
         self.stop_requested.set()
 
     # ------------------------------------------------------------------------------------------------ round
-    def start_task(self, task: codec.Task) -> None:
+    def start_task(self, task: codec.Task, decode_cpu_s: float) -> None:
         session = self.session
         if session is None or task.run_id != session.run_id:
             log.warning("ignoring a task of run %s (we are in %s)", task.run_id, session and session.run_id)
@@ -160,35 +171,62 @@ class Agent:
             return
         self.busy_round = task.round
         self.outcome = None
-        self.worker = threading.Thread(target=self.train_round, args=(session, task), daemon=True,
+        self.worker = threading.Thread(target=self.train_round, args=(session, task, decode_cpu_s), daemon=True,
                                        name=f"train-round-{task.round}")
         self.worker.start()
 
-    def train_round(self, session: Session, task: codec.Task) -> None:
+    def train_round(self, session: Session, task: codec.Task, decode_cpu_s: float) -> None:
+        meter = self.meter
         try:
             meta = dict(task.meta)
-            self.state.discard_unconfirmed(session.run_id, int(meta.get("last_accepted_round", 0)))
-            session.client.load_state_dict(self.state.committed(session.run_id))
-            payload = Payload(groups=dict(task.groups), meta=meta)
-            session.client.on_receive(task.round, payload, session.model)
+            with meter.phase("receive"):
+                self.state.discard_unconfirmed(session.run_id, int(meta.get("last_accepted_round", 0)))
+                session.client.load_state_dict(self.state.committed(session.run_id))
+                payload = Payload(groups=dict(task.groups), meta=meta)
+                session.client.on_receive(task.round, payload, session.model)
             extra: dict[str, Any] = {}
             if meta.get("personal_eval") and self.test_labels.numel():
                 extra["personal_accuracy"], _ = evaluate(session.model, self.test_inputs, self.test_labels)
             started = time.monotonic()
             seed = round_seed(int(session.meta["seed"]), task.round, session.index)
-            stats = train_local(session.model, session.client, self.inputs, self.labels, session.train, seed)
+            with meter.phase("train"):
+                snapshot = ParamSnapshot(session.model)
+                stats = train_local(session.model, session.client, self.inputs, self.labels, session.train, seed)
             train_s = time.monotonic() - started
-            update = session.client.make_update(task.round, session.model, stats)
+            t = session.train
+            meter.add_training(session.model, tuple(self.inputs.shape[1:]), stats.batch_sizes, t.optimizer,
+                               t.momentum, t.weight_decay, updated_elements=snapshot.changed(session.model))
+            meta_up = {**extra, "num_samples": int(self.labels.shape[0]), "steps": stats.steps,
+                       "train_loss": float(stats.loss), "train_s": float(train_s)}
+            with meter.phase("encode"):
+                update = session.client.make_update(task.round, session.model, stats)
+                meta_up = {**dict(update.meta), **meta_up}
+                codec.encode(self.update_message(session, task.round, update, meta_up))
             self.state.write_pending(session.run_id, task.round, session.client.state_dict())
-            meta_up = {**dict(update.meta), **extra, "num_samples": int(self.labels.shape[0]),
-                       "steps": stats.steps, "train_loss": float(stats.loss), "train_s": float(train_s)}
-            frame = codec.encode(codec.Update(run_id=session.run_id, round=task.round,
-                                              sender=self.settings.client_id, groups=dict(update.groups),
-                                              meta=meta_up))
+            record = self.close_meter_window(task.round)
+            record["cpu_s_decode"] = decode_cpu_s
+            frame = codec.encode(self.update_message(session, task.round, update, {**meta_up, "meter": record}))
             self.outcome = Outcome(task.round, frame)
         except Exception as exc:  # a failed round is reported, never fatal for the agent
             log.exception("round %d failed", task.round)
             self.outcome = Outcome(task.round, None, f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(RuntimeError):
+                self.close_meter_window(task.round)
+
+    def close_meter_window(self, round_number: int) -> dict[str, Any]:
+        """End the meter's window and open the next one at once: windows tile time, so every byte, joule and CPU
+        second (waiting included) is counted in exactly one round's record, that of the task that ends it."""
+        record = self.meter.end_round()
+        record["round"] = round_number
+        self.meter.begin_round(round_number + 1)
+        return record
+
+    def update_message(self, session: Session, round_number: int, update: Payload,
+                       meta: dict[str, Any]) -> codec.Update:
+        """The uplink packet. It is encoded twice: once inside the metered encode phase, once more with the
+        meter's record of the round in its metadata (the record cannot describe its own packet)."""
+        return codec.Update(run_id=session.run_id, round=round_number, sender=self.settings.client_id,
+                            groups=dict(update.groups), meta=meta)
 
     def on_commit(self, commit: codec.Commit) -> None:
         if self.session is not None and self.state.confirm(self.session.run_id, commit.round):
@@ -196,6 +234,8 @@ class Agent:
 
     # ------------------------------------------------------------------------------------------------ loop
     def handle(self, transport: DealerTransport, frame: bytes) -> None:
+        self.meter.add_bytes("down", len(frame))
+        cpu_before = time.thread_time()
         try:
             message = codec.decode(frame)
         except codec.CodecError as exc:
@@ -206,7 +246,7 @@ class Agent:
         if isinstance(message, codec.Welcome):
             self.on_welcome(transport, message)
         elif isinstance(message, codec.Task):
-            self.start_task(message)
+            self.start_task(message, time.thread_time() - cpu_before)
         elif isinstance(message, codec.Commit):
             self.on_commit(message)
         elif isinstance(message, codec.Bye):
@@ -237,12 +277,16 @@ class Agent:
         if outcome is not None and session is not None:
             self.outcome = None
             if outcome.frame is not None:
-                transport.send(outcome.frame)
+                transport.send(outcome.frame)  # its bytes are counted where they arrive (the coordinator)
                 log.info("round %d: sent update (%d bytes)", outcome.round, len(outcome.frame))
             else:
                 self.send(transport, codec.ErrorMessage(run_id=session.run_id, round=outcome.round,
                                                         sender=self.settings.client_id, code="round-failed",
                                                         reason=outcome.error))
+        if transport.handshakes > self.handshakes_counted:
+            self.handshakes_counted = transport.handshakes
+            self.meter.add_connection("DEALER", "ROUTER", identity=self.settings.client_id.encode(),
+                                      mechanism="CURVE" if transport.curve else "NULL")
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.warning("the process that started this agent is gone; stopping")
             self.stop_requested.set()
@@ -252,8 +296,11 @@ class Agent:
         if self.settings.curve == "on":
             curve = CurveClientKeys.load(self.settings.keys_dir, self.settings.coordinator_public_key)
         transport = DealerTransport(self.settings.coordinator, self.settings.client_id, curve)
-        log.info("agent %s connecting to %s (CurveZMQ %s)", self.settings.client_id, self.settings.coordinator,
-                 "on" if curve else "off")
+        log.info("agent %s connecting to %s (CurveZMQ %s); energy source: %s", self.settings.client_id,
+                 self.settings.coordinator, "on" if curve else "off",
+                 self.meter.source.source if self.meter.source else "none")
+        self.meter.watch_tcp(tcp_peer(self.settings.coordinator))
+        self.meter.start()
         try:
             while not self.stop_requested.is_set():
                 for frame in transport.poll(100):
@@ -264,5 +311,17 @@ class Agent:
                 self.send(transport, codec.Bye(run_id=self.session.run_id, round=self.busy_round,
                                                sender=self.settings.client_id, reason="agent stopping"))
         finally:
+            self.meter.stop()
             transport.close()
         return self.exit_code
+
+
+def tcp_peer(endpoint: str) -> tuple[str, int] | None:
+    """(IP address, port) of a tcp:// endpoint, for the kernel's per-connection byte counters."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    try:
+        return socket.gethostbyname(host.strip("[]")), int(port)
+    except (OSError, ValueError):
+        return None

@@ -28,6 +28,7 @@ class AgentSettings:
     keys_dir: str = ""
     coordinator_public_key: str = ""
     hello_interval_s: float = 3.0
+    energy: str = "auto"
 
     def validate(self) -> None:
         if not self.coordinator:
@@ -44,7 +45,7 @@ class AgentSettings:
             raise ValueError("with security.curve = on, set security.keys_dir and security.coordinator_public_key")
 
 
-AGENT_KEYS = {"coordinator", "client_id", "data", "state_dir", "device", "hello_interval_s"}
+AGENT_KEYS = {"coordinator", "client_id", "data", "state_dir", "device", "hello_interval_s", "energy"}
 SECURITY_KEYS = {"curve", "keys_dir", "coordinator_public_key"}
 
 

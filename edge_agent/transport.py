@@ -78,6 +78,8 @@ class DealerTransport:
         self.endpoint = endpoint
         self.last_failure = ""
         self.connected = False
+        self.curve = curve is not None
+        self.handshakes = 0
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -94,6 +96,7 @@ class DealerTransport:
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.last_failure = ""
                 self.connected = True
+                self.handshakes += 1
                 log.info("connected to %s", self.endpoint)
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.connected = False

@@ -1,7 +1,7 @@
 """Fedge's meter: bytes, FLOPs, energy and process figures of a federated round, each labelled with how it was
 obtained (measured, computed or estimated), its source and its scope, plus the report that compares two runs.
 
-The public API is listed here; docs/meter.md says what every figure means. The meter knows nothing of the codec,
+The public API is listed here; docs/meter.md says what every figure means. The meter must not import the codec,
 the transports, the algorithms or the coordinator: callers pass sizes, models and run directories in. pyzmq is
 used only by the tests. ``meter.report`` (matplotlib) is imported on demand, not here.
 """

@@ -102,6 +102,13 @@ class AgentMeter:
         """Read kernel TCP_INFO counters of this process's connections to ``remote`` (host, port) each round."""
         self.tcp_remote = remote
 
+    def prepare_training(self, model: nn.Module, input_shape: Sequence[int], batch_sizes: Sequence[int],
+                         input_dtype: torch.dtype | None = None) -> None:
+        """Count forward+backward FLOPs for these batch sizes now (e.g. at start-up), so the one-off counting cost
+        does not land inside the first round's CPU time and energy."""
+        for size in set(batch_sizes):
+            self.flops.forward_backward(model, input_shape, size, input_dtype)
+
     # per round -------------------------------------------------------------------------------------------------
     def begin_round(self, round_number: int) -> None:
         if self._round is not None:
@@ -129,8 +136,8 @@ class AgentMeter:
             raise RuntimeError(f"phase {name!r} is already open")
         self._rss_boundary(current)
         current.open_phases[name] = 1
-        start = cpu_clock()
         energy = self.integrator.tally() if self.integrator else None
+        start = cpu_clock()
         try:
             yield
         finally:

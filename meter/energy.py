@@ -77,7 +77,7 @@ class EnergyIntegrator:
                 return
             try:
                 value = self.source.read()
-            except SensorError as error:
+            except Exception as error:  # noqa: BLE001 - a failed reading is counted; it must not stop the agent
                 self._errors += 1
                 self._last_error = str(error)
                 return

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 Kind = Literal["measured", "computed", "estimated"]
 KINDS: tuple[str, ...] = ("measured", "computed", "estimated")
@@ -80,6 +80,6 @@ def figure_from_fields(record: Mapping[str, Any], prefix: str, unit: str) -> Fig
     value = record.get(prefix)
     if value is None:
         return None
-    kind = record.get(f"{stem}_kind")
+    kind = cast(Kind, record.get(f"{stem}_kind"))
     return Figure(float(value), unit, kind, str(record.get(f"{stem}_source")),  # kind is checked on creation
                   str(record.get(f"{stem}_scope")), str(record.get(f"{stem}_method") or ""))

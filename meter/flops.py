@@ -7,7 +7,7 @@
 * ``OPTIMIZER_FLOPS`` / ``optimizer_flops_per_element`` hold METER-NOTES section 3.4 (add, sub, mul, div, sqrt = 1;
   ``add_(x, alpha)`` = 2), which FlopCounterMode does not see (it counts 0 for ``opt.step()``).
 * ``ParamSnapshot`` proves which elements an optimizer changed; ``mask_elements`` is the mask's claim.
-* ``theoretical_sparse_flops`` scales each layer's dense count by its weight density: theoretical only, because
+* ``FlopCounter.theoretical_sparse`` scales each layer's dense count by its weight density: theoretical only, because
   dense kernels do not skip zeros.
 
 Must not import the codec, transports, algorithms or coordinator.
@@ -77,7 +77,9 @@ def optimizer_step_flops(optimizer: torch.optim.Optimizer) -> int | None:
 @dataclass(frozen=True)
 class PassCount:
     """FLOPs of one forward+backward pass at one batch size, in total and per module (module names as in
-    ``named_modules``; a parent's count includes its children's)."""
+    ``named_modules``; a parent's count includes its children's). The per-module split comes from FlopCounterMode's
+    module tracker: exact for the modules that own weights (conv, linear), while a parameter-free module such as
+    ``nn.Identity`` may be credited with backward kernels of its neighbours, so only owners' counts are used."""
 
     total: int
     per_module: Mapping[str, int]

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import psutil
 
+from meter.sysfs import Root
+
 TCP_INFO_LENGTH = 256
 """Bytes asked of getsockopt; the kernel returns min(this, its struct size)."""
 # Offsets in Linux ``struct tcp_info`` (include/uapi/linux/tcp.h); each field exists when the returned length covers it.
@@ -98,9 +100,9 @@ class InterfaceCounters:
     tx_packets: int
 
 
-def interface_counters(root: str | Path = "/") -> dict[str, InterfaceCounters]:
+def interface_counters(root: Root | str | Path = "/") -> dict[str, InterfaceCounters]:
     """Per-interface cumulative counters from ``<root>/proc/net/dev``; {} when the file is absent."""
-    path = Path(root) / "proc/net/dev"
+    path = (root if isinstance(root, Root) else Root(root)).path("/proc/net/dev")
     try:
         lines = path.read_text().splitlines()
     except OSError:

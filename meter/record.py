@@ -1,6 +1,6 @@
 """The per-round record an ``AgentMeter`` returns, and ``round_totals`` that aggregates records over agents.
 
-``build_record`` flattens one round into JSON-able fields (names in ``RECORD_FIELDS`` plus per-phase ones);
+``build_record`` flattens one round into JSON-able fields (listed in docs/meter.md, plus per-phase ones);
 ``round_totals`` sums FLOPs, bytes, CPU seconds and energy over the agents of a round for the coordinator's
 metrics.jsonl, takes the max of peaks and temperatures and the min of frequencies. A field unknown for some agents
 totals to null with a note (a partial sum would look like a complete one), and energy is summed only when every

@@ -172,11 +172,9 @@ def markdown_report(run: Run, other: Run | None = None) -> str:
               "between figures of the same accounting (energy: same kind, source and scope). See docs/meter.md.",
               "", "## Runs", "", "| | " + " | ".join(_label(r) for r in [run] + ([other] if other else [])) + " |",
               "|---|" + "---|" * (2 if other else 1)]
-    for title, getter in (("rounds", lambda r: str(len(r.metrics))),
-                          ("final test accuracy", lambda r: _final_accuracy(r)),
-                          ("energy label", lambda r: ", ".join(energy_label(r)) if not isinstance(
-                              energy_label(r), str) else str(energy_label(r)))):
-        lines.append(f"| {title} | " + " | ".join(getter(r) for r in [run] + ([other] if other else [])) + " |")
+    summaries = [_summary(r) for r in [run] + ([other] if other else [])]
+    for title in summaries[0]:
+        lines.append(f"| {title} | " + " | ".join(summary[title] for summary in summaries) + " |")
     lines += ["", "## Totals" + (" and reductions" if other else ""), ""]
     if other:
         lines += [f"Reduction = (baseline - run) / baseline, shown as a change of {run.name} against {other.name}.",
@@ -198,6 +196,12 @@ def markdown_report(run: Run, other: Run | None = None) -> str:
             "energy_j", "cpu_s", "rss_peak_mb")) + " |")
     lines += ["", "## Plots", ""] + [f"![{name}](meter-{name}.png)" for name in PLOTS]
     return "\n".join(lines) + "\n"
+
+
+def _summary(run: Run) -> dict[str, str]:
+    label = energy_label(run)
+    return {"rounds": str(len(run.metrics)), "final test accuracy": _final_accuracy(run),
+            "energy label": label if isinstance(label, str) else ", ".join(label)}
 
 
 def _final_accuracy(run: Run) -> str:

@@ -56,8 +56,13 @@ def load_run(path: str | Path) -> Run:
 
 def _sum_of(*names: str) -> Callable[[Row], float | None]:
     def value(row: Row) -> float | None:
-        parts = [row.get(name) for name in names]
-        return None if any(part is None for part in parts) else float(sum(parts))
+        total = 0.0
+        for name in names:
+            part = row.get(name)
+            if part is None:
+                return None
+            total += float(part)
+        return total
     return value
 
 
@@ -214,7 +219,7 @@ def per_agent(run: Run) -> list[dict[str, Any]]:
                      "flops_opt_updated", "energy_j", "cpu_s"):
             values = [row.get(name) for row in rows]
             entry[name] = None if any(v is None for v in values) else sum(values)
-        peaks = [row.get("rss_peak_mb") for row in rows if row.get("rss_peak_mb") is not None]
+        peaks = [float(row["rss_peak_mb"]) for row in rows if row.get("rss_peak_mb") is not None]
         entry["rss_peak_mb"] = max(peaks) if peaks else None
         result.append(entry)
     return result

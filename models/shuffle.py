@@ -84,7 +84,7 @@ def hidden_layers(model: nn.Module) -> list[HiddenLayer]:
         if fan_in % width or (not isinstance(consumer, nn.Linear) and fan_in != width):
             raise ValueError(f"{next_name} does not consume {name} directly: {fan_in} inputs for width {width}")
         norm = norms.get(name)
-        if norm is not None and dict(model.named_modules())[norm].num_features != width:  # type: ignore[union-attr]
+        if norm is not None and dict(model.named_modules())[norm].num_features != width:
             raise ValueError(f"{norm} does not normalise {name}")
         layers.append(HiddenLayer(name, norm, next_name, width, fan_in // width))
     return layers
@@ -112,7 +112,7 @@ def permute_hidden(model: nn.Module, perms: Mapping[str, np.ndarray]) -> None:
                 if tensor.dim() >= 1 and tensor.shape[0] == layer.width:
                     tensor.copy_(tensor[perm])
         columns = (perm[:, None] * layer.block + torch.arange(layer.block)[None, :]).reshape(-1)
-        weight = modules[layer.consumer].weight  # type: ignore[union-attr]
+        weight = modules[layer.consumer].weight
         weight.copy_(weight[:, columns])
 
 
@@ -140,7 +140,8 @@ class ShuffleMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for linear, encoding in zip(self.hidden, self.encodings, strict=True):
             x = torch.relu(encoding(linear(x)))
-        return self.out(x)
+        output: torch.Tensor = self.out(x)
+        return output
 
 
 def shuffle_mlp(pan: PanSpec, seed: int, input_dim: int = 64, widths: Sequence[int] = (64, 64, 64, 64),

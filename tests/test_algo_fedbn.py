@@ -87,6 +87,12 @@ def test_bn_tensors_are_what_local_training_produced_and_survive_a_restart() -> 
     assert sorted(checked) == [0, 0, 1, 1, 2, 2]
     assert any(not np.array_equal(after_training[0][n], after_training[1][n]) for n in after_training[0])
 
+    wiped = copy.deepcopy(fleet.models[0])
+    fleet.clients[0].load_state_dict({})
+    fleet.clients[0].on_receive(4, fleet.server.downlink(4, 0), wiped)
+    for name, value in bn_of(wiped).items():
+        assert np.array_equal(value, bn_of(build(BN_SPEC))[name]), name
+
     restarted = registry.make_client("fedbn", {}, 2)
     restarted.load_state_dict(fleet.clients[2].state_dict())
     fresh = build(BN_SPEC)

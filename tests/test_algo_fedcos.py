@@ -55,7 +55,7 @@ def random_delta(server: fedcos.Server, seed: int, scale: float = 0.01) -> dict[
 
 
 def weights_of(metrics: dict, count: int) -> np.ndarray:
-    return np.array([metrics["weights"][f"c{i}"] for i in range(count)])
+    return np.array([metrics["cos_weights"][f"c{i}"] for i in range(count)])
 
 
 def test_identical_clients_get_equal_weights_and_reproduce_uniform_fedavg() -> None:
@@ -91,13 +91,13 @@ def test_a_zero_update_is_left_out_and_the_rest_still_sum_to_one() -> None:
     zero = {n: np.zeros_like(v) for n, v in deltas[0].items()}
     metrics = server.aggregate(1, [update(0, deltas[0]), update(1, zero), update(2, deltas[2])])
     weights = weights_of(metrics, 3)
-    assert metrics["excluded"] == 1 and weights[1] == 0.0
+    assert metrics["cos_excluded"] == 1 and weights[1] == 0.0
     assert abs(weights.sum() - 1.0) < 1e-12
     alone.aggregate(1, [update(0, deltas[0]), update(2, deltas[2])])
     assert all(np.array_equal(server.model[n], alone.model[n]) for n in server.model)
     tiny = {n: np.full_like(v, 1e-12) for n, v in zero.items()}
     before = copy.deepcopy(server.model)
-    assert server.aggregate(2, [update(0, tiny)])["excluded"] == 1
+    assert server.aggregate(2, [update(0, tiny)])["cos_excluded"] == 1
     assert all(np.array_equal(server.model[n], before[n]) for n in before)
 
 
@@ -234,10 +234,12 @@ def test_selection_rate_and_boosted_reselection_after_a_missed_deadline() -> Non
     later = np.mean([7 in (server.select(3, available, rng) or []) for _ in range(2000)])
     assert boosted > 0.45 and abs(later - 0.3) < 0.05
     assert len(server.select(4, [2, 5], rng) or []) == 1
+    server.missed(4, [3])
+    assert server.boosted == {3: 5}
     arrays, meta = server.state_dict()
     resumed = make_server(clients=10, sample_rate=0.3, boost=4.0)
     resumed.load_state_dict(arrays, json.loads(json.dumps(meta)))
-    assert resumed.boosted == {7: 2}
+    assert resumed.boosted == {3: 5}
     with pytest.raises(ValueError, match="sample_rate"):
         registry.make_config("fedcos", {"sample_rate": 0.2})
 
@@ -253,7 +255,7 @@ def test_8_bit_uploads_are_dequantised_before_averaging() -> None:
     metrics = inprocess.run_round(fleet, 1, data, SGD, use_codec=True)
     inprocess.run_round(exact, 1, data, SGD, use_codec=True)
     assert sent[0].groups["delta"].value_dtype == "int8"
-    assert abs(sum(metrics["weights"].values()) - 1) < 1e-9
+    assert abs(sum(metrics["cos_weights"].values()) - 1) < 1e-9
     for name, value in exact.server.model.items():
         spread = np.abs(value - fleet.server.model[name]).max()
         assert spread <= np.abs(sent[0].groups["delta"].dense[name]).max() / 127 + 1e-6
@@ -267,7 +269,7 @@ def test_server_state_round_trip_and_full_rounds() -> None:
         chosen = fleet.server.select(round_number, list(range(4)), np.random.default_rng(round_number))
         metrics = inprocess.run_round(fleet, round_number, data, SGD, seed=7, participants=chosen,
                                       use_codec=USE_CODEC)
-        assert len(chosen) == 2 and abs(sum(metrics["weights"].values()) - 1) < 1e-9
+        assert len(chosen) == 2 and abs(sum(metrics["cos_weights"].values()) - 1) < 1e-9
     arrays, meta = fleet.server.state_dict()
     resumed = make_server(clients=4)
     resumed.load_state_dict(arrays, json.loads(json.dumps(meta)))

@@ -17,6 +17,7 @@ from algorithms.loop import TrainSettings, round_seed
 from algorithms.registry import REGISTRY, AlgorithmSpec
 from tests.algo_helpers import ADAM, SGD, TINY_MLP, client_data, max_difference
 
+
 @pytest.fixture(autouse=True)
 def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     if "scaffold" not in REGISTRY:

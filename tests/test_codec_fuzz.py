@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from codec import (
@@ -36,6 +36,7 @@ from codec import (
 from codec.frames import compress, decompress
 
 MAX_SECONDS = 2.0
+DEFAULT_LIMITS = Limits()
 
 
 def corpus() -> list[bytes]:
@@ -63,7 +64,7 @@ def corpus() -> list[bytes]:
 CORPUS = corpus()
 
 
-def assert_rejects_cleanly(data: bytes, limits: Limits = Limits()) -> None:
+def assert_rejects_cleanly(data: bytes, limits: Limits = DEFAULT_LIMITS) -> None:
     start = time.perf_counter()
     try:
         decode(data, limits)
@@ -148,7 +149,11 @@ def test_structural_mutations_of_the_body(index: int, edits: list[tuple[float, i
             parent[path[-1]] = mutated(parent[path[-1]], choice, amount)
         else:
             body = mutated(body, choice, amount)
-    assert_rejects_cleanly(rewrap(CORPUS[index], body))
+    try:
+        packet = rewrap(CORPUS[index], body)
+    except (OverflowError, ValueError):  # e.g. an integer msgpack cannot hold: no packet to test
+        assume(False)
+    assert_rejects_cleanly(packet)
 
 
 def frame_declaring(size: int) -> bytes:

@@ -63,6 +63,8 @@ def test_a_round_records_every_figure(board: Path) -> None:
     batches = [16, 16, 16, 5]
     meter = AgentMeter(energy="auto", sysfs_root=board, sample_hz=50.0)
     meter.add_connection("DEALER", "ROUTER", identity=b"agent-3")  # before the first round: counted in it
+    meter.prepare_training(model, (3, 8, 8), batches)
+    assert meter.flops.cached == 2
     with meter:
         meter.begin_round(7)
         meter.add_bytes("down", 5000, [5000])
@@ -115,8 +117,14 @@ def test_a_round_records_every_figure(board: Path) -> None:
     assert record["bytes_wire_est_up"] > record["bytes_zmtp_up"]
 
 
+def net_dev(root: Path, rx: int, tx: int) -> None:
+    write(root, "/proc/net/dev", "Inter-|   Receive\n face |bytes    packets\n"
+          f"  eth0: {rx} 10 0 0 0 0 0 0 {tx} 20 0 0 0 0 0 0\n")
+
+
 def test_misuse_is_refused_and_unknowns_stay_null(tmp_path: Path) -> None:
-    meter = AgentMeter(energy="none", sysfs_root=tmp_path)
+    net_dev(tmp_path, 1000, 500)
+    meter = AgentMeter(energy="none", sysfs_root=tmp_path, iface="eth0")
     with pytest.raises(RuntimeError, match="begin_round"):
         with meter.phase("train"):
             pass
@@ -134,7 +142,9 @@ def test_misuse_is_refused_and_unknowns_stay_null(tmp_path: Path) -> None:
         meter.add_training(model, (4,), [8], updated_elements=11)
     with pytest.warns(UserWarning):
         meter.add_training(model, (4,), [8, 8], "lion", updated_elements=6, mask_claim=4)
+    net_dev(tmp_path, 4000, 1500)
     record = meter.end_round()
+    assert (record["iface"], record["iface_rx_bytes"], record["iface_tx_bytes"]) == ("eth0", 3000, 1000)
     assert record["bytes_payload_up"] == 10 and record["bytes_zmtp_up"] == 12
     assert record["flops_fwd_bwd"] == 2 * FlopCounter().training(model, (4,), [8])
     assert record["flops_opt_executed"] is None and record["flops_train"] is None

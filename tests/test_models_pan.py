@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 from collections.abc import Iterator
@@ -44,7 +45,7 @@ def inputs(seed: int, dtype: torch.dtype = torch.float32, shape: tuple[int, ...]
 
 
 def max_difference(model: torch.nn.Module, perms: dict[str, np.ndarray], x: torch.Tensor) -> float:
-    shuffled = build_copy(model)
+    shuffled = copy.deepcopy(model)
     permute_hidden(shuffled, perms)
     model.eval()
     shuffled.eval()
@@ -52,19 +53,15 @@ def max_difference(model: torch.nn.Module, perms: dict[str, np.ndarray], x: torc
         return float((model(x) - shuffled(x)).abs().max())
 
 
-def build_copy(model: torch.nn.Module) -> torch.nn.Module:
-    import copy
+def on_grid(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to multiples of 1/64, so that float64 sums of products of such values are exact in any order."""
+    return torch.round(x * 64) / 64
 
-    return copy.deepcopy(model)
 
-
-def on_grid(target: torch.nn.Module | torch.Tensor) -> torch.Tensor | None:
-    """Round weights (or a tensor) to multiples of 1/64, in place, so that float64 sums are exact in any order."""
+def weights_on_grid(model: torch.nn.Module) -> None:
     with torch.no_grad():
-        tensors = [target] if isinstance(target, torch.Tensor) else list(target.parameters())
-        for tensor in tensors:
-            tensor.copy_(torch.round(tensor * 64) / 64)
-    return target if isinstance(target, torch.Tensor) else None
+        for parameter in model.parameters():
+            parameter.copy_(on_grid(parameter))
 
 
 def randomise_batch_norm(model: torch.nn.Module, seed: int) -> None:
@@ -115,7 +112,7 @@ def test_a_zero_leaves_every_hidden_permutation_invisible(mode: str) -> None:
         assert max_difference(model, perms, inputs(seed)) < 1e-5
         wide = shuffle_mlp(PanSpec(mode, 0.0, 1.0), seed, dtype=torch.float64)
         assert max_difference(wide, perms, inputs(seed, torch.float64)) < 1e-12
-        on_grid(wide)
+        weights_on_grid(wide)
         assert max_difference(wide, perms, on_grid(inputs(seed, torch.float64))) == 0.0
     for name in ("cnn-bn", "cnn", "mlp"):
         torch.manual_seed(3)

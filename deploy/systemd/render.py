@@ -67,9 +67,13 @@ def render_all(overrides: dict[str, str] | None = None) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 on a difference")
+    parser.add_argument(
+        "--check", action="store_true", help="compare instead of writing; exit 1 on a difference"
+    )
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a default")
-    parser.add_argument("--out", type=Path, default=HERE, help="folder of the plain units (default: this one)")
+    parser.add_argument(
+        "--out", type=Path, default=HERE, help="folder of the plain units (default: this one)"
+    )
     args = parser.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set)
     stale = []
@@ -82,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
             print(f"wrote {path}")
     if stale:
-        print(f"out of date in {args.out}: {', '.join(stale)}; run python deploy/systemd/render.py", file=sys.stderr)
+        print(
+            f"out of date in {args.out}: {', '.join(stale)}; run python deploy/systemd/render.py",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -1,0 +1,211 @@
+"""``coordinator sweep --grid FILE``: the reproduction harness. Runs a grid of sessions, resumably, and tabulates them.
+
+A grid file is TOML::
+
+    [sweep]
+    seeds = [0, 1]
+    baseline = "fedavg"                 # the label reductions are measured against
+    [base]                              # config keys applied to every run (same sections as a session config)
+    data = { dataset = "fmnist-demo", alpha = 0.3 }
+    run = { rounds = 25 }
+    [axes]                              # optional: the cartesian product of these dotted keys
+    "data.alpha" = [0.1, 0.3, 1.0, 3.0]
+    [[method]]
+    label = "fedavg"
+    algorithm = { name = "fedavg" }
+    [[method]]
+    label = "dssa-fedprox"
+    algorithm = { name = "dssa-fedprox", sparsity = 0.5, scale = 1.5, mu = 0.01 }
+
+Every (method, axes point, seed) is one ordinary ``coordinator start`` with its own local fleet and run directory
+under ``OUT/runs/``; a run whose ``report.json`` says done is skipped, a run with a checkpoint is resumed, so a killed
+sweep continues where it stopped. The summary (``summary.md``, ``summary.csv``, ``accuracy_vs_bytes.png``) is written
+from the run directories alone. Knows no algorithm by name.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coordinator.config import ConfigError, from_dict, tomllib, to_toml
+
+LAST_ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid."""
+
+    key: str
+    label: str
+    point: tuple[tuple[str, Any], ...]
+    seed: int
+    raw: dict[str, Any]
+
+
+def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    section, key = dotted.split(".", 1)
+    raw.setdefault(section, {})[key] = value
+
+
+def expand(grid: dict[str, Any]) -> tuple[list[Cell], str]:
+    """All cells of the grid, each with a validated config; and the baseline label."""
+    sweep = grid.get("sweep", {})
+    seeds = [int(s) for s in sweep.get("seeds", [0])]
+    methods = grid.get("method", [])
+    if not methods:
+        raise ConfigError("the grid has no [[method]]")
+    axes = grid.get("axes", {})
+    names = sorted(axes)
+    cells = []
+    for method in methods:
+        label = str(method["label"])
+        for values in itertools.product(*(axes[n] for n in names)):
+            point = tuple(zip(names, values, strict=True))
+            for seed in seeds:
+                raw = json.loads(json.dumps(grid.get("base", {})))
+                raw["algorithm"] = dict(method["algorithm"])
+                for dotted, value in point:
+                    _set(raw, dotted, value)
+                for dotted, value in method.get("set", {}).items():
+                    _set(raw, dotted, value)
+                raw.setdefault("run", {})["seed"] = seed
+                from_dict(raw)
+                tag = "-".join(f"{n.split('.')[-1]}{v}" for n, v in point)
+                key = "_".join(x for x in (label, tag, f"seed{seed}") if x)
+                cells.append(Cell(key=key, label=label, point=point, seed=seed, raw=raw))
+    baseline = str(sweep.get("baseline", methods[0]["label"]))
+    return cells, baseline
+
+
+def run_cell(cell: Cell, out: Path, quiet: bool) -> str:
+    run_dir = out / "runs" / cell.key
+    report = run_dir / "report.json"
+    if report.exists() and json.loads(report.read_text()).get("status") == "done":
+        return "skipped (done)"
+    if (run_dir / "checkpoint.npz").exists():
+        args = ["--resume", str(run_dir)]
+    else:
+        config_path = out / "configs" / f"{cell.key}.toml"
+        config_path.parent.mkdir(parents=True, exist_ok=True)
+        config_path.write_text(to_toml(from_dict(cell.raw)))
+        args = ["--config", str(config_path), "--run-dir", str(run_dir)]
+    command = [sys.executable, "-m", "coordinator.cli", "start", *args, "--quiet"]
+    result = subprocess.run(command, stdout=None if not quiet else subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise RuntimeError(f"run {cell.key} failed with exit code {result.returncode} (see {run_dir})")
+    return "ran"
+
+
+def load_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def summarise(cells: list[Cell], baseline: str, out: Path) -> list[dict[str, Any]]:
+    """One row per (method, axes point): accuracy mean +- std over seeds, bytes, reduction against the baseline."""
+    groups: dict[tuple[str, tuple[tuple[str, Any], ...]], list[list[dict[str, Any]]]] = {}
+    for cell in cells:
+        rows = load_rows(out / "runs" / cell.key)
+        if rows:
+            groups.setdefault((cell.label, cell.point), []).append(rows)
+    table = []
+    for (label, point), runs in groups.items():
+        finals = [r[-1]["test_accuracy"] for r in runs if r[-1].get("test_accuracy") is not None]
+        lasts = [float(np.mean([x["test_accuracy"] for x in r[-LAST_ROUNDS:] if x.get("test_accuracy") is not None]))
+                 for r in runs]
+        down = float(np.mean([sum(x["bytes_down"] for x in r) for r in runs]))
+        up = float(np.mean([sum(x["bytes_up"] for x in r) for r in runs]))
+        table.append({
+            "method": label, **{k: v for k, v in point}, "seeds": len(runs), "rounds": min(len(r) for r in runs),
+            "final_accuracy_mean": float(np.mean(finals)) if finals else None,
+            "final_accuracy_std": float(np.std(finals)) if finals else None,
+            "last5_accuracy_mean": float(np.mean(lasts)), "bytes_down": down, "bytes_up": up,
+            "bytes_total": down + up,
+        })
+    for row in table:
+        base = next((b for b in table if b["method"] == baseline and
+                     all(b.get(k) == row.get(k) for k in row if k.startswith(("data.", "round.", "train.")))), None)
+        row["byte_reduction"] = 1 - row["bytes_total"] / base["bytes_total"] if base else None
+        row["accuracy_gap_points"] = (100 * (base["last5_accuracy_mean"] - row["last5_accuracy_mean"])
+                                      if base else None)
+    write_tables(table, out)
+    plot(cells, out)
+    return table
+
+
+def write_tables(table: list[dict[str, Any]], out: Path) -> None:
+    if not table:
+        return
+    columns = list(dict.fromkeys(k for row in table for k in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(table)
+    (out / "summary.csv").write_text(buffer.getvalue())
+    lines = ["| method | seeds | rounds | final accuracy (mean ± std) | last-5 mean | bytes down | bytes up | "
+             "reduction vs baseline | gap (points) |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in table:
+        extra = " ".join(f"{k}={row[k]}" for k in row if "." in k)
+        acc = (f"{100 * row['final_accuracy_mean']:.2f} ± {100 * row['final_accuracy_std']:.2f}"
+               if row["final_accuracy_mean"] is not None else "n/a")
+        red = f"{100 * row['byte_reduction']:.1f} %" if row["byte_reduction"] is not None else "n/a"
+        gap = f"{row['accuracy_gap_points']:+.2f}" if row["accuracy_gap_points"] is not None else "n/a"
+        lines.append(f"| {row['method']} {extra} | {row['seeds']} | {row['rounds']} | {acc} | "
+                     f"{100 * row['last5_accuracy_mean']:.2f} | {row['bytes_down'] / 1e6:.1f} MB | "
+                     f"{row['bytes_up'] / 1e6:.1f} MB | {red} | {gap} |")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def plot(cells: list[Cell], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for label in dict.fromkeys(c.label for c in cells):
+        for cell in [c for c in cells if c.label == label][:1]:
+            rows = load_rows(out / "runs" / cell.key)
+            if not rows:
+                continue
+            cumulative = np.cumsum([r["bytes_down"] + r["bytes_up"] for r in rows]) / 1e6
+            axis.plot(cumulative, [r["test_accuracy"] for r in rows], label=label, marker=".")
+    axis.set_xscale("log")
+    axis.set_xlabel("cumulative bytes, both directions (MB, log)")
+    axis.set_ylabel("test accuracy")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out / "accuracy_vs_bytes.png", dpi=120)
+    plt.close(figure)
+
+
+def command_sweep(grid_file: str, out_dir: str | None, dry_run: bool, quiet: bool) -> int:
+    grid = tomllib.loads(Path(grid_file).read_text())
+    cells, baseline = expand(grid)
+    out = Path(out_dir or f"runs/sweep-{Path(grid_file).stem}")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"sweep {grid_file}: {len(cells)} runs into {out}/", flush=True)
+    for number, cell in enumerate(cells, 1):
+        if dry_run:
+            print(f"  {cell.key}")
+            continue
+        outcome = run_cell(cell, out, quiet)
+        print(f"[{number}/{len(cells)}] {cell.key}: {outcome}", flush=True)
+    if not dry_run:
+        summarise(cells, baseline, out)
+        print((out / "summary.md").read_text() if (out / "summary.md").exists() else "no runs", flush=True)
+    return 0
