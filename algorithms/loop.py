@@ -40,6 +40,9 @@ class TrainSettings:
 
 
 class TrainingHooks(Protocol):
+    """The client half's hooks. ``before_training(model, inputs, labels, settings)`` is optional: called once
+    before the first step (SCAFFOLD's Option I gradient at the received model, fedcos's learning rate)."""
+
     def extra_loss(self, model: nn.Module) -> torch.Tensor | None: ...
     def after_backward(self, model: nn.Module) -> None: ...
     def after_step(self, model: nn.Module) -> None: ...
@@ -61,6 +64,9 @@ def has_batch_norm(model: nn.Module) -> bool:
 def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, labels: torch.Tensor,
                 settings: TrainSettings, seed: int) -> LocalStats:
     """Run ``settings.epochs`` epochs of minibatch training with the hooks; return what was done."""
+    prepare = getattr(hooks, "before_training", None)
+    if prepare is not None:
+        prepare(model, inputs, labels, settings)
     model.train()
     generator = torch.Generator().manual_seed(seed)
     optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], settings)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from algorithms import fedavg, fedprox
+from algorithms import dssa, ef, fedavg, fedbn, fedcos, fedprox, heurpfedla, pfedla, scaffold
 from algorithms.base import Arrays, ServerContext, config_from_options
 
 
@@ -25,6 +25,16 @@ class AlgorithmSpec:
 REGISTRY: dict[str, AlgorithmSpec] = {
     "fedavg": AlgorithmSpec(fedavg),
     "fedprox": AlgorithmSpec(fedprox),
+    "scaffold": AlgorithmSpec(scaffold),
+    "dssa-fedavg": AlgorithmSpec(dssa, fedavg),
+    "dssa-fedprox": AlgorithmSpec(dssa, fedprox),
+    "dssa-scaffold": AlgorithmSpec(dssa, scaffold),
+    "ef-fedavg": AlgorithmSpec(ef, fedavg),
+    "ef-fedprox": AlgorithmSpec(ef, fedprox),
+    "fedbn": AlgorithmSpec(fedbn),
+    "pfedla": AlgorithmSpec(pfedla),
+    "heurpfedla": AlgorithmSpec(heurpfedla),
+    "fedcos": AlgorithmSpec(fedcos),
 }
 
 

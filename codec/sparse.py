@@ -147,7 +147,9 @@ class SparseSection:
         values = np.empty(sum(p.size for p in local), dtype=np.float32)
         start = 0
         for part, pos in zip(parts, local, strict=True):
-            np.take(part.reshape(-1).astype(np.float32, copy=False), pos, out=values[start:start + pos.size])
+            # mode="clip" (positions are in range anyway): with the default mode numpy buffers `out`.
+            flat_part = part.reshape(-1).astype(np.float32, copy=False)
+            np.take(flat_part, pos, out=values[start:start + pos.size], mode="clip")
             start += pos.size
         section = cls.with_mask(names, shapes, flat, values)
         section.local_cache.update(enumerate(local))

@@ -22,7 +22,13 @@ from coordinator.config import Config, ConfigError, load_config, to_toml
 from coordinator.fleet import AgentSpec, LocalFleet, agent_id
 from coordinator.rundir import RunDir, save_arrays
 from coordinator.session import Session
-from coordinator.transport import ALLOWED_DIR, COORDINATOR_KEY, CurveServerKeys, RouterTransport, generate_keys
+from coordinator.transport import (
+    ALLOWED_DIR,
+    COORDINATOR_KEY,
+    CurveServerKeys,
+    RouterTransport,
+    generate_keys,
+)
 from edge_agent.logsetup import setup_logging
 from edge_agent.transport import AGENT_KEY
 from models import ModelSpec

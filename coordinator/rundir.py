@@ -10,19 +10,20 @@ agent state and logs). Knows nothing of sockets or algorithms.
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import platform
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from edge_agent.state import atomic_write_bytes, load_arrays, save_arrays
+
+__all__ = ["METER_FIELDS", "METRICS_FIELDS", "RunDir", "atomic_write_bytes", "load_arrays", "save_arrays"]
 
 RUN_DIR_VERSION = 1
 
@@ -40,37 +41,6 @@ METER_FIELDS = (
     "bytes_payload_down", "bytes_payload_up", "bytes_zmtp_down", "bytes_zmtp_up", "bytes_tcp_down", "bytes_tcp_up",
     "temp_c_max", "cpu_freq_mhz_min",
 )
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same directory, fsync it, then rename it over the target."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def save_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-    """Arrays plus a JSON meta object in one .npz, written atomically (no pickle)."""
-    buffer = io.BytesIO()
-    payload = {f"a/{k}": np.asarray(v) for k, v in arrays.items()}
-    payload["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    np.savez(buffer, **payload)  # type: ignore[arg-type]
-    atomic_write_bytes(path, buffer.getvalue())
-
-
-def load_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    with np.load(path, allow_pickle=False) as data:
-        meta = json.loads(bytes(data["meta"]).decode())
-        arrays = {k[2:]: data[k] for k in data.files if k.startswith("a/")}
-    return arrays, meta
 
 
 def git_commit() -> str | None:
@@ -127,7 +97,6 @@ class RunDir:
 
         from coordinator import __version__
 
-        self.write_text("endpoint", endpoint + "\n")
         self.write_json("provenance.json", {
             "run_dir_version": RUN_DIR_VERSION,
             "fedge_version": __version__,
@@ -141,6 +110,7 @@ class RunDir:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **extra,
         })
+        self.write_text("endpoint", endpoint + "\n")  # last: its presence says the rest is there
 
 
 def _json_default(value: Any) -> Any:

@@ -25,9 +25,9 @@ from algorithms import make_server
 from algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from coordinator.agents import AgentRegistry
 from coordinator.config import Config
+from coordinator.records import agent_record, check_update, meter_totals, update_summary
 from coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir, load_arrays, save_arrays
 from coordinator.transport import RouterTransport
-from meter import round_totals, zmtp
 from models import ModelSpec, build, definition_hash, state_to_arrays
 
 log = logging.getLogger("fedge.coordinator")
@@ -45,26 +45,6 @@ class RoundState:
     bytes_down: dict[int, int] = field(default_factory=dict)
     masks: dict[int, set[int]] = field(default_factory=dict)
     updates: dict[int, tuple[codec.Update, int]] = field(default_factory=dict)
-
-
-def agent_record(record: object, update_bytes: int, curve: bool) -> dict[str, Any]:
-    """An agent's meter record, completed with the update packet that carried it (counted where it arrived:
-    the record cannot describe its own packet). Records that are not flat maps of scalars are dropped."""
-    if not isinstance(record, dict) or not all(isinstance(v, (int, float, str, bool, type(None)))
-                                               for v in record.values()):
-        return {}
-    record = dict(record)
-    framed = zmtp.message_bytes([update_bytes], "CURVE" if curve else "NULL")
-    for key, value in (("bytes_payload_up", update_bytes), ("bytes_zmtp_up", framed), ("messages_up", 1)):
-        previous = record.get(key)
-        record[key] = (previous if isinstance(previous, (int, float)) else 0) + value
-    return record
-
-
-def meter_totals(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round's totals over agents (docs/run-dir.md: flops_train, energy_j, cpu_s, ...); nulls without records."""
-    totals = round_totals(records) if records and all(records) else {}
-    return {name: totals.get(name) for name in METER_FIELDS}
 
 
 class Session:
@@ -215,31 +195,11 @@ class Session:
         if index in current.updates:
             self.refuse(peer, "duplicate", f"a second update from client {index} in round {update.round}")
             return
-        problem = self.check_update(update, current.masks.get(index, set()))
+        problem = check_update(update, self.shapes, current.masks.get(index, set()))
         if problem:
             self.refuse(peer, "invalid-update", problem)
             return
         current.updates[index] = (update, size)
-
-    def check_update(self, update: codec.Update, masks_sent: set[int]) -> str:
-        """A reason to reject the update's tensors (unknown names, wrong shapes, foreign mask), or ''."""
-        if not isinstance(update.meta.get("num_samples"), int) or update.meta["num_samples"] < 0:
-            return "meta.num_samples must be a non-negative integer"
-        for group_name, group in update.groups.items():
-            for name, array in group.dense.items():
-                if name not in self.shapes:
-                    return f"group {group_name!r} names an unknown tensor {name!r}"
-                if tuple(array.shape) != self.shapes[name]:
-                    return f"{group_name}/{name}: shape {tuple(array.shape)}, expected {self.shapes[name]}"
-            sparse = group.sparse
-            if sparse is None:
-                continue
-            for name, shape in zip(sparse.names, sparse.shapes, strict=True):
-                if self.shapes.get(name) != tuple(shape):
-                    return f"{group_name}: sparse tensor {name!r} with shape {tuple(shape)} is not in the model"
-            if sparse.kind == "masked-values" and sparse.mask_crc not in masks_sent:
-                return f"{group_name}: values are bound to a mask (crc {sparse.mask_crc:#x}) not sent this round"
-        return ""
 
     def pump(self, timeout_ms: int) -> None:
         self.progress += 1
@@ -341,16 +301,7 @@ class Session:
                    reported=len(updates), dropped=len(missing),
                    bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()))
         self.evaluate_into(row, number)
-        personal = {u.client_id: u.payload.meta["personal_accuracy"] for u in updates
-                    if isinstance(u.payload.meta.get("personal_accuracy"), float)}
-        if personal:
-            row["personal_accuracy"] = personal
-            row["personal_accuracy_mean"] = float(np.mean(list(personal.values())))
-        losses = [u.payload.meta.get("train_loss") for u in updates]
-        if losses and all(isinstance(x, float) for x in losses):
-            row["train_loss"] = float(np.average(losses, weights=[max(u.num_samples, 1) for u in updates]))
-        train_s = [u.payload.meta.get("train_s") for u in updates if isinstance(u.payload.meta.get("train_s"), float)]
-        row["train_s_max"] = max(train_s) if train_s else None
+        row.update(update_summary(updates))
         row.update(extra)
         records = []
         for index, (update, size) in ordered:
@@ -368,7 +319,7 @@ class Session:
         row["wall_s"] = time.monotonic() - started
         self.run_dir.append_jsonl("metrics.jsonl", row)
         self.save_checkpoint()
-        for index, (update, _) in ordered:
+        for index, _ in ordered:
             agent = self.registry.by_index(index)
             self.send(agent.peer, codec.Commit(run_id=self.run_id, round=number, sender=SENDER))
         self.round_walls.append(row["wall_s"])

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.config import ConfigError, from_dict, tomllib, to_toml
+from coordinator.config import ConfigError, from_dict, to_toml, tomllib
 
 LAST_ROUNDS = 5
 

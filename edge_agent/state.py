@@ -13,8 +13,10 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +28,9 @@ class StoredState:
     arrays: dict[str, np.ndarray]
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same directory, fsync it, then rename it over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -39,20 +43,30 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _save(path: Path, state: StoredState) -> None:
+def save_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+    """Named arrays plus a JSON meta object in one .npz (``a/NAME`` and ``meta``), written atomically, no pickle."""
     buffer = io.BytesIO()
-    arrays = {f"a/{k}": v for k, v in state.arrays.items()}
-    meta = json.dumps({"run_id": state.run_id, "round": state.round}).encode()
-    np.savez(buffer, meta=np.frombuffer(meta, dtype=np.uint8), **arrays)  # type: ignore[arg-type]
-    _write_atomic(path, buffer.getvalue())
+    payload = {f"a/{k}": np.asarray(v) for k, v in arrays.items()}
+    payload["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(buffer, **payload)  # type: ignore[arg-type]
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def load_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    with np.load(path, allow_pickle=False) as data:
+        meta = json.loads(bytes(data["meta"]).decode())
+        arrays = {k[2:]: data[k] for k in data.files if k.startswith("a/")}
+    return arrays, meta
+
+
+def _save(path: Path, state: StoredState) -> None:
+    save_arrays(path, state.arrays, {"run_id": state.run_id, "round": state.round})
 
 
 def _load(path: Path) -> StoredState | None:
     if not path.exists():
         return None
-    with np.load(path, allow_pickle=False) as data:
-        meta = json.loads(bytes(data["meta"]).decode())
-        arrays = {k[2:]: data[k] for k in data.files if k.startswith("a/")}
+    arrays, meta = load_arrays(path)
     return StoredState(run_id=str(meta["run_id"]), round=int(meta["round"]), arrays=arrays)
 
 

@@ -57,6 +57,7 @@ class Processes:
 
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[Processes]:
+    """Registered in conftest.py."""
     processes = Processes(tmp_path)
     try:
         yield processes

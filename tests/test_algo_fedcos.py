@@ -184,12 +184,8 @@ def test_the_learning_rate_is_the_default_rate() -> None:
     model = build(MLP)
     client = registry.make_client("fedcos", {}, 0)
     client.on_receive(1, Payload(groups={"model": codec.TensorGroup(dense=state_to_arrays(model))}), model)
-    with pytest.raises(RuntimeError, match="eta_c"):
-        train_local(copy.deepcopy(model), client, inputs, labels, FULL_BATCH, seed=0)
-    client.on_receive(1, Payload(groups={"model": codec.TensorGroup(dense=state_to_arrays(model))}), model)
     explicit = registry.make_client("fedcos", {"eta_c": FULL_BATCH.lr}, 0)
     explicit.on_receive(1, Payload(groups={"model": codec.TensorGroup(dense=state_to_arrays(model))}), model)
-    client.before_training(model, inputs, labels, FULL_BATCH)
     train_local(copy.deepcopy(model), client, inputs, labels, FULL_BATCH, seed=0)
     train_local(copy.deepcopy(model), explicit, inputs, labels, FULL_BATCH, seed=0)
     assert all(torch.equal(client.c[n], explicit.c[n]) for n in client.c)

@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codec import Malformed
-from codec.indexcode import BITMAP, RICE, RICE_COMPLEMENT, decode_segment, encode_segment, rice_decode, rice_encode
+from codec.indexcode import (
+    BITMAP,
+    RICE,
+    RICE_COMPLEMENT,
+    decode_segment,
+    encode_segment,
+    rice_decode,
+    rice_encode,
+)
 
 
 def reference_rice(positions: list[int], r: int) -> tuple[bytes, bytes]:

@@ -4,8 +4,8 @@ an agent without an allowed key. Real processes on 127.0.0.1, every one of them 
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +15,7 @@ import numpy as np
 import zmq
 
 import codec
-from tests.e2e import FAST, Processes, finished, metrics, procs, wait_for  # noqa: F401
+from tests.e2e import FAST, Processes, finished, metrics, wait_for
 
 
 def shards(tmp_path: Path, clients: int) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import Processes, finished, metrics, procs  # noqa: F401
+from tests.e2e import Processes, finished, metrics
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e import FAST, Processes, finished, metrics, procs  # noqa: F401
+from tests.e2e import FAST, Processes, finished, metrics
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "run-dir.md"
 

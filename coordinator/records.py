@@ -1,0 +1,75 @@
+"""What the coordinator checks and records about updates: validation against the model and the masks sent,
+the per-agent meter record completed with the update's own bytes, and the round's summary figures.
+
+Pure functions over decoded messages and plain values; no sockets, no algorithms, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+import codec
+from algorithms.base import ClientUpdate
+from coordinator.rundir import METER_FIELDS
+from meter import round_totals, zmtp
+
+
+def check_update(update: codec.Update, shapes: Mapping[str, tuple[int, ...]], masks_sent: set[int]) -> str:
+    """A reason to reject the update's tensors (unknown names, wrong shapes, foreign mask), or ''."""
+    if not isinstance(update.meta.get("num_samples"), int) or update.meta["num_samples"] < 0:
+        return "meta.num_samples must be a non-negative integer"
+    for group_name, group in update.groups.items():
+        for name, array in group.dense.items():
+            if name not in shapes:
+                return f"group {group_name!r} names an unknown tensor {name!r}"
+            if tuple(array.shape) != shapes[name]:
+                return f"{group_name}/{name}: shape {tuple(array.shape)}, expected {shapes[name]}"
+        sparse = group.sparse
+        if sparse is None:
+            continue
+        for name, shape in zip(sparse.names, sparse.shapes, strict=True):
+            if shapes.get(name) != tuple(shape):
+                return f"{group_name}: sparse tensor {name!r} with shape {tuple(shape)} is not in the model"
+        if sparse.kind == "masked-values" and sparse.mask_crc not in masks_sent:
+            return f"{group_name}: values are bound to a mask (crc {sparse.mask_crc:#x}) not sent this round"
+    return ""
+
+
+def agent_record(record: object, update_bytes: int, curve: bool) -> dict[str, Any]:
+    """An agent's meter record, completed with the update packet that carried it (counted where it arrived:
+    the record cannot describe its own packet). Records that are not flat maps of scalars are dropped."""
+    if not isinstance(record, dict) or not all(isinstance(v, (int, float, str, bool, type(None)))
+                                               for v in record.values()):
+        return {}
+    record = dict(record)
+    framed = zmtp.message_bytes([update_bytes], "CURVE" if curve else "NULL")
+    for key, value in (("bytes_payload_up", update_bytes), ("bytes_zmtp_up", framed), ("messages_up", 1)):
+        previous = record.get(key)
+        record[key] = (previous if isinstance(previous, (int, float)) else 0) + value
+    return record
+
+
+def meter_totals(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round's totals over agents (docs/run-dir.md: flops_train, energy_j, cpu_s, ...); nulls without records."""
+    totals = round_totals(records) if records and all(records) else {}
+    return {name: totals.get(name) for name in METER_FIELDS}
+
+
+def update_summary(updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+    """Personal accuracies, the sample-weighted training loss and the slowest training time of a round."""
+    row: dict[str, Any] = {}
+    personal = {u.client_id: u.payload.meta["personal_accuracy"] for u in updates
+                if isinstance(u.payload.meta.get("personal_accuracy"), float)}
+    if personal:
+        row["personal_accuracy"] = personal
+        row["personal_accuracy_mean"] = float(np.mean(list(personal.values())))
+    losses = [u.payload.meta.get("train_loss") for u in updates]
+    if losses and all(isinstance(x, float) for x in losses):
+        row["train_loss"] = float(np.average(losses, weights=[max(u.num_samples, 1) for u in updates]))
+    times = [u.payload.meta.get("train_s") for u in updates]
+    known = [t for t in times if isinstance(t, float)]
+    row["train_s_max"] = max(known) if known else None
+    return row
