@@ -2,8 +2,11 @@
 
 The whole model trains (no freezing); both directions carry the top ``keep`` fraction of a delta (k from
 ``codec.retained_count``) with indices, values in ``value_dtype``, and each side keeps an error-feedback residual.
+Defaults keep = 0.1 in f16, as the issue that introduced the mode specifies; keep = 0.2 in int8 (one scale per
+tensor) costs about the same bytes and trailed dense FedAvg less in our measurements (docs/ef.md, "Measured"), so
+the harness runs both.
 - Public model X: the model every client replicates bit for bit. It starts as the initial model (rounded through
-  f16/bf16 when that is the value encoding, so the first sync costs 2 bytes a value) and advances only by the
+  f16 when the value encoding is lossy, so the first sync costs 2 bytes a value) and advances only by the
   decoded broadcast delta D_t, applied by the same function (``advance``) on both sides.
 - Server: u = sum_i p_i decode(U_i) + e; D_t = top-keep(u); e <- u - decode(D_t); X <- X + decode(D_t).
 - Client: replays the deltas it misses onto its replica (device state), trains from X through the base client's

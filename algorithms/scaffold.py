@@ -15,10 +15,11 @@ Decisions where ALGORITHMS.md is silent:
   (NIID-Bench). ``"gradient"`` adds (c - c_i) to the gradient before the step (FL-bench). With plain SGD (no
   momentum, no weight decay) the two give the same iterate up to float rounding; with Adam only "update" keeps
   Option II's c_i on the scale of the update direction.
-- eta_l for the update-space correction: the learning rate the client learns in ``before_training`` when the loop
-  calls it; otherwise the lr of its own last round (device state), else the lr the server last saw reported
-  (downlink meta "lr"). c = c_i = 0 needs none. This assumes a constant lr until the loop passes its settings.
-- K = 0 steps (no data): c_i is left unchanged (dc_i = 0). Option I needs ``before_training`` (it reads the data).
+- eta_l for the update-space correction: the learning rate ``before_training`` (called by the loop) passes; a
+  driver that trains without the loop falls back to the lr of the client's own last round (device state), else to
+  the lr the server last saw reported (downlink meta "lr"). c = c_i = 0 needs none.
+- K = 0 steps (no data): c_i is left unchanged (dc_i = 0). Option I's full local gradient is taken in
+  ``before_training``, in training mode, with every buffer (BatchNorm statistics) restored afterwards.
 - ``freeze(masks)``: coordinates whose c_i must stay as they are this round (DSSA's retained weights, section 4.3).
 - Arithmetic is done in float64 and cast back to each tensor's dtype, so a float64 toy model keeps its precision.
   The client stores c_i+ = c_i + dc_i, rounded exactly as the server rounds c + dc, so identical clients keep

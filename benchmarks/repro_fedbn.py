@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-
 from _repro_common import (
     ClientData,
     Stopwatch,
@@ -35,6 +34,7 @@ from _repro_common import (
     write_csv,
     write_json,
 )
+
 from algorithms.inprocess import make_fleet, run_round
 from algorithms.loop import TrainSettings
 from fldata import load_dataset, partition

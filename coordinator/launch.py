@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import logging
 import math
+import resource
 import signal
 import time
 import uuid
@@ -154,6 +155,9 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
         "final_test_loss": rows[-1].get("test_loss") if rows else None,
         "total_bytes_down": sum(r["bytes_down"] for r in rows), "total_bytes_up": sum(r["bytes_up"] for r in rows),
         "wall_s": wall_s, "mean_round_s": (sum(r["wall_s"] for r in rows) / len(rows)) if rows else None,
+        "coordinator_rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "agent_rss_peak_mb": max((r["rss_peak_mb"] for r in rows if isinstance(r.get("rss_peak_mb"), float)),
+                                 default=None),
         "files": files,
     }
     run_dir.write_json("report.json", report)

@@ -45,6 +45,7 @@ class RoundState:
     bytes_down: dict[int, int] = field(default_factory=dict)
     masks: dict[int, set[int]] = field(default_factory=dict)
     updates: dict[int, tuple[codec.Update, int]] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)
 
 
 class Session:
@@ -152,6 +153,8 @@ class Session:
             log.info("agent %s left: %s", client_id, message.reason)
         elif isinstance(message, codec.ErrorMessage):
             log.warning("agent %s reports %s: %s", client_id, message.code, message.reason)
+            if message.code == "round-failed":
+                self.on_failed_round(agent.index, message.round)
         else:
             self.refuse(peer, "unexpected", f"a {type(message).__name__} is not expected from an agent")
 
@@ -200,6 +203,16 @@ class Session:
             self.refuse(peer, "invalid-update", problem)
             return
         current.updates[index] = (update, size)
+
+    def on_failed_round(self, index: int, round_number: int) -> None:
+        """An agent could not do its round: stop waiting for it, and let the server half forget what it assumed
+        of the device's state (e.g. ef's replica), so the next downlink is self-sufficient."""
+        current = self.current
+        if current is not None and current.number == round_number and index in current.selected:
+            current.failed.add(index)
+        forget = getattr(self.server, "forget", None)
+        if forget is not None:
+            forget(index)
 
     def pump(self, timeout_ms: int) -> None:
         self.progress += 1
@@ -269,12 +282,13 @@ class Session:
         self.current = current
         for index in current.selected:
             self.send_task(current, index)
-        while len(current.updates) < len(current.selected) and time.monotonic() < current.deadline:
+        while len(current.updates) + len(current.failed) < len(current.selected) and \
+                time.monotonic() < current.deadline:
             if self.stopping:
                 self.current = None
                 return None
             self.pump(100)
-            waiting = [i for i in current.selected if i not in current.updates]
+            waiting = [i for i in current.selected if i not in current.updates and i not in current.failed]
             if waiting and not any(self.registry.alive(self.registry.by_index(i)) for i in waiting):
                 log.warning("round %d: every agent still awaited (%s) is gone; closing the round", number, waiting)
                 break

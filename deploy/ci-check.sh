@@ -57,8 +57,8 @@ fi
 export PATH="$TOOLS/bin:$PATH"
 export ANSIBLE_CONFIG=$PLAYBOOK_DIR/ansible.cfg ANSIBLE_HOME=$WORK/ansible-home ANSIBLE_NOCOLOR=1
 export ANSIBLE_FORCE_COLOR=0 ANSIBLE_STDOUT_CALLBACK=default PY_COLORS=0 NO_COLOR=1
-ansible-playbook --version | head -1
-ansible-lint --version 2>/dev/null | head -1
+ansible-playbook --version | sed -n 1p
+ansible-lint --version 2>/dev/null | sed -n 1p
 
 step "units: deploy/systemd/ is what render.py makes from the role templates"
 python "$REPO/deploy/systemd/render.py" --check

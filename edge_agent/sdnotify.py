@@ -17,8 +17,9 @@ returns False, so callers need no ``if``. The protocol is documented in sd_notif
 ``Watchdog`` pings at half systemd's interval, and only while the caller's loop shows progress, either by calling
 ``progress()`` or through a counter it increments (``Watchdog(interval, lambda: loop.steps)``): a loop that hangs
 (a stuck collective, a dead socket) stops the pings, and systemd kills and restarts the service within
-``stall_after + interval`` seconds of the last progress. ``stall_after`` defaults to the interval, so
-``WatchdogSec`` is the longest a loop may go without progress.
+``stall_after + interval`` seconds of the last progress (plus up to one ping period with a counter, which is read
+once a period). ``stall_after`` defaults to the interval, so ``WatchdogSec`` is the longest a loop may go without
+progress.
 
 Standard library only; knows nothing of the agent, the coordinator, torch or zmq, and is safe to use from both.
 """

@@ -57,7 +57,7 @@ def restart(fleet: Fleet, name: str, options: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("name", "options"), [("ef-fedavg", {}), ("ef-fedprox", {"mu": 0.1, "value_dtype": "bf16"}),
-                                               ("ef-fedavg", {"value_dtype": "int8", "history": 2})])
+                                               ("ef-fedavg", {"value_dtype": "f16", "history": 2})])
 def test_replica_is_the_public_model_bit_for_bit_through_misses_and_restarts(name: str,
                                                                           options: dict[str, Any]) -> None:
     fleet = make_fleet(name, options, TINY_MLP, clients=4, seed=1)

@@ -51,9 +51,6 @@ def test_identical_clients_cancel_and_follow_fedavg(correction: str, settings: T
 def test_global_control_is_the_mean_of_all_client_controls_under_any_participation(option: str) -> None:
     data = client_data(TINY_MLP, 4, samples=24)
     fleet = make_fleet("scaffold", {"option": option}, TINY_MLP, clients=4, seed=1)
-    if option == "I":
-        with_settings(fleet, data, ADAM)
-    # Client 2 first trains in round 4, with c != 0: its eta_l comes from the downlink's "lr".
     for round_number, chosen in enumerate([[0, 1], [1, 3], [0], [2, 3], [3, 0, 1]], start=1):
         run_round(fleet, round_number, data, ADAM, seed=1, participants=chosen)
         assert max_difference(fleet.server.control, mean_own(fleet)) < 1e-6
@@ -131,7 +128,6 @@ def test_quadratic_scaffold_option_two_reaches_the_optimum(correction: str) -> N
 def test_option_one_control_is_the_full_gradient_at_the_received_model() -> None:
     data = client_data(TINY_MLP, 2, samples=20)
     fleet = make_fleet("scaffold", {"option": "I"}, TINY_MLP, clients=2, seed=3)
-    with_settings(fleet, data, ADAM)
     start = {n: torch.from_numpy(v.copy()) for n, v in global_arrays(fleet).items()}
     run_round(fleet, 1, data, ADAM, seed=3)
     model = fleet.models[1]
@@ -177,20 +173,10 @@ def test_packets_carry_model_and_control_both_ways() -> None:
     assert sum(a.size for a in up.groups["control"].dense.values()) == params
 
 
-def with_settings(fleet: Fleet, data: list[tuple[torch.Tensor, torch.Tensor]], settings: TrainSettings) -> None:
-    """Stand-in for the loop calling ``before_training`` (Option I reads the local data at the received x)."""
-    for index, client in enumerate(fleet.clients):
-        fleet.clients[index] = BeforeTraining(client, data[index], settings)
-
-
-class BeforeTraining:
-    def __init__(self, client: scaffold.Client, data: tuple[torch.Tensor, torch.Tensor],
-                 settings: TrainSettings) -> None:
-        self.client, self.data, self.settings = client, data, settings
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client, name)
-
-    def on_receive(self, round_number: int, payload: Any, model: nn.Module) -> None:
-        self.client.on_receive(round_number, payload, model)
-        self.client.before_training(model, *self.data, self.settings)
+def test_update_correction_without_before_training_uses_the_reported_lr() -> None:
+    fleet = make_fleet("scaffold", {}, TINY_MLP, clients=2, seed=7)
+    run_round(fleet, 1, client_data(TINY_MLP, 2, samples=16), ADAM, seed=7, participants=[0])
+    late = scaffold.Client(scaffold.Config(), 1)  # never trained: no lr of its own, and no before_training
+    down, _ = through_codec(fleet.server.downlink(2, 1), "task", 2)
+    late.on_receive(2, down, fleet.models[1])
+    assert late.difference and late.step_lr() == ADAM.lr

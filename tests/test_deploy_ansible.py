@@ -68,9 +68,10 @@ def test_inventory_example_names_the_groups_the_playbook_targets() -> None:
         assert re.search(rf"^\[{group}(:children)?\]$", inventory, re.M), group
 
 
-def test_ci_script_is_executable_bash() -> None:
-    script = ROOT / "deploy" / "ci-check.sh"
-    assert script.stat().st_mode & 0o111, "deploy/ci-check.sh must be executable"
+@pytest.mark.parametrize("name", ["ci-check.sh", "systemd-smoke.sh"])
+def test_scripts_are_executable_bash(name: str) -> None:
+    script = ROOT / "deploy" / name
+    assert script.stat().st_mode & 0o111, f"deploy/{name} must be executable"
     assert script.read_text().startswith("#!/usr/bin/env bash\n")
     subprocess.run(["bash", "-n", str(script)], check=True)
     if shutil.which("shellcheck"):
