@@ -94,6 +94,18 @@ def config_from_options(config_cls: type, options: Mapping[str, Any]) -> Any:
     return config_cls(**dict(options))
 
 
+def wrapper_config(config_cls: type, base_module: Any, options: Mapping[str, Any]) -> Any:
+    """The Config of a wrapper algorithm (DSSA, ef-*): its own fields from ``options``, the rest validated by the
+    base's Config into ``base``; an option neither knows is an error naming the valid ones."""
+    own = {f.name for f in dataclasses.fields(config_cls)} - {"base"}
+    known = own | {f.name for f in dataclasses.fields(base_module.Config)}
+    unknown = set(options) - known
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for this algorithm; valid: {sorted(known)}")
+    base = config_from_options(base_module.Config, {k: v for k, v in options.items() if k not in own})
+    return config_cls(base=base, **{k: v for k, v in options.items() if k in own})
+
+
 def weights_of(updates: Sequence[ClientUpdate], weighting: str) -> np.ndarray:
     """Aggregation weights p_i: by data size (n_i / sum n) or uniform; they sum to 1."""
     if not updates:

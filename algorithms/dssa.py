@@ -50,13 +50,12 @@ from algorithms.base import (
     LocalStats,
     Payload,
     ServerContext,
-    config_from_options,
     weights_of,
+    wrapper_config,
 )
 from algorithms.sparse import FlatLayout, compress, decoded
 from codec import SparseSection, TensorGroup
 
-OWN_OPTIONS = ("sparsity", "scale", "warmup_rounds", "value_dtype", "uplink_keep")
 MODEL_GROUP = "model"
 UPDATE_GROUPS = ("model", "delta")
 VALUE_DTYPES = ("f32", "f16", "bf16", "int8")
@@ -86,12 +85,7 @@ class Config:
 
 def make_config(base_module: ModuleType, options: Mapping[str, Any]) -> Config:
     """DSSA's own options plus the base's (e.g. FedProx's mu); an option neither knows is an error."""
-    known = set(OWN_OPTIONS) | {f.name for f in dataclasses.fields(base_module.Config)}
-    unknown = set(options) - known
-    if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)} for this algorithm; valid: {sorted(known)}")
-    base = config_from_options(base_module.Config, {k: v for k, v in options.items() if k not in OWN_OPTIONS})
-    return Config(base=base, **{k: v for k, v in options.items() if k in OWN_OPTIONS})
+    return wrapper_config(Config, base_module, options)  # type: ignore[no-any-return]
 
 
 def retained_mask(arrays: Mapping[str, np.ndarray], layout: FlatLayout, sparsity: float) -> np.ndarray:

@@ -21,7 +21,6 @@ delta (the server takes the clients' maximum). Must not import a transport.
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,13 +38,12 @@ from algorithms.base import (
     LocalStats,
     Payload,
     ServerContext,
-    config_from_options,
     weights_of,
+    wrapper_config,
 )
 from algorithms.sparse import FlatLayout, compress, decoded
 from codec import SparseSection, TensorGroup
 
-OWN_OPTIONS = ("keep", "value_dtype", "history")
 VALUE_DTYPES = ("f32", "f16", "bf16", "int8")
 
 
@@ -66,12 +64,8 @@ class Config:
 
 
 def make_config(base_module: ModuleType, options: Mapping[str, Any]) -> Config:
-    known = set(OWN_OPTIONS) | {f.name for f in dataclasses.fields(base_module.Config)}
-    unknown = set(options) - known
-    if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)} for this algorithm; valid: {sorted(known)}")
-    base = config_from_options(base_module.Config, {k: v for k, v in options.items() if k not in OWN_OPTIONS})
-    return Config(base=base, **{k: v for k, v in options.items() if k in OWN_OPTIONS})
+    """ef's own options plus the base's (e.g. FedProx's mu); an option neither knows is an error."""
+    return wrapper_config(Config, base_module, options)  # type: ignore[no-any-return]
 
 
 def is_float(array: np.ndarray) -> bool:

@@ -9,6 +9,7 @@ BatchNorm (training-mode BN cannot normalise a single sample). Must not know soc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -61,9 +62,14 @@ def has_batch_norm(model: nn.Module) -> bool:
     return any(isinstance(m, _BatchNorm) for m in model.modules())
 
 
+class TrainingCancelled(Exception):
+    """Local training was asked to stop between two steps (the agent is shutting down)."""
+
+
 def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, labels: torch.Tensor,
-                settings: TrainSettings, seed: int) -> LocalStats:
-    """Run ``settings.epochs`` epochs of minibatch training with the hooks; return what was done."""
+                settings: TrainSettings, seed: int, cancelled: Callable[[], bool] | None = None) -> LocalStats:
+    """Run ``settings.epochs`` epochs of minibatch training with the hooks; return what was done. ``cancelled`` is
+    polled between steps: when it returns True, ``TrainingCancelled`` is raised."""
     prepare = getattr(hooks, "before_training", None)
     if prepare is not None:
         prepare(model, inputs, labels, settings)
@@ -79,6 +85,8 @@ def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, la
             batch = order[start:start + settings.batch_size]
             if batch.numel() < minimum_batch:
                 continue
+            if cancelled is not None and cancelled():
+                raise TrainingCancelled(f"stopped after {steps} steps")
             optimizer.zero_grad(set_to_none=False)
             loss = F.cross_entropy(model(inputs[batch]), labels[batch])
             extra = hooks.extra_loss(model)

@@ -49,6 +49,30 @@ def compress(data: bytes | bytearray | memoryview, *, level: int = 1, checksum: 
     return compressor(level, checksum).compress(data)
 
 
+def raw_frame(data: bytes) -> bytes:
+    """A zstd frame that stores `data` uncompressed (raw blocks, no checksum), at memcpy speed.
+
+    For content zstd cannot shrink (a bitmap near half density) this is what zstd would emit
+    anyway, minus the time it spends trying.
+    """
+    size = len(data)
+    if size < 256:
+        header = bytes((0x20,)) + size.to_bytes(1, "little")
+    elif size < 65536 + 256:
+        header = bytes((0x60,)) + (size - 256).to_bytes(2, "little")
+    elif size < 1 << 32:
+        header = bytes((0xA0,)) + size.to_bytes(4, "little")
+    else:
+        header = bytes((0xE0,)) + size.to_bytes(8, "little")
+    parts = [b"\x28\xb5\x2f\xfd", header]
+    block = 1 << 17
+    for start in range(0, max(size, 1), block):
+        chunk = data[start:start + block]
+        last = start + block >= size
+        parts += [(int(last) | (len(chunk) << 3)).to_bytes(3, "little"), chunk]
+    return b"".join(parts)
+
+
 def content_size(frame: bytes | memoryview, *, where: str, need_checksum: bool) -> int:
     """The declared content size of the zstd frame at the start of `frame`."""
     try:

@@ -31,6 +31,7 @@ BITMAP, RICE, RICE_COMPLEMENT = 0, 1, 2
 MAX_RICE_PARAM = 30
 BITMAP_MIN_DENSITY = 0.1  # below this minority density the bitmap is tried only for clustered masks
 BITMAP_ONLY_DENSITY = 0.35  # from this minority density on the Rice code cannot win; skip computing it
+RAW_BITMAP_DENSITY = 0.45  # from here zstd saves < 1 % on a bitmap: store it in raw blocks, uncompressed
 Segment = list[Any]
 
 
@@ -132,8 +133,11 @@ def rice_decode(hi: bytes, lo: bytes, count: int, r: int, n: int, where: str) ->
     return positions
 
 
-def _bitmap_frame(carried: BoolArray) -> bytes:
-    return frames.compress(np.packbits(carried).tobytes(), level=1, checksum=False)
+def _bitmap_frame(carried: BoolArray, minority_count: int) -> bytes:
+    packed = np.packbits(carried).tobytes()
+    if minority_count >= RAW_BITMAP_DENSITY * carried.size:
+        return frames.raw_frame(packed)
+    return frames.compress(packed, level=1, checksum=False)
 
 
 def encode_segment(carried: BoolArray, positions: I64 | None = None) -> Segment:
@@ -145,7 +149,7 @@ def encode_segment(carried: BoolArray, positions: I64 | None = None) -> Segment:
     if minority_count == 0:
         return [RICE_COMPLEMENT if complement else RICE, 0, b"", b""]
     if minority_count >= BITMAP_ONLY_DENSITY * n:
-        return [BITMAP, 0, _bitmap_frame(carried), b""]
+        return [BITMAP, 0, _bitmap_frame(carried, minority_count), b""]
     if complement:
         minority = flat_positions(~carried)
     else:
@@ -154,7 +158,7 @@ def encode_segment(carried: BoolArray, positions: I64 | None = None) -> Segment:
     r, cost_bits = _best_rice_param(gaps, n)
     clustered = 4 * (1 + int(np.count_nonzero(gaps[1:]))) <= minority_count
     if minority_count >= BITMAP_MIN_DENSITY * n or clustered:
-        bitmap = _bitmap_frame(carried)
+        bitmap = _bitmap_frame(carried, minority_count)
         if 8 * len(bitmap) < cost_bits:
             return [BITMAP, 0, bitmap, b""]
     hi, lo = rice_encode(minority, r)

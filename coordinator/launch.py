@@ -30,6 +30,7 @@ from coordinator.transport import (
     RouterTransport,
     generate_keys,
 )
+from edge_agent.agent import SESSION_FINISHED
 from edge_agent.logsetup import setup_logging
 from edge_agent.transport import AGENT_KEY
 from models import ModelSpec
@@ -221,15 +222,16 @@ def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
             expect = len(agents) if local else max(config.fleet.expect, 1)
             outcome = session.run(expect, config.fleet.join_timeout_s)
             report = finish(session, run_dir, spec, outcome, time.monotonic() - started)
-            session.say_goodbye("session finished" if outcome == "done" else "coordinator stopping")
+            session.say_goodbye(SESSION_FINISHED if outcome == "done" else "coordinator stopping; it will resume")
         finally:
             fleet.stop()
             transport.close()
     if outcome == "done":
         acc = report["final_test_accuracy"]
+        written = ", ".join(["metrics.jsonl", "clients.jsonl", "report.json",
+                             *[name for name in report["files"].values() if name]])
         print(f"done: {session.round} rounds, final test accuracy "
-              f"{'n/a' if acc is None else f'{100 * acc:.2f}%'}; results in {run_dir.path}/ "
-              "(metrics.jsonl, report.json, model.npz, model.onnx)", flush=True)
+              f"{'n/a' if acc is None else f'{100 * acc:.2f}%'}; results in {run_dir.path}/ ({written})", flush=True)
         return 0
     print(f"stopped at round {session.round}; resume with: coordinator start --resume {run_dir.path}", flush=True)
     return 0 if outcome == "stopped" else 1

@@ -24,7 +24,7 @@ import torch
 import codec
 from algorithms import make_client
 from algorithms.base import Payload
-from algorithms.loop import TrainSettings, evaluate, round_seed, train_local
+from algorithms.loop import TrainingCancelled, TrainSettings, evaluate, round_seed, train_local
 from edge_agent.config import AgentSettings
 from edge_agent.state import DeviceState
 from edge_agent.transport import CurveClientKeys, DealerTransport
@@ -34,6 +34,7 @@ from models import ModelSpec, build, definition_hash
 
 log = logging.getLogger("fedge.agent")
 
+SESSION_FINISHED = "session finished"  # a Bye with this reason ends the agent; any other means "I will be back"
 CAPABILITIES = ("sparse-mask", "sparse-values", "sparse-indices", "f16", "bf16", "int8")
 
 
@@ -191,7 +192,8 @@ class Agent:
             seed = round_seed(int(session.meta["seed"]), task.round, session.index)
             with meter.phase("train"):
                 snapshot = ParamSnapshot(session.model)
-                stats = train_local(session.model, session.client, self.inputs, self.labels, session.train, seed)
+                stats = train_local(session.model, session.client, self.inputs, self.labels, session.train, seed,
+                                    cancelled=self.stop_requested.is_set)
             train_s = time.monotonic() - started
             t = session.train
             meter.add_training(session.model, tuple(self.inputs.shape[1:]), stats.batch_sizes, t.optimizer,
@@ -207,6 +209,9 @@ class Agent:
             record["cpu_s_decode"] = decode_cpu_s
             frame = codec.encode(self.update_message(session, task.round, update, {**meta_up, "meter": record}))
             self.outcome = Outcome(task.round, frame)
+        except TrainingCancelled:
+            log.info("round %d abandoned: the agent is stopping", task.round)
+            return
         except Exception as exc:  # a failed round is reported, never fatal for the agent
             log.exception("round %d failed", task.round)
             self.outcome = Outcome(task.round, None, f"{type(exc).__name__}: {exc}")
@@ -250,8 +255,12 @@ class Agent:
         elif isinstance(message, codec.Commit):
             self.on_commit(message)
         elif isinstance(message, codec.Bye):
-            log.info("coordinator says goodbye: %s", message.reason)
-            self.stop_requested.set()
+            if message.reason.startswith(SESSION_FINISHED):
+                log.info("coordinator says goodbye: %s", message.reason)
+                self.stop_requested.set()
+            else:
+                log.warning("coordinator says goodbye: %s; waiting for it to come back", message.reason)
+                self.last_heard = 0.0
         elif isinstance(message, codec.ErrorMessage):
             log.warning("coordinator: %s: %s", message.code, message.reason)
             if message.code == "hello-first":
@@ -287,6 +296,7 @@ class Agent:
             self.handshakes_counted = transport.handshakes
             self.meter.add_connection("DEALER", "ROUTER", identity=self.settings.client_id.encode(),
                                       mechanism="CURVE" if transport.curve else "NULL")
+            self.hello(transport)  # a new connection: perhaps a restarted coordinator
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.warning("the process that started this agent is gone; stopping")
             self.stop_requested.set()
@@ -311,6 +321,9 @@ class Agent:
                 self.send(transport, codec.Bye(run_id=self.session.run_id, round=self.busy_round,
                                                sender=self.settings.client_id, reason="agent stopping"))
         finally:
+            worker = self.worker
+            if worker is not None and worker.is_alive():
+                worker.join(timeout=60)  # training stops at its next step; torch must not run at interpreter exit
             self.meter.stop()
             transport.close()
         return self.exit_code

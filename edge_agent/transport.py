@@ -50,7 +50,7 @@ def generate_keys(keys_dir: str | Path, name: str) -> tuple[Path, Path]:
     return Path(public), Path(secret)
 
 
-HANDSHAKE_FAILURES = {
+HANDSHAKE_FAILURES: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the coordinator refused this agent's CurveZMQ key (not in its allow-list)",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the handshake failed: protocol mismatch (CurveZMQ on one side only?)",
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the handshake failed (CurveZMQ on one side only, or a wrong key?)",
@@ -69,6 +69,7 @@ class DealerTransport:
         self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self.socket.setsockopt(zmq.LINGER, 1000)
+        self.socket.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing while disconnected: no burst of stale hellos
         if curve is not None:
             self.socket.curve_secretkey = curve.secret
             self.socket.curve_publickey = curve.public
@@ -86,9 +87,9 @@ class DealerTransport:
     def _drain_monitor(self) -> None:
         while self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)
-            kind = event["event"]
-            if kind in HANDSHAKE_FAILURES:
-                reason = HANDSHAKE_FAILURES[kind]
+            kind = int(event["event"])
+            reason = HANDSHAKE_FAILURES.get(kind)
+            if reason is not None:
                 if reason != self.last_failure:
                     log.error("%s: %s", self.endpoint, reason)
                 self.last_failure = reason
@@ -120,7 +121,7 @@ class DealerTransport:
         try:
             self.socket.send(frame, zmq.NOBLOCK)
         except zmq.Again:
-            log.warning("send queue full; %d bytes not sent (coordinator unreachable?)", len(frame))
+            log.debug("not connected (or queue full): %d bytes not sent", len(frame))
             return False
         self.bytes_out += len(frame)
         return True
