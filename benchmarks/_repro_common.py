@@ -41,14 +41,18 @@ class ClientData:
     test_y: torch.Tensor
 
 
-def parse_args(name: str, description: str, argv: Sequence[str] | None) -> argparse.Namespace:
-    """The flags every reproduction takes; ``--out`` defaults to ``runs/repro-NAME``."""
+def base_parser(name: str, description: str) -> argparse.ArgumentParser:
+    """The flags every reproduction takes; ``--out`` defaults to ``runs/repro-NAME``. A command adds its own."""
     parser = argparse.ArgumentParser(prog=f"repro_{name}", description=description)
     parser.add_argument("--out", type=Path, default=Path(f"runs/repro-{name}"),
                         help="folder for the figure and the tables")
     parser.add_argument("--quick", action="store_true", help="a tiny run (seconds) for the smoke test")
     parser.add_argument("--seed", type=int, default=0, help="seed of the partition, the models and the batches")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these models)")
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.seed < 0 or args.threads < 1:
         parser.error("--seed must be >= 0 and --threads >= 1")

@@ -25,6 +25,7 @@ from _repro_common import (
     ClientData,
     Stopwatch,
     as_tensors,
+    base_parser,
     markdown_table,
     next_round_accuracy,
     parse_args,
@@ -107,7 +108,7 @@ def plot(results: dict[str, np.ndarray], path: Path, title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args("fedbn", __doc__.splitlines()[0], argv)
+    args = parse_args(base_parser("fedbn", __doc__.splitlines()[0]), argv)
     setup_torch(args.threads)
     settings = QUICK if args.quick else Settings()
     watch = Stopwatch()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ import torch
 from _repro_common import (
     Stopwatch,
     as_tensors,
+    base_parser,
     markdown_table,
     parse_args,
     pyplot,
@@ -43,7 +44,7 @@ from models import ModelSpec, build, state_to_arrays
 
 LAYERS = ("fc1.weight", "fc2.weight", "fc3.weight")
 HIDDEN = ("fc1.weight", "fc2.weight")
-MODES = {"off": "PANs off", "mul": "PAN∘ A=0.1"}
+MODES = {"off": "PANs off", "mul": "PAN∘"}
 
 
 @dataclass(frozen=True)
@@ -148,9 +149,15 @@ def plot(traces: dict[str, Trace], path: Path, title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args("pan_divergence", __doc__.splitlines()[0], argv)
+    parser = base_parser("pan_divergence", __doc__.splitlines()[0])
+    parser.add_argument("--pan-a", type=float, help="override the PAN∘ amplitude A")
+    parser.add_argument("--lr", type=float, help="override the local learning rate")
+    parser.add_argument("--rounds", type=int, help="override the number of rounds")
+    args = parse_args(parser, argv)
     setup_torch(args.threads)
     settings = QUICK if args.quick else Settings()
+    overrides = {"pan_a": args.pan_a, "lr": args.lr, "rounds": args.rounds}
+    settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     watch = Stopwatch()
     dataset = load_dataset("fmnist-demo")
     shards = partition(dataset, "dirichlet", settings.clients, seed=args.seed, alpha=settings.dirichlet_alpha)
@@ -165,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = summary_rows(traces)
     accuracy_header = ["run", "final test acc", "best test acc"]
     accuracy_rows: list[list[str | int | float]] = [
-        [MODES[m], float(t.accuracy[-1]), float(t.accuracy.max())] for m, t in traces.items()]
+        [MODES[m] + (f" A={settings.pan_a:g}" if m == "mul" else ""), float(t.accuracy[-1]), float(t.accuracy.max())]
+        for m, t in traces.items()]
     print("mean over rounds of the per-round divergence:")
     print("\n".join(text_table(header, rows)))
     print("\n".join(text_table(accuracy_header, accuracy_rows)))

@@ -43,8 +43,10 @@ from _repro_common import (  # noqa: E402
     ClientData,
     Stopwatch,
     as_tensors,
+    base_parser,
     markdown_table,
     next_round_accuracy,
+    parse_args,
     pyplot,
     setup_torch,
     text_table,
@@ -198,20 +200,13 @@ def plot(trace: Trace, reference: Trace | None, path: Path, title: str) -> None:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="repro_pfedla", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("runs/repro-pfedla"))
-    parser.add_argument("--quick", action="store_true", help="a tiny run (seconds) for the smoke test")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = base_parser("pfedla", __doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, help="override the number of rounds")
     parser.add_argument("--hn-lr", type=float, help="override the main run's hypernetwork learning rate")
     parser.add_argument("--epochs", type=int, help="override the local epochs")
     parser.add_argument("--train-cap", type=int, help="override the images per client (0: all)")
     parser.add_argument("--no-reference", action="store_true", help="skip the eta_hn = 5e-3 reference run")
-    args = parser.parse_args(argv)
-    if args.seed < 0 or args.threads < 1:
-        parser.error("--seed must be >= 0 and --threads >= 1")
-    return args
+    return parse_args(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -126,3 +126,29 @@ def test_an_agent_without_an_allowed_key_is_refused(procs: Processes, tmp_path: 
     assert "intruder" not in (run_dir / "clients.jsonl").read_text()
     intruder.send_signal(signal.SIGTERM)
     assert intruder.wait(30) == 0
+
+
+def test_agents_wait_through_a_coordinator_sigterm_and_finish_with_the_resumed_run(procs: Processes,
+                                                                                   tmp_path: Path) -> None:
+    data, run_dir = shards(tmp_path, 2), tmp_path / "run"
+    common = ["--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=6.0", "--quiet"]
+    first = procs.coordinator("--bind", "tcp://127.0.0.1:0", "--expect", "2", "--rounds", "6", "--run-dir",
+                              str(run_dir), "--model", "mlp", "--set", "data.train_limit=300",
+                              "--set", "data.clients=2", *common, name="first")
+    address = endpoint(run_dir)
+    agents = [procs.agent("--coordinator", address, "--client-id", f"dev-{i}", "--data",
+                          str(data / f"client-{i:03d}.npz"), "--state-dir", str(tmp_path / f"state-{i}"),
+                          name=f"agent-{i}") for i in range(2)]
+    wait_for(lambda: len(metrics(run_dir)) >= 2, 120, "round 2")
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(60) == 0, procs.output("first")
+    assert "resume with: coordinator start --resume" in procs.output("first")
+    assert all(agent.poll() is None for agent in agents), "agents must wait for the coordinator to come back"
+    port = address.rsplit(":", 1)[1]
+    resumed = procs.coordinator("--resume", str(run_dir), "--set", f"fleet.bind=tcp://127.0.0.1:{port}",
+                                *common, name="resumed")
+    assert finished(resumed, 240) == 0, procs.output("resumed")
+    assert [r["round"] for r in metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
+    assert metrics(run_dir)[-1]["reported"] == 2
+    for agent in agents:
+        assert agent.wait(60) == 0

@@ -1,0 +1,113 @@
+"""The reproduction commands run end to end: each ``benchmarks/repro_*.py --quick`` finishes, writes its figure and
+tables, and its numbers lie in their valid ranges (accuracies in [0, 1], pFedLA's alpha rows sum to 1).
+
+    python -m pytest tests/test_repro_smoke.py
+
+The three commands start together as subprocesses (each uses one torch thread), so the file takes about as long as
+the slowest one, some 20-40 s on two cores. The measured results themselves are in docs/reproductions.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = ("fedbn", "pfedla", "pan_divergence")
+LIMIT_S = 180
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Run every command with --quick at once; the folder each one wrote."""
+    base = tmp_path_factory.mktemp("repro")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    started: dict[str, tuple[subprocess.Popen[str], Path]] = {}
+    for name in COMMANDS:
+        out = base / name
+        command = [sys.executable, str(ROOT / "benchmarks" / f"repro_{name}.py"), "--quick", "--out", str(out)]
+        started[name] = (subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True), out)
+    try:
+        for name, (process, _) in started.items():
+            log, _ = process.communicate(timeout=LIMIT_S)
+            assert process.returncode == 0, f"repro_{name}.py --quick failed:\n{log[-3000:]}"
+    finally:
+        for process, _ in started.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return {name: out for name, (_, out) in started.items()}
+
+
+def load(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def is_fraction(value: float) -> bool:
+    return math.isfinite(value) and 0.0 <= value <= 1.0
+
+
+def flat(values: Any) -> list[float]:
+    if isinstance(values, list):
+        return [x for item in values for x in flat(item)]
+    return [float(values)]
+
+
+def check_files(out: Path, stem: str, tables: tuple[str, ...]) -> None:
+    figure = out / f"{stem}.png"
+    assert figure.read_bytes()[:8] == PNG_MAGIC and figure.stat().st_size > 5_000
+    assert (out / f"{stem}.md").read_text().startswith("# ")
+    for table in tables:
+        lines = (out / table).read_text().splitlines()
+        assert len(lines) >= 2, f"{table} has no rows"
+
+
+def test_fedbn_outputs(outputs: dict[str, Path]) -> None:
+    out = outputs["fedbn"]
+    check_files(out, "fedbn", ("fedbn_summary.csv", "fedbn_rounds.csv"))
+    summary = load(out / "fedbn.json")
+    assert set(summary["accuracy"]) == {"fedavg", "fedbn"}
+    for name, accuracy in summary["accuracy"].items():
+        assert len(accuracy) == summary["settings"]["rounds"]
+        assert all(len(row) == summary["settings"]["clients"] for row in accuracy)
+        assert all(is_fraction(a) for a in flat(accuracy)), name
+        assert is_fraction(summary["final_mean"][name]) and is_fraction(summary["best_mean"][name])
+        assert summary["best_mean"][name] >= summary["final_mean"][name]
+
+
+def test_pfedla_outputs(outputs: dict[str, Path]) -> None:
+    out = outputs["pfedla"]
+    check_files(out, "pfedla", ("pfedla_alpha.csv", "pfedla_check.csv", "pfedla_rounds.csv"))
+    summary = load(out / "pfedla.json")
+    matrix = summary["alpha_mean_over_layers"]
+    assert len(matrix) == 8 and all(len(row) == 8 for row in matrix)
+    rows = matrix + [row for client in summary["alpha_per_layer"] for row in client]
+    for row in rows:
+        assert min(row) >= 0.0
+        assert abs(sum(row) - 1.0) < 1e-5
+    assert len(summary["check"]) == 8
+    assert summary["passed"] == all(v["passed"] for v in summary["check"])
+    assert all(is_fraction(a) for a in flat(summary["accuracy"]))
+    assert "OVERALL" in (out / "pfedla.md").read_text()
+
+
+def test_pan_divergence_outputs(outputs: dict[str, Path]) -> None:
+    out = outputs["pan_divergence"]
+    check_files(out, "pan_divergence", ("pan_divergence_summary.csv", "pan_divergence_rounds.csv"))
+    summary = load(out / "pan_divergence.json")
+    assert set(summary["runs"]) == {"off", "mul"}
+    for trace in summary["runs"].values():
+        values = flat(trace["divergence"]) + flat(trace["relative"])
+        assert all(math.isfinite(v) and v >= 0.0 for v in values)
+        assert min(values) > 0.0, "clients trained on different data must diverge"
+        assert all(is_fraction(a) for a in trace["accuracy"])
+    assert all(is_fraction(a) for a in summary["final_accuracy"].values())
