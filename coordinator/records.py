@@ -1,5 +1,6 @@
-"""What the coordinator checks and records about updates: validation against the model and the masks sent,
-the per-agent meter record completed with the update's own bytes, and the round's summary figures.
+"""What the coordinator checks and records: updates validated against the model and the masks sent, the per-agent
+meter record completed with the update's own bytes, the round's summary figures, the welcome's session settings,
+and the checkpoint file (arrays + JSON meta, written atomically).
 
 Pure functions over decoded messages and plain values; no sockets, no algorithms, no torch.
 """
@@ -7,14 +8,17 @@ Pure functions over decoded messages and plain values; no sockets, no algorithms
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import codec
 from algorithms.base import ClientUpdate
-from coordinator.rundir import METER_FIELDS
+from coordinator.config import Config
+from coordinator.rundir import METER_FIELDS, load_arrays, save_arrays
 from meter import round_totals, zmtp
+from models import ModelSpec
 
 
 def check_update(update: codec.Update, shapes: Mapping[str, tuple[int, ...]], masks_sent: set[int]) -> str:
@@ -73,3 +77,39 @@ def update_summary(updates: Sequence[ClientUpdate]) -> dict[str, Any]:
     known = [t for t in times if isinstance(t, float)]
     row["train_s_max"] = max(known) if known else None
     return row
+
+
+def welcome_meta(c: Config, spec: ModelSpec, run_id: str, model_hash: str, index: int,
+                 capacity: int) -> dict[str, Any]:
+    """The session settings a welcome carries: everything an agent needs to build its model and client half."""
+    return {
+        "run_id": run_id, "client_index": index, "num_clients": capacity,
+        "seed": c.run.seed, "model_hash": model_hash,
+        "model": {"name": spec.name, "input_shape": list(spec.input_shape),
+                  "num_classes": spec.num_classes, "pan": spec.pan, "pan_a": spec.pan_a,
+                  "pan_t": spec.pan_t},
+        "algorithm": dict(c.algorithm),
+        "train": {"epochs": c.train.epochs, "batch_size": c.train.batch_size, "lr": c.train.lr,
+                  "optimizer": c.train.optimizer, "momentum": c.train.momentum,
+                  "weight_decay": c.train.weight_decay},
+        "data": {"train_limit": c.data.train_limit},
+        "heartbeat_s": c.fleet.heartbeat_s, "liveness_s": c.fleet.liveness_s,
+    }
+
+
+CHECKPOINT_FORMAT = 1
+
+
+def save_checkpoint(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+    save_arrays(path, arrays, {"format": CHECKPOINT_FORMAT, **meta})
+
+
+def load_checkpoint(path: Path, model_hash: str, algorithm: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The checkpoint's arrays and meta; refuses another format, model or algorithm with a reason."""
+    arrays, meta = load_arrays(path)
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: unsupported checkpoint format {meta.get('format')}")
+    if meta.get("model_hash") != model_hash or meta.get("algorithm") != algorithm:
+        raise ValueError(f"{path} was written by another model or algorithm "
+                         f"({meta.get('algorithm')}, model {meta.get('model_hash')})")
+    return arrays, meta

@@ -92,6 +92,10 @@ class RunDir:
         rows = [r for r in self.read_jsonl(name) if int(r.get("round", 0)) <= last_round]
         self.write_text(name, "".join(json.dumps(r) + "\n" for r in rows))
 
+    def write_status(self, **status: Any) -> None:
+        """status.json: what `coordinator status` shows (round, phase, agents, ETA), with the time written."""
+        self.write_json("status.json", {**status, "updated_at": time.time()})
+
     def write_provenance(self, seed: int, endpoint: str, extra: Mapping[str, Any]) -> None:
         import torch
 

@@ -25,14 +25,21 @@ from algorithms import make_server
 from algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from coordinator.agents import AgentRegistry
 from coordinator.config import Config
-from coordinator.records import agent_record, check_update, meter_totals, update_summary
-from coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir, load_arrays, save_arrays
+from coordinator.records import (
+    agent_record,
+    check_update,
+    load_checkpoint,
+    meter_totals,
+    save_checkpoint,
+    update_summary,
+    welcome_meta,
+)
+from coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir
 from coordinator.transport import RouterTransport
 from models import ModelSpec, build, definition_hash, state_to_arrays
 
 log = logging.getLogger("fedge.coordinator")
 
-CHECKPOINT_FORMAT = 1
 SENDER = "coordinator"
 
 
@@ -75,22 +82,18 @@ class Session:
         context = ServerContext(num_clients=num_clients, layout=self.layout, seed=config.run.seed)
         self.server = make_server(config.algorithm_name, config.algorithm_options, state_to_arrays(model), context)
         self.started = time.monotonic()
+        self.status_written = 0.0
         self.round_walls: list[float] = []
 
     # ----------------------------------------------------------------------------------------- checkpoint
     def save_checkpoint(self) -> None:
         arrays, server_meta = self.server.state_dict()
-        meta = {"format": CHECKPOINT_FORMAT, "round": self.round, "run_id": self.run_id,
-                "algorithm": self.config.algorithm_name, "model_hash": self.model_hash,
-                "server": server_meta, **self.registry.state()}
-        save_arrays(self.run_dir.checkpoint, arrays, meta)
+        save_checkpoint(self.run_dir.checkpoint, arrays, {
+            "round": self.round, "run_id": self.run_id, "algorithm": self.config.algorithm_name,
+            "model_hash": self.model_hash, "server": server_meta, **self.registry.state()})
 
     def load_checkpoint(self) -> None:
-        arrays, meta = load_arrays(self.run_dir.checkpoint)
-        if meta.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{self.run_dir.checkpoint}: unsupported checkpoint format {meta.get('format')}")
-        if meta.get("model_hash") != self.model_hash or meta.get("algorithm") != self.config.algorithm_name:
-            raise ValueError(f"{self.run_dir.checkpoint} was written by another model or algorithm")
+        arrays, meta = load_checkpoint(self.run_dir.checkpoint, self.model_hash, self.config.algorithm_name)
         self.server.load_state_dict(arrays, meta["server"])
         self.registry.load_state(meta)
         self.round = int(meta["round"])
@@ -110,20 +113,7 @@ class Session:
                                            reason=reason))
 
     def session_meta(self, index: int) -> dict[str, Any]:
-        c = self.config
-        return {
-            "run_id": self.run_id, "client_index": index, "num_clients": self.registry.capacity,
-            "seed": c.run.seed, "model_hash": self.model_hash,
-            "model": {"name": self.spec.name, "input_shape": list(self.spec.input_shape),
-                      "num_classes": self.spec.num_classes, "pan": self.spec.pan, "pan_a": self.spec.pan_a,
-                      "pan_t": self.spec.pan_t},
-            "algorithm": dict(c.algorithm),
-            "train": {"epochs": c.train.epochs, "batch_size": c.train.batch_size, "lr": c.train.lr,
-                      "optimizer": c.train.optimizer, "momentum": c.train.momentum,
-                      "weight_decay": c.train.weight_decay},
-            "data": {"train_limit": c.data.train_limit},
-            "heartbeat_s": c.fleet.heartbeat_s, "liveness_s": c.fleet.liveness_s,
-        }
+        return welcome_meta(self.config, self.spec, self.run_id, self.model_hash, index, self.registry.capacity)
 
     def handle(self, peer: bytes, frame: bytes) -> None:
         try:
@@ -355,19 +345,17 @@ class Session:
     # ----------------------------------------------------------------------------------------- driving
     def write_status(self, phase: str, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - getattr(self, "_status_at", 0.0) < 1.0:
+        if not force and now - self.status_written < 1.0:
             return
-        self._status_at = now
+        self.status_written = now
         mean_round = float(np.mean(self.round_walls[-5:])) if self.round_walls else None
         remaining = self.config.run.rounds - self.round
-        self.run_dir.write_json("status.json", {
-            "run_id": self.run_id, "phase": phase, "round": self.round, "rounds": self.config.run.rounds,
-            "algorithm": self.config.algorithm_name, "updated_at": time.time(),
-            "eta_s": mean_round * remaining if mean_round is not None else None,
-            "agents": [{"client_id": a.client_id, "index": a.index, "connected": self.registry.alive(a),
-                        "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None}
-                       for a in self.registry.agents.values()],
-        })
+        agents = [{"client_id": a.client_id, "index": a.index, "connected": self.registry.alive(a),
+                   "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None}
+                  for a in self.registry.agents.values()]
+        self.run_dir.write_status(run_id=self.run_id, phase=phase, round=self.round, rounds=self.config.run.rounds,
+                                  algorithm=self.config.algorithm_name, agents=agents,
+                                  eta_s=mean_round * remaining if mean_round is not None else None)
 
     def run(self, expect: int, join_timeout_s: float) -> str:
         """Play the remaining rounds; returns 'done', 'stopped' or 'no-agents'."""
