@@ -1,6 +1,6 @@
 """Sizes and speeds of the codec on the DSSA paper CNN, against the lossless floors.
 
-    python benchmarks/codec_bench.py            # 100 Adam steps (batch 32) of training, 21 timing repeats
+    python benchmarks/codec_bench.py            # 100 Adam steps (batch 16) of training, 21 timing repeats
     python benchmarks/codec_bench.py --quick    # 20 steps, 11 repeats
 
 The CNN (conv3x3 3->32->64->128, pad 1, ReLU + maxpool2 each, then Linear 2048->512->10, biases
@@ -14,7 +14,8 @@ For each retained fraction k/N it prints, in one run:
 * encode and decode ms (wall-clock medians; encode = values gathered from the dense weights +
   encode, decode = decode + dense arrays back), their sum as MB/s of the dense float32 model,
   and the same from this thread's CPU time (robust when other processes share the cores);
-* np.copy and zstd level 1 over the dense float32 model, as references.
+* np.copy and zstd level 1 over the dense float32 model, as references, and enc+dec time over
+  the zstd-1 compress + decompress time of the dense model (comparable across machines and loads).
 
 A last row uses a uniformly random mask at k/N = 0.1. Torch is used only here, never by codec/.
 """
@@ -67,8 +68,8 @@ def trained_weights(steps: int) -> dict[str, np.ndarray]:
     protos = nn.functional.interpolate(torch.randn(10, 3, 8, 8, generator=gen), size=32, mode="bilinear")
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     for _ in range(steps):
-        labels = torch.randint(0, 10, (32,), generator=gen)
-        images = protos[labels] + 3.0 * torch.randn(32, 3, 32, 32, generator=gen)
+        labels = torch.randint(0, 10, (16,), generator=gen)
+        images = protos[labels] + 3.0 * torch.randn(16, 3, 32, 32, generator=gen)
         loss = nn.functional.cross_entropy(net(images), labels)
         opt.zero_grad()
         loss.backward()
@@ -123,7 +124,8 @@ def measure_row(label: str, mask: np.ndarray, weights: dict[str, np.ndarray], bi
     }
 
 
-def references(flat: np.ndarray, repeats: int) -> list[str]:
+def references(flat: np.ndarray, repeats: int) -> tuple[list[str], float]:
+    """Reference lines, and the zstd-1 compress + decompress time of the dense model in ms."""
     raw = flat.tobytes()
     frame = compress(raw, level=1)
     mb = flat.nbytes / 1e6
@@ -132,7 +134,7 @@ def references(flat: np.ndarray, repeats: int) -> list[str]:
     zd_ms = median_ms(lambda: decompress(frame, max_size=len(raw), where="ref", need_checksum=True), repeats)[0]
     return [f"np.copy of the dense fp32 model ({flat.nbytes:,} B): {copy_ms:.3f} ms = {mb / copy_ms * 1e3:,.0f} MB/s",
             f"zstd-1 over the dense fp32 model: compress {zc_ms:.2f} ms ({mb / zc_ms * 1e3:,.0f} MB/s), "
-            f"decompress {zd_ms:.2f} ms ({mb / zd_ms * 1e3:,.0f} MB/s), ratio {len(frame) / len(raw):.3f}"]
+            f"decompress {zd_ms:.2f} ms ({mb / zd_ms * 1e3:,.0f} MB/s), ratio {len(frame) / len(raw):.3f}"], zc_ms + zd_ms
 
 
 def main() -> int:
@@ -153,6 +155,8 @@ def main() -> int:
     print(f"# codec_bench: {n:,} weights + {sum(b.size for b in biases.values())} biases, {steps} Adam steps "
           f"({time.perf_counter() - start:.1f} s), medians of {repeats}, numpy {np.__version__}, "
           f"{platform.processor() or platform.machine()}, load average {load:.2f}")
+    flat = np.concatenate([a.reshape(-1) for a in state.values()]).astype(np.float32)
+    reference_lines, zstd_ms = references(flat, repeats)
     rows = []
     for q in FRACTIONS:
         mask = topk_mask(list(weights.values()), retained_count(n, keep=q))
@@ -162,14 +166,13 @@ def main() -> int:
     random_mask[rng.choice(n, retained_count(n, keep="0.1"), replace=False)] = True
     rows.append(measure_row("random", random_mask, weights, biases, repeats))
     print("| mask | k/N | k | index B | index / log2C | downlink B | down / (log2C+32k+b) | uplink B "
-          "| up / 4(N-k) | enc ms | dec ms | enc+dec MB/s | (CPU-time MB/s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| up / 4(N-k) | enc ms | dec ms | enc+dec MB/s | (CPU-time MB/s) | enc+dec / zstd-1 dense c+d |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mask']} | {r['q']:.1f} | {r['k']:,} | {r['index']:,} | {r['index_ratio']:.3f} | {r['down']:,} "
               f"| {r['down_ratio']:.3f} | {r['up']:,} | {r['up_ratio']:.3f} | {r['enc']:.2f} | {r['dec']:.2f} "
-              f"| {r['mbs']:,.0f} | {r['cpu_mbs']:,.0f} |")
-    flat = np.concatenate([a.reshape(-1) for a in state.values()]).astype(np.float32)
-    for line in references(flat, repeats):
+              f"| {r['mbs']:,.0f} | {r['cpu_mbs']:,.0f} | {(r['enc'] + r['dec']) / zstd_ms:.2f} |")
+    for line in reference_lines:
         print(f"reference: {line}")
     checks = [("index <= 1.05x at 0.1 (trained)", rows[0]["index_ratio"] <= 1.05),
               ("index <= 1.02x for 0.2-0.8 (trained)", all(r["index_ratio"] <= 1.02 for r in rows[1:5])),

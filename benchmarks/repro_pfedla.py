@@ -152,26 +152,29 @@ def weight_classes(matrix: np.ndarray) -> tuple[float, float, float]:
 def plot(trace: Trace, reference: Trace | None, path: Path, title: str) -> None:
     plt = pyplot()
     columns = 2 + len(trace.layers)
-    figure, axes = plt.subplots(1, columns, figsize=(3.2 * columns, 3.4),
-                                gridspec_kw={"width_ratios": [1.25] + [1.0] * len(trace.layers) + [1.3]})
+    figure, axes = plt.subplots(1, columns, figsize=(3.3 * columns, 3.4),
+                                gridspec_kw={"width_ratios": [1.3] + [1.0] * len(trace.layers) + [1.4]})
     final = trace.alpha[-1]
     panels = [("mean over layers", final.mean(axis=1))] + [(name, final[:, li]) for li, name in
                                                              enumerate(trace.layers)]
-    low, top = min(float(m.min()) for _, m in panels), max(float(m.max()) for _, m in panels)
-    for ax, (name, matrix) in zip(axes, panels, strict=False):
-        image = ax.imshow(matrix, cmap="viridis", vmin=low, vmax=top)
+    mean = panels[0][1]
+    low, top = float(mean.min()), float(mean.max())
+    per_layer = (min(float(m.min()) for _, m in panels[1:]), max(float(m.max()) for _, m in panels[1:]))
+    for position, (ax, (name, matrix)) in enumerate(zip(axes, panels, strict=False)):
+        scale = (low, top) if position == 0 else per_layer
+        image = ax.imshow(matrix, cmap="viridis", vmin=scale[0], vmax=scale[1])
         ax.set_title(f"α, {name}", fontsize=9)
         ax.set_xticks(range(CLIENTS))
         ax.set_yticks(range(CLIENTS))
         ax.tick_params(labelsize=7)
         ax.set_xlabel("client j (weight given to)", fontsize=8)
+        if position in (0, len(panels) - 1):
+            figure.colorbar(image, ax=ax, fraction=0.046).ax.tick_params(labelsize=7)
     axes[0].set_ylabel("client i (row)", fontsize=8)
     for i in range(CLIENTS):
         for j in range(CLIENTS):
-            value = panels[0][1][i, j]
-            colour = "black" if value > low + 0.6 * (top - low) else "white"
-            axes[0].text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=5.5, color=colour)
-    figure.colorbar(image, ax=axes[len(panels) - 1], fraction=0.046)
+            colour = "black" if mean[i, j] > low + 0.6 * (top - low) else "white"
+            axes[0].text(j, i, f"{mean[i, j]:.2f}", ha="center", va="center", fontsize=5.5, color=colour)
     ax = axes[-1]
     for run_trace, style, tag in ((trace, "-", "main"), (reference, ":", "η_hn 5e-3")):
         if run_trace is None:

@@ -28,6 +28,7 @@ from codec.schema import (
     get_list,
     get_str,
 )
+from codec.stream import BodyWriter
 from codec.tensors import decode_group, encode_group
 
 MAGIC = b"FEDG"
@@ -85,9 +86,11 @@ def encode(message: Message, *, level: int = 1) -> bytes:
                             "r": message.round, "s": message.sender}
     for attr, key, kind in WIRE_FIELDS[cls]:
         body[key] = _encode_field(kind, getattr(message, attr))
-    raw = msgpack.packb(body, use_bin_type=True)
-    prefix = MAGIC + bytes((PROTOCOL_VERSION, cls.kind_code, 0, 0))
-    return prefix + frames.compress(raw, level=level, checksum=True)
+    if isinstance(level, bool) or not isinstance(level, int) or not -7 <= level <= 22:
+        raise ValueError(f"zstd level must be an int in [-7, 22], got {level!r}")
+    writer = BodyWriter()
+    writer.add(body)
+    return writer.compress(MAGIC + bytes((PROTOCOL_VERSION, cls.kind_code, 0, 0)), level)
 
 
 def _decode_meta(blob: bytes, limits: Limits, where: str) -> dict[str, Any]:

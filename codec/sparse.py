@@ -30,6 +30,8 @@ I64 = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 SPARSE_KINDS: tuple[str, ...] = ("mask", "masked-values", "indices")
+CHUNK = 1 << 16  # positions are found chunk by chunk, so no N-sized index array is ever built
+CACHE_DENSITY = 0.35  # below this density a tensor's positions are kept: the Rice coder needs them
 
 
 def _layout(names: Sequence[str], shapes: Sequence[Sequence[int]]) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
@@ -73,6 +75,25 @@ def _counts(mask: BoolArray, offsets: list[int], select: bool) -> tuple[int, ...
         ones = int(np.count_nonzero(mask[start:stop]))
         counts.append(ones if select else stop - start - ones)
     return tuple(counts)
+
+
+def _gather(source: F32, carried: BoolArray, out: F32) -> None:
+    """out[:] = source at the True positions of `carried`, in chunks that stay in cache."""
+    start = 0
+    for lo in range(0, carried.size, CHUNK):
+        pos = flat_positions(carried[lo:lo + CHUNK])
+        # mode="clip" (positions are in range anyway): with the default mode numpy buffers `out`.
+        np.take(source[lo:lo + CHUNK], pos, out=out[start:start + pos.size], mode="clip")
+        start += pos.size
+
+
+def _scatter(values: F32, carried: BoolArray, out: F32) -> None:
+    """out at the True positions of `carried` = values, in chunks that stay in cache."""
+    start = 0
+    for lo in range(0, carried.size, CHUNK):
+        pos = flat_positions(carried[lo:lo + CHUNK])
+        out[lo:lo + CHUNK][pos] = values[start:start + pos.size]
+        start += pos.size
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,16 +164,20 @@ class SparseSection:
         shapes = [p.shape for p in parts]
         offsets = offsets_of([tuple(s) for s in shapes])
         flat = _flat_bool(mask, offsets[-1], "mask")
-        local = [flat_positions(flat[lo:hi]) for lo, hi in zip(offsets[:-1], offsets[1:], strict=True)]
-        values = np.empty(sum(p.size for p in local), dtype=np.float32)
+        counts = _counts(flat, offsets, True)
+        values = np.empty(sum(counts), dtype=np.float32)
+        cache: dict[int, I64] = {}
         start = 0
-        for part, pos in zip(parts, local, strict=True):
-            # mode="clip" (positions are in range anyway): with the default mode numpy buffers `out`.
-            flat_part = part.reshape(-1).astype(np.float32, copy=False)
-            np.take(flat_part, pos, out=values[start:start + pos.size], mode="clip")
-            start += pos.size
+        for t, (part, lo, hi, count) in enumerate(zip(parts, offsets[:-1], offsets[1:], counts, strict=True)):
+            source = part.reshape(-1).astype(np.float32, copy=False)
+            if count < CACHE_DENSITY * (hi - lo):
+                cache[t] = flat_positions(flat[lo:hi])
+                np.take(source, cache[t], out=values[start:start + count], mode="clip")
+            else:
+                _gather(source, flat[lo:hi], values[start:start + count])
+            start += count
         section = cls.with_mask(names, shapes, flat, values)
-        section.local_cache.update(enumerate(local))
+        section.local_cache.update(cache)
         return section
 
     @classmethod
@@ -169,11 +194,11 @@ class SparseSection:
 
     def local_positions(self, t: int, reference_mask: npt.ArrayLike | None = None) -> I64:
         """Positions carried in tensor `t`, relative to that tensor's first element."""
+        offsets = offsets_of(self.shapes)
         if self.kind == "masked-values":
-            return self._masked_local(reference_mask)[t]
+            return flat_positions(self._carried(reference_mask)[offsets[t]:offsets[t + 1]])
         found = self.local_cache.get(t)
         if found is None:
-            offsets = offsets_of(self.shapes)
             if self.mask is not None:
                 found = flat_positions(self.mask[offsets[t]:offsets[t + 1]])
             else:
@@ -183,7 +208,15 @@ class SparseSection:
             self.local_cache[t] = found
         return found
 
-    def _masked_local(self, reference_mask: npt.ArrayLike | None) -> list[I64]:
+    def _carried(self, reference_mask: npt.ArrayLike | None) -> BoolArray:
+        """The bool vector of carried positions: the mask, or the checked reference mask == select."""
+        if self.kind != "masked-values":
+            if self.mask is None:
+                assert self.indices is not None
+                implied = np.zeros(self.size, dtype=np.bool_)
+                implied[self.indices] = True
+                return implied
+            return self.mask
         if reference_mask is None:
             raise MaskMismatch("this section carries values only; pass the mask it was encoded against "
                                "(reference_mask=...)")
@@ -194,37 +227,38 @@ class SparseSection:
                                f"{self.mask_crc:08x} the values were encoded against (wrong round's mask?)")
         if _counts(flat, offsets, self.select) != self.counts:
             raise MaskMismatch("the reference mask selects other per-tensor counts than the values carry")
-        chosen = flat if self.select else ~flat
-        return [flat_positions(chosen[lo:hi]) for lo, hi in zip(offsets[:-1], offsets[1:], strict=True)]
+        return flat if self.select else ~flat
 
     def positions(self, reference_mask: npt.ArrayLike | None = None) -> I64:
         """Flat int64 positions of the carried values (a "masked-values" section needs the mask)."""
         if self.indices is not None:
             return self.indices
-        offsets = offsets_of(self.shapes)
         if self.kind == "masked-values":
-            local = self._masked_local(reference_mask)
-        else:
-            local = [self.local_positions(t) for t in range(len(self.shapes))]
+            return flat_positions(self._carried(reference_mask))
+        offsets = offsets_of(self.shapes)
         out = np.empty(self.values.size, dtype=np.int64)
         start = 0
-        for pos, lo in zip(local, offsets[:-1], strict=True):
+        for t, lo in enumerate(offsets[:-1]):
+            pos = self.local_positions(t)
             np.add(pos, lo, out=out[start:start + pos.size])
             start += pos.size
         return out
 
     def to_dense(self, reference_mask: npt.ArrayLike | None = None) -> dict[str, F32]:
         """float32 arrays of the given shapes, zero wherever the section carries no value."""
-        if self.kind == "masked-values":
-            local = self._masked_local(reference_mask)
-        else:
-            local = [self.local_positions(t) for t in range(len(self.shapes))]
+        carried = self._carried(reference_mask) if self.kind != "indices" else None
+        offsets = offsets_of(self.shapes)
         out: dict[str, F32] = {}
         start = 0
-        for name, shape, pos in zip(self.names, self.shapes, local, strict=True):
+        for t, (name, shape, count) in enumerate(zip(self.names, self.shapes, self.counts, strict=True)):
             arr = np.zeros(numel(shape), dtype=np.float32)
-            arr[pos] = self.values[start:start + pos.size]
-            start += pos.size
+            values = self.values[start:start + count]
+            cached = self.local_cache.get(t) if self.kind != "masked-values" else None
+            if carried is None or cached is not None:
+                arr[self.local_positions(t) if cached is None else cached] = values
+            else:
+                _scatter(values, carried[offsets[t]:offsets[t + 1]], arr)
+            start += count
             out[name] = arr.reshape(shape)
         return out
 

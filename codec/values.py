@@ -11,7 +11,8 @@ This module must not import torch, zmq or any other Fedge package.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +36,28 @@ def shuffle(planes_in: U8) -> U8:
     return out
 
 
+@dataclass(frozen=True)
+class Shuffled:
+    """A byte-shuffled payload of n values of w bytes (`rows` is n x w), made a plane at a time.
+
+    The packet writer streams the planes into the compressor one by one, so the shuffled copy
+    of a large block never exists in memory all at once.
+    """
+
+    rows: U8
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.rows.size)
+
+    def planes(self) -> Iterator[memoryview]:
+        for j in range(self.rows.shape[1]):
+            yield np.ascontiguousarray(self.rows[:, j]).data
+
+    def tobytes(self) -> bytes:
+        return shuffle(self.rows).tobytes()
+
+
 def unshuffle(data: bytes | memoryview, n: int, width: int) -> U8:
     """Inverse of `shuffle`: (w * n) shuffled bytes -> (n, w) bytes, one row per value."""
     planes = np.frombuffer(data, dtype=np.uint8, count=n * width).reshape(width, n)
@@ -55,7 +78,7 @@ def _segment_scales(mag: npt.NDArray[np.float64], counts: Sequence[int]) -> npt.
     return scales
 
 
-def encode_values(values: F32, encoding: str, counts: Sequence[int]) -> tuple[memoryview, bytes]:
+def encode_values(values: F32, encoding: str, counts: Sequence[int]) -> tuple[Shuffled | memoryview, bytes]:
     """Encode 1-D float32 `values`; returns (payload, int8 scales or b"").
 
     `counts` splits the values into segments (one per tensor) for int8's per-tensor scales.
@@ -66,7 +89,7 @@ def encode_values(values: F32, encoding: str, counts: Sequence[int]) -> tuple[me
         raise Malformed(f"unknown value encoding {encoding!r}; use one of {', '.join(VALUE_ENCODINGS)}")
     vals = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
     if encoding == "f32":
-        return shuffle(vals.view(np.uint8).reshape(-1, 4)).reshape(-1).data, b""
+        return Shuffled(vals.view(np.uint8).reshape(-1, 4)), b""
     if not np.isfinite(vals).all():
         raise NonFinite(f"cannot encode NaN or infinity as {encoding}; send these values as f32")
     if encoding == "f16":
@@ -74,13 +97,13 @@ def encode_values(values: F32, encoding: str, counts: Sequence[int]) -> tuple[me
             half = vals.astype("<f2")
         if np.isinf(half).any():
             raise OutOfRange("a value is beyond float16's range (|x| > 65504); use bf16 or f32")
-        return shuffle(half.view(np.uint8).reshape(-1, 2)).reshape(-1).data, b""
+        return Shuffled(half.view(np.uint8).reshape(-1, 2)), b""
     if encoding == "bf16":
         bits = vals.view("<u4")
         rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype("<u2")
         if ((rounded & 0x7F80) == 0x7F80).any():
             raise OutOfRange("a value rounds to infinity in bfloat16; send these values as f32")
-        return shuffle(rounded.view(np.uint8).reshape(-1, 2)).reshape(-1).data, b""
+        return Shuffled(rounded.view(np.uint8).reshape(-1, 2)), b""
     wide = vals.astype(np.float64)
     scales = _segment_scales(np.abs(wide), counts)
     per_value = np.repeat(scales.astype(np.float64), counts)

@@ -218,13 +218,14 @@ def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
 
     with ServiceNotifier(lambda: session.progress) if args.service else contextlib.nullcontext():
         fleet.start()
+        outcome = "stopped"
         try:
             expect = len(agents) if local else max(config.fleet.expect, 1)
             outcome = session.run(expect, config.fleet.join_timeout_s)
             report = finish(session, run_dir, spec, outcome, time.monotonic() - started)
             session.say_goodbye(SESSION_FINISHED if outcome == "done" else "coordinator stopping; it will resume")
         finally:
-            fleet.stop()
+            fleet.stop(grace_s=10.0 if outcome == "done" else 0.5)  # local agents end with their coordinator
             transport.close()
     if outcome == "done":
         acc = report["final_test_accuracy"]

@@ -68,22 +68,21 @@ def expand(grid: dict[str, Any]) -> tuple[list[Cell], str]:
     axes = grid.get("axes", {})
     names = sorted(axes)
     cells = []
-    for method in methods:
-        label = str(method["label"])
-        for values in itertools.product(*(axes[n] for n in names)):
+    for seed in seeds:  # seed-major: a first pass over every method finishes early
+        for method, values in itertools.product(methods, itertools.product(*(axes[n] for n in names))):
+            label = str(method["label"])
             point = tuple(zip(names, values, strict=True))
-            for seed in seeds:
-                raw = json.loads(json.dumps(grid.get("base", {})))
-                raw["algorithm"] = dict(method["algorithm"])
-                for dotted, value in point:
-                    _set(raw, dotted, value)
-                for dotted, value in method.get("set", {}).items():
-                    _set(raw, dotted, value)
-                raw.setdefault("run", {})["seed"] = seed
-                from_dict(raw)
-                tag = "-".join(f"{n.split('.')[-1]}{v}" for n, v in point)
-                key = "_".join(x for x in (label, tag, f"seed{seed}") if x)
-                cells.append(Cell(key=key, label=label, point=point, seed=seed, raw=raw))
+            raw = json.loads(json.dumps(grid.get("base", {})))
+            raw["algorithm"] = dict(method["algorithm"])
+            for dotted, value in point:
+                _set(raw, dotted, value)
+            for dotted, value in method.get("set", {}).items():
+                _set(raw, dotted, value)
+            raw.setdefault("run", {})["seed"] = seed
+            from_dict(raw)
+            tag = "-".join(f"{n.split('.')[-1]}{v}" for n, v in point)
+            key = "_".join(x for x in (label, tag, f"seed{seed}") if x)
+            cells.append(Cell(key=key, label=label, point=point, seed=seed, raw=raw))
     baseline = str(sweep.get("baseline", methods[0]["label"]))
     return cells, baseline
 

@@ -1,0 +1,96 @@
+"""Writing a packet body: msgpack bytes streamed straight into one zstd frame.
+
+The body is laid out as msgpack (the same bytes `msgpack.packb` would give), but large
+payloads are handed to the compressor as they are, and shuffled value blocks a byte plane at a
+time: no full-size copy of the body, of a shuffled block or of the compressed frame is made,
+which keeps encoding fast and its peak memory low.
+
+This module must not import torch, zmq or any other Fedge package.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+from codec import frames
+from codec.errors import TooLarge
+from codec.values import Shuffled
+
+INLINE_BYTES = 4096  # binary fields up to this size are copied into the small-piece buffer
+Piece = bytes | memoryview | Shuffled
+
+
+def _header(count: int, fix: int, fix_limit: int, code16: int, code32: int) -> bytes:
+    if count < fix_limit:
+        return bytes((fix | count,))
+    if count < 1 << 16:
+        return struct.pack(">BH", code16, count)
+    if count < 1 << 32:
+        return struct.pack(">BI", code32, count)
+    raise TooLarge(f"a msgpack field of {count} items or bytes is over the format's 2**32 - 1")
+
+
+def _bin_header(size: int) -> bytes:
+    if size < 256:
+        return bytes((0xC4, size))
+    return _header(size, 0, 0, 0xC5, 0xC6)
+
+
+class BodyWriter:
+    """Collects the msgpack pieces of one value; small pieces are merged into one buffer."""
+
+    def __init__(self) -> None:
+        self.pieces: list[Piece] = []
+        self.small = bytearray()
+        self.size = 0
+
+    def _inline(self, data: bytes | memoryview) -> None:
+        self.small += data
+        self.size += len(data) if isinstance(data, bytes) else data.nbytes
+
+    def _large(self, piece: Piece) -> None:
+        if self.small:
+            self.pieces.append(bytes(self.small))
+            self.small = bytearray()
+        self.pieces.append(piece)
+        self.size += piece.nbytes if not isinstance(piece, bytes) else len(piece)
+
+    def add(self, obj: Any) -> None:
+        """Append the msgpack form of `obj` (maps with str keys, lists, binary data, scalars)."""
+        if isinstance(obj, dict):
+            self._inline(_header(len(obj), 0x80, 16, 0xDE, 0xDF))
+            for key, value in obj.items():
+                self._inline(msgpack.packb(key))
+                self.add(value)
+        elif isinstance(obj, list):
+            self._inline(_header(len(obj), 0x90, 16, 0xDC, 0xDD))
+            for value in obj:
+                self.add(value)
+        elif isinstance(obj, Shuffled):
+            self._inline(_bin_header(obj.nbytes))
+            self._large(obj)
+        elif isinstance(obj, (bytes, memoryview)):
+            size = len(obj) if isinstance(obj, bytes) else obj.nbytes
+            self._inline(_bin_header(size))
+            if size <= INLINE_BYTES:
+                self._inline(obj)
+            else:
+                self._large(obj)
+        else:
+            self._inline(msgpack.packb(obj, use_bin_type=True))
+
+    def compress(self, prefix: bytes, level: int) -> bytes:
+        """`prefix` followed by one zstd frame (content size and checksum on) of the body."""
+        if self.small:
+            self.pieces.append(bytes(self.small))
+            self.small = bytearray()
+        stream = frames.compressor(level, True).compressobj(size=self.size)
+        out = [prefix]
+        for piece in self.pieces:
+            for part in piece.planes() if isinstance(piece, Shuffled) else (piece,):
+                out.append(stream.compress(part))
+        out.append(stream.flush())
+        return b"".join(out)
