@@ -92,9 +92,12 @@ def _read_fields(stream: bytes, count: int, r: int) -> I64:
 
 def rice_encode(positions: I64, r: int) -> tuple[bytes, bytes]:
     """Rice-code the gaps between strictly increasing `positions`; returns (hi, lo)."""
-    if positions.size == 0:
+    return _rice_streams(_gaps(positions), r)
+
+
+def _rice_streams(gaps: I64, r: int) -> tuple[bytes, bytes]:
+    if gaps.size == 0:
         return b"", b""
-    gaps = _gaps(positions)
     ends = np.cumsum((gaps >> r) + 1) - 1
     unary = np.zeros(int(ends[-1]) + 1, dtype=np.uint8)
     unary[ends] = 1
@@ -161,7 +164,7 @@ def encode_segment(carried: BoolArray, positions: I64 | None = None) -> Segment:
         bitmap = _bitmap_frame(carried, minority_count)
         if 8 * len(bitmap) < cost_bits:
             return [BITMAP, 0, bitmap, b""]
-    hi, lo = rice_encode(minority, r)
+    hi, lo = _rice_streams(gaps, r)
     return [RICE_COMPLEMENT if complement else RICE, r, hi, lo]
 
 

@@ -176,9 +176,8 @@ class SparseSection:
             else:
                 _gather(source, flat[lo:hi], values[start:start + count])
             start += count
-        section = cls.with_mask(names, shapes, flat, values)
-        section.local_cache.update(cache)
-        return section
+        names_t, shapes_t = _layout(names, shapes)
+        return cls("mask", names_t, shapes_t, values, counts, mask_crc(flat), True, flat, None, cache)
 
     @classmethod
     def masked_from_dense(cls, names: Sequence[str], arrays: Sequence[npt.ArrayLike], reference_mask: npt.ArrayLike,
