@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{settings.train_cap}/client, seed {args.seed}")
     plot(results, out / "fedbn.png", title)
     write_csv(out / "fedbn_summary.csv", header, rows)
-    round_rows = [[name, r + 1, i, float(acc[r, i])] for name, acc in results.items()
+    round_rows: list[list[str | int | float]] = [[name, r + 1, i, float(acc[r, i])] for name, acc in results.items()
                   for r in range(acc.shape[0]) for i in range(acc.shape[1])]
     write_csv(out / "fedbn_rounds.csv", ["algorithm", "round", "client", "accuracy"], round_rows)
     transforms = [s.meta["transform"] for s in shards]

@@ -186,8 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"E={settings.epochs}, seed {args.seed}: PANs off vs PAN∘ A={settings.pan_a}")
     plot(traces, out / "pan_divergence.png", title)
     write_csv(out / "pan_divergence_summary.csv", header, rows)
-    round_rows = [[m, r + 1, *[float(v) for v in t.divergence[r]], *[float(v) for v in t.relative[r]],
-                   float(t.accuracy[r])] for m, t in traces.items() for r in range(len(t.accuracy))]
+    round_rows: list[list[str | int | float]] = [
+        [m, r + 1, *[float(v) for v in t.divergence[r]], *[float(v) for v in t.relative[r]], float(t.accuracy[r])]
+        for m, t in traces.items() for r in range(len(t.accuracy))]
     write_csv(out / "pan_divergence_rounds.csv",
               ["pan", "round", *[f"div {n}" for n in LAYERS], *[f"rel {n}" for n in LAYERS], "test accuracy"],
               round_rows)
