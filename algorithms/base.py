@@ -139,3 +139,25 @@ def model_arrays(model: nn.Module) -> Arrays:
 
 def parameters_by_name(model: nn.Module) -> dict[str, torch.Tensor]:
     return dict(model.named_parameters())
+
+
+class WrappedClient:
+    """Hook delegation for wrapper algorithms (DSSA, ef-*): every training hook goes to ``self.base``, the base
+    algorithm's client half; a wrapper overrides only what it changes and calls these for the rest."""
+
+    base: Any
+
+    def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, settings: Any) -> None:
+        hook = getattr(self.base, "before_training", None)
+        if hook is not None:
+            hook(model, inputs, labels, settings)
+
+    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
+        result: torch.Tensor | None = self.base.extra_loss(model)
+        return result
+
+    def after_backward(self, model: nn.Module) -> None:
+        self.base.after_backward(model)
+
+    def after_step(self, model: nn.Module) -> None:
+        self.base.after_step(model)

@@ -50,6 +50,7 @@ from algorithms.base import (
     LocalStats,
     Payload,
     ServerContext,
+    WrappedClient,
     weights_of,
     wrapper_config,
 )
@@ -198,7 +199,7 @@ class Server:
         self.cached = None
 
 
-class Client:
+class Client(WrappedClient):
     """The base's client half, with the retained weights frozen and the uplink restricted to the complement."""
 
     def __init__(self, config: Config, client_index: int, base_module: ModuleType) -> None:
@@ -225,15 +226,6 @@ class Client:
                        for name in self.layout.names]
         if hasattr(self.base, "freeze"):
             self.base.freeze(masks)
-
-    def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, settings: Any) -> None:
-        hook = getattr(self.base, "before_training", None)
-        if hook is not None:
-            hook(model, inputs, labels, settings)
-
-    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
-        result: torch.Tensor | None = self.base.extra_loss(model)
-        return result
 
     def after_backward(self, model: nn.Module) -> None:
         self.base.after_backward(model)

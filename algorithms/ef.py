@@ -28,7 +28,6 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 import codec
@@ -38,6 +37,7 @@ from algorithms.base import (
     LocalStats,
     Payload,
     ServerContext,
+    WrappedClient,
     weights_of,
     wrapper_config,
 )
@@ -216,7 +216,7 @@ class Server:
                                                arrays[f"history/{version}/values"].copy(), integers)
 
 
-class Client:
+class Client(WrappedClient):
     """The base client training from its replica of the public model, with its own residual as device state."""
 
     def __init__(self, config: Config, client_index: int, base_module: ModuleType) -> None:
@@ -252,21 +252,6 @@ class Client:
         self.sync(payload)
         model_group = {"model": TensorGroup(dense=self.replica)}
         self.base.on_receive(round_number, Payload(groups=model_group, meta=payload.meta), model)
-
-    def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, settings: Any) -> None:
-        hook = getattr(self.base, "before_training", None)
-        if hook is not None:
-            hook(model, inputs, labels, settings)
-
-    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
-        result: torch.Tensor | None = self.base.extra_loss(model)
-        return result
-
-    def after_backward(self, model: nn.Module) -> None:
-        self.base.after_backward(model)
-
-    def after_step(self, model: nn.Module) -> None:
-        self.base.after_step(model)
 
     def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
         payload: Payload = self.base.make_update(round_number, model, stats)

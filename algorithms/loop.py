@@ -8,8 +8,8 @@ BatchNorm (training-mode BN cannot normalise a single sample). Must not know soc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
