@@ -46,6 +46,7 @@ def add_start(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     start.add_argument("--service", action="store_true",
                        help="run as a service: resume RUN_DIR if it has a checkpoint, else start; notify systemd")
     start.add_argument("--quiet", action="store_true", help="no progress lines, warnings only")
+    start.add_argument("--verbose", action="store_true", help="info logs on stderr beside the progress lines")
     start.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
 
 

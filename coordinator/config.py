@@ -20,6 +20,12 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+# The embedded default (issue 5): faithful DSSA over FedProx. Fedge's ef-fedprox saved more bytes in the harness
+# but missed its accuracy target (README, "Results"), so the sparse mode the harness shows best is this one.
+DEFAULT_ALGORITHM: dict[str, Any] = {"name": "dssa-fedprox", "sparsity": 0.5, "scale": 1.5, "mu": 0.01,
+                                     "warmup_rounds": 5}
+
+
 @dataclass(frozen=True)
 class RunSection:
     rounds: int = 50
@@ -96,7 +102,7 @@ class Config:
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
     round: RoundSection = field(default_factory=RoundSection)
-    algorithm: dict[str, Any] = field(default_factory=lambda: {"name": "fedavg"})
+    algorithm: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_ALGORITHM))
     security: SecuritySection = field(default_factory=SecuritySection)
     eval: EvalSection = field(default_factory=EvalSection)
 
@@ -159,7 +165,8 @@ def from_dict(raw: dict[str, Any]) -> Config:
             raise ConfigError(f"unknown key(s) {sorted(bad)} in [{name}]; known: {sorted(known)}")
         built[name] = cls(**{k: _coerce(name, k, getattr(defaults, k), v) for k, v in values.items()})
     algorithm = dict(raw.get("algorithm", {}))
-    algorithm.setdefault("name", "fedavg")
+    if "name" not in algorithm:  # options without a name adjust the embedded default
+        algorithm = {**DEFAULT_ALGORITHM, **algorithm}
     if not isinstance(algorithm["name"], str):
         raise ConfigError("algorithm.name must be a string")
     built["algorithm"] = algorithm

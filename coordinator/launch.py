@@ -167,7 +167,8 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
 
 def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
     config, run_dir, resuming = resolve_run(args, flags)
-    setup_logging(json_lines=args.log_json, log_file=str(run_dir / "coordinator.log"), quiet=args.quiet)
+    setup_logging(json_lines=args.log_json, log_file=str(run_dir / "coordinator.log"),
+                  quiet=not getattr(args, "verbose", False))  # the progress lines are the live display
     if not resuming:
         run_dir.write_text("config.toml", to_toml(config))
     if not args.quiet:
