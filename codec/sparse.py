@@ -8,8 +8,8 @@ The tensors `names` with `shapes`, flattened row-major and concatenated, define 
   the receiver supplies the mask (DSSA uplink, no indices on the wire);
 * "indices": strictly increasing positions and the values there (top-fraction uploads).
 
-Values are always in position order. Arrays passed in are not copied. This module must not
-import torch, zmq or any other Fedge package.
+Values are always in position order. Arrays passed in are not copied. Must not touch torch, zmq
+or any other Fedge package.
 """
 
 from __future__ import annotations
