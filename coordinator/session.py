@@ -2,8 +2,8 @@
 
 A ``Session`` owns one run: the algorithm's server half, the agent registry and the run directory. It talks to
 agents only through ``RouterTransport`` frames and codec packets, so a local fleet on loopback and a fleet of
-Raspberry Pis are served by the same code. Every message is validated before it can touch state: a malformed,
-late, duplicate, stale or mismatched packet is rejected with a reason (logged and sent back) and the loop goes on.
+Raspberry Pis are served by the same code. The handlers of what agents send live in ``coordinator.messaging``:
+every message is validated before it can touch state, and a bad one is rejected with a reason while the loop goes on.
 Device state is committed in two phases: an agent promotes what a round produced only when told that the round was
 checkpointed with its update in it. Must not import torch directly (models and evaluation do that), nor know any
 algorithm by name.
@@ -25,9 +25,9 @@ from algorithms import make_server
 from algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from coordinator.agents import AgentRegistry
 from coordinator.config import Config
+from coordinator.messaging import SENDER, Messaging
 from coordinator.records import (
     agent_record,
-    check_update,
     load_checkpoint,
     meter_totals,
     save_checkpoint,
@@ -40,7 +40,6 @@ from models import ModelSpec, build, definition_hash, state_to_arrays
 
 log = logging.getLogger("fedge.coordinator")
 
-SENDER = "coordinator"
 
 
 @dataclass
@@ -55,7 +54,7 @@ class RoundState:
     failed: set[int] = field(default_factory=set)
 
 
-class Session:
+class Session(Messaging):
     """One federated session over a transport; ``run()`` plays rounds until done or asked to stop."""
 
     def __init__(self, config: Config, run_dir: RunDir, transport: RouterTransport, spec: ModelSpec,
@@ -102,107 +101,8 @@ class Session:
             self.run_dir.truncate_jsonl(name, self.round)
         log.info("resumed %s at round %d", self.run_dir.path, self.round)
 
-    # ----------------------------------------------------------------------------------------- messaging
-    def send(self, peer: bytes, message: codec.Message) -> int:
-        frame = codec.encode(message)
-        return len(frame) if self.transport.send(peer, frame) else 0
-
-    def refuse(self, peer: bytes, code: str, reason: str) -> None:
-        log.warning("rejected a message from %r: %s (%s)", peer, reason, code)
-        self.send(peer, codec.ErrorMessage(run_id=self.run_id, round=self.round, sender=SENDER, code=code,
-                                           reason=reason))
-
     def session_meta(self, index: int) -> dict[str, Any]:
         return welcome_meta(self.config, self.spec, self.run_id, self.model_hash, index, self.registry.capacity)
-
-    def handle(self, peer: bytes, frame: bytes) -> None:
-        try:
-            message = codec.decode(frame)
-        except codec.CodecError as exc:
-            self.refuse(peer, "malformed", f"{type(exc).__name__}: {exc}")
-            return
-        client_id = peer.decode(errors="replace")
-        if message.sender != client_id:
-            self.refuse(peer, "sender-mismatch", f"sender {message.sender!r} is not the connection's id")
-            return
-        if isinstance(message, codec.Hello):
-            self.on_hello(peer, message)
-            return
-        agent = self.registry.get(client_id)
-        if agent is None or not agent.connected:
-            self.refuse(peer, "hello-first", "this agent has not registered in this session: send a hello")
-            return
-        self.registry.touch(client_id)
-        agent.peer = peer
-        if isinstance(message, codec.Heartbeat):
-            self.send(peer, codec.Heartbeat(run_id=self.run_id, round=self.round, sender=SENDER))
-        elif isinstance(message, codec.Update):
-            self.on_update(peer, agent.index, message, len(frame))
-        elif isinstance(message, codec.Bye):
-            agent.connected = False
-            log.info("agent %s left: %s", client_id, message.reason)
-        elif isinstance(message, codec.ErrorMessage):
-            log.warning("agent %s reports %s: %s", client_id, message.code, message.reason)
-            if message.code == "round-failed":
-                self.on_failed_round(agent.index, message.round)
-        else:
-            self.refuse(peer, "unexpected", f"a {type(message).__name__} is not expected from an agent")
-
-    def on_hello(self, peer: bytes, hello: codec.Hello) -> None:
-        if hello.protocol_version != codec.PROTOCOL_VERSION:
-            self.refuse(peer, "protocol-mismatch", f"agent speaks protocol {hello.protocol_version}, "
-                        f"this coordinator {codec.PROTOCOL_VERSION}: upgrade the older side")
-            return
-        if hello.model_hash and hello.model_hash != self.model_hash:
-            self.refuse(peer, "model-mismatch", f"agent's model definition {hello.model_hash} differs from the "
-                        f"session's {self.model_hash} (different Fedge or torch versions?)")
-            return
-        index = self.registry.index_of(hello.sender)
-        if index is None:
-            self.refuse(peer, "session-full", f"the session already has its {self.registry.capacity} clients")
-            return
-        agent = self.registry.agents[hello.sender]
-        first = not agent.connected
-        agent.peer, agent.connected, agent.dataset_size = peer, True, hello.dataset_size
-        agent.hello = {"fedge": hello.fedge_version, "torch": hello.torch_version,
-                       "capabilities": list(hello.capabilities), **dict(hello.meta)}
-        self.registry.touch(hello.sender)
-        if first:
-            log.info("agent %s registered as client %d (%d samples, torch %s)", hello.sender, index,
-                     hello.dataset_size, hello.torch_version)
-        self.send(peer, codec.Welcome(run_id=self.run_id, round=self.round, sender=SENDER,
-                                      meta=self.session_meta(index)))
-        current = self.current
-        if current is not None and index in current.selected and index not in current.updates:
-            self.send_task(current, index)
-
-    def on_update(self, peer: bytes, index: int, update: codec.Update, size: int) -> None:
-        current = self.current
-        if current is None or update.round != current.number:
-            self.refuse(peer, "stale", f"update for round {update.round} arrived outside it "
-                        f"(current: {current.number if current else 'none'})")
-            return
-        if index not in current.selected:
-            self.refuse(peer, "not-selected", f"client {index} was not selected in round {update.round}")
-            return
-        if index in current.updates:
-            self.refuse(peer, "duplicate", f"a second update from client {index} in round {update.round}")
-            return
-        problem = check_update(update, self.shapes, current.masks.get(index, set()))
-        if problem:
-            self.refuse(peer, "invalid-update", problem)
-            return
-        current.updates[index] = (update, size)
-
-    def on_failed_round(self, index: int, round_number: int) -> None:
-        """An agent could not do its round: stop waiting for it, and let the server half forget what it assumed
-        of the device's state (e.g. ef's replica), so the next downlink is self-sufficient."""
-        current = self.current
-        if current is not None and current.number == round_number and index in current.selected:
-            current.failed.add(index)
-        forget = getattr(self.server, "forget", None)
-        if forget is not None:
-            forget(index)
 
     def pump(self, timeout_ms: int) -> None:
         self.progress += 1
