@@ -240,6 +240,13 @@ class Client(WrappedClient):
             for param, retained, values in self.frozen:
                 param.copy_(torch.where(retained, values, param))
 
+    def trainable_masks(self) -> dict[str, np.ndarray] | None:
+        """For the meter: True where a prunable weight is trainable this round (the complement); None in dense
+        rounds. Parameters not named here are trainable in full."""
+        if self.mask is None:
+            return None
+        return {name: ~retained for name, retained in self.layout.parts(self.mask).items()}
+
     def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
         payload: Payload = self.base.make_update(round_number, model, stats)
         if self.mask is None:

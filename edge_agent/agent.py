@@ -29,7 +29,7 @@ from edge_agent.config import AgentSettings
 from edge_agent.state import DeviceState
 from edge_agent.transport import CurveClientKeys, DealerTransport
 from fldata import ClientShard, normalize, read_shard
-from meter import AgentMeter, ParamSnapshot
+from meter import AgentMeter, ParamSnapshot, densities_from_masks, mask_elements
 from models import ModelSpec, build, definition_hash
 
 log = logging.getLogger("fedge.agent")
@@ -196,8 +196,10 @@ class Agent:
                                     cancelled=self.stop_requested.is_set)
             train_s = time.monotonic() - started
             t = session.train
+            claim, densities = mask_figures(session.client, session.model)
             meter.add_training(session.model, tuple(self.inputs.shape[1:]), stats.batch_sizes, t.optimizer,
-                               t.momentum, t.weight_decay, updated_elements=snapshot.changed(session.model))
+                               t.momentum, t.weight_decay, updated_elements=snapshot.changed(session.model),
+                               mask_claim=claim, densities=densities)
             meta_up = {**extra, "num_samples": int(self.labels.shape[0]), "steps": stats.steps,
                        "train_loss": float(stats.loss), "train_s": float(train_s)}
             with meter.phase("encode"):
@@ -327,6 +329,17 @@ class Agent:
             self.meter.stop()
             transport.close()
         return self.exit_code
+
+
+def mask_figures(client: Any, model: torch.nn.Module) -> tuple[int | None, dict[str, float] | None]:
+    """The mask's own claim of updated elements and per-weight trainable densities, when the algorithm's client half
+    trains a masked subset (``trainable_masks()``, e.g. DSSA); (None, None) otherwise."""
+    masks_of = getattr(client, "trainable_masks", None)
+    masks = masks_of() if masks_of is not None else None
+    if not masks:
+        return None, None
+    tensors = {name: torch.from_numpy(np.ascontiguousarray(mask)) for name, mask in masks.items()}
+    return mask_elements(model, tensors), densities_from_masks(tensors)
 
 
 def tcp_peer(endpoint: str) -> tuple[str, int] | None:
