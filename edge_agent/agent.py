@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -26,10 +25,11 @@ from algorithms import make_client
 from algorithms.base import Payload
 from algorithms.loop import TrainingCancelled, TrainSettings, evaluate, round_seed, train_local
 from edge_agent.config import AgentSettings
+from edge_agent.metering import mask_figures, tcp_peer
 from edge_agent.state import DeviceState
 from edge_agent.transport import CurveClientKeys, DealerTransport
 from fldata import ClientShard, normalize, read_shard
-from meter import AgentMeter, ParamSnapshot, densities_from_masks, mask_elements
+from meter import AgentMeter, ParamSnapshot
 from models import ModelSpec, build, definition_hash
 
 log = logging.getLogger("fedge.agent")
@@ -329,25 +329,3 @@ class Agent:
             self.meter.stop()
             transport.close()
         return self.exit_code
-
-
-def mask_figures(client: Any, model: torch.nn.Module) -> tuple[int | None, dict[str, float] | None]:
-    """The mask's own claim of updated elements and per-weight trainable densities, when the algorithm's client half
-    trains a masked subset (``trainable_masks()``, e.g. DSSA); (None, None) otherwise."""
-    masks_of = getattr(client, "trainable_masks", None)
-    masks = masks_of() if masks_of is not None else None
-    if not masks:
-        return None, None
-    tensors = {name: torch.from_numpy(np.ascontiguousarray(mask)) for name, mask in masks.items()}
-    return mask_elements(model, tensors), densities_from_masks(tensors)
-
-
-def tcp_peer(endpoint: str) -> tuple[str, int] | None:
-    """(IP address, port) of a tcp:// endpoint, for the kernel's per-connection byte counters."""
-    if not endpoint.startswith("tcp://"):
-        return None
-    host, _, port = endpoint[len("tcp://"):].rpartition(":")
-    try:
-        return socket.gethostbyname(host.strip("[]")), int(port)
-    except (OSError, ValueError):
-        return None

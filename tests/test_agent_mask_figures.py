@@ -4,7 +4,7 @@ have none."""
 from __future__ import annotations
 
 from algorithms.inprocess import make_fleet, run_round
-from edge_agent.agent import mask_figures
+from edge_agent.metering import mask_figures
 from tests.algo_helpers import ADAM, TINY_MLP, client_data
 
 
