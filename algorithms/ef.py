@@ -44,7 +44,7 @@ from algorithms.base import (
 from algorithms.sparse import FlatLayout, compress, decoded
 from codec import SparseSection, TensorGroup
 
-VALUE_DTYPES = ("f32", "f16", "bf16", "int8")
+VALUE_DTYPES = ("f32", "f16", "bf16", "int8", "ternary")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,11 @@ class Config:
 def make_config(base_module: ModuleType, options: Mapping[str, Any]) -> Config:
     """ef's own options plus the base's (e.g. FedProx's mu); an option neither knows is an error."""
     return wrapper_config(Config, base_module, options)  # type: ignore[no-any-return]
+
+
+def wire_dtype(value_dtype: str) -> str:
+    """The codec's value encoding for an ef value_dtype: ternary values travel as int8."""
+    return "int8" if value_dtype == "ternary" else value_dtype
 
 
 def is_float(array: np.ndarray) -> bool:
@@ -128,7 +133,7 @@ class Server:
     def delta_group(self, version: int) -> TensorGroup:
         delta = self.history[version]
         section = SparseSection.with_indices(self.layout.names, self.layout.shapes, delta.indices, delta.values)
-        return TensorGroup(dense=delta.integers, sparse=section, value_dtype=self.config.value_dtype)
+        return TensorGroup(dense=delta.integers, sparse=section, value_dtype=wire_dtype(self.config.value_dtype))
 
     def chain(self, start: int) -> list[int] | None:
         """The stored versions leading from ``start`` to the current one, or None when one is missing."""

@@ -95,6 +95,22 @@ class Server:
         """alpha_i (with autograd) and the retained layer indices."""
         return layer_weights(self.networks[index], index, self.config.k)
 
+    def aggregation_weights(self, index: int) -> np.ndarray:
+        """alpha_i as a read-only float64 (L, N) array, rows in ``layer_names`` order (retained rows one-hot).
+
+        For inspection (reproductions, reports); computing it changes nothing, not even autograd state.
+        """
+        with torch.no_grad():
+            alpha, _ = self.weights(index)
+        out = alpha.detach().numpy().astype(np.float64)
+        out.setflags(write=False)
+        return out
+
+    @property
+    def layer_names(self) -> list[str]:
+        """The aggregation layers (modules), in the order of alpha's rows."""
+        return [module for module, _ in self.layers]
+
     def personalised(self, index: int, alpha: np.ndarray, retained: Sequence[int]) -> Arrays:
         """theta_bar_i for every aggregated tensor (retained layers: the stored theta_i)."""
         result: Arrays = {}

@@ -3,7 +3,9 @@
 ``FlatLayout`` fixes the flat positions of a set of tensors (row-major, concatenated in the given order), the
 positions that ``codec.SparseSection`` uses. ``compress`` sends the top ``keep`` fraction of an update (by
 magnitude, ties by flat index, k from ``codec.retained_count``) with indices, and returns what the receiver will
-decode and the error-feedback residual. ``decoded`` tells what a receiver gets from a group, by a real codec
+decode and the error-feedback residual; with ``value_dtype = "ternary"`` the sent values are first replaced by
+``ternary`` (sign times one magnitude per tensor, travelling in the codec's int8 encoding), and the residual keeps
+what that rounding lost too. ``decoded`` tells what a receiver gets from a group, by a real codec
 round trip when the value encoding is lossy. Holds no state; must not import a transport.
 """
 
@@ -82,6 +84,21 @@ def decoded_values(group: TensorGroup) -> np.ndarray:
     return np.asarray(decoded(group).sparse.values, dtype=np.float32)  # type: ignore[union-attr]
 
 
+def ternary(layout: FlatLayout, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Each tensor's sent values replaced by sign * (mean |value| of that tensor's sent values).
+
+    The ternarisation of sparse ternary compression (Sattler et al., 2019). On the wire it is int8 with one scale
+    per tensor: every value becomes +-127 (or 0), two byte values that zstd codes in under 2 bits each.
+    """
+    bounds = np.searchsorted(indices, np.cumsum([0, *layout.sizes]))
+    out = np.empty_like(values)
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        part = values[start:stop]
+        if part.size:
+            out[start:stop] = np.sign(part) * np.float32(np.abs(part).mean())
+    return out
+
+
 @dataclass(frozen=True)
 class Compressed:
     """One compressed update: the group to send, its positions, the decoded values and the new residual."""
@@ -105,7 +122,10 @@ def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dt
     chosen = np.flatnonzero(codec.topk_mask([pool], count))
     indices = (chosen if candidates is None else candidates[chosen]).astype(np.int64)
     values = np.ascontiguousarray(update[indices], dtype=np.float32)
-    section = SparseSection.with_indices(layout.names, layout.shapes, indices, values)
+    wire_values = values
+    if value_dtype == "ternary":
+        wire_values, value_dtype = ternary(layout, indices, values), "int8"
+    section = SparseSection.with_indices(layout.names, layout.shapes, indices, wire_values)
     group = TensorGroup(dense=dict(dense or {}), sparse=section, value_dtype=value_dtype)
     received = decoded_values(group)
     residual = np.array(update, dtype=np.float32)

@@ -12,8 +12,8 @@ The hypernetwork learning rate: ALGORITHMS.md 6.3 gives eta_hn = 5e-3 with 10 lo
 budget the rows then do not move off their random initialisation (at most 0.003 after 30 rounds of 10 full epochs;
 docs/reproductions.md has the measurements), so the main run uses eta_hn = 1 (``--hn-lr``, 200x the paper's) to
 compress the time scale, and a reference run with eta_hn = 5e-3 and otherwise the same settings is reported beside
-it. alpha_i (rows over the 8 clients, one row per layer fc1, fc2, fc3) is read through ``Server.weights(i)``, the
-public method the server half itself uses for its downlink; there is no other accessor.
+it. alpha_i (rows over the 8 clients, one row per layer fc1, fc2, fc3) is read through the server half's read-only
+``Server.aggregation_weights(i)``.
 
 The check (ALGORITHMS.md 6.6, fixed, not tuned): on the layer-averaged alpha, client i PASSES when its self weight is
 the largest in its row and each chain neighbour's weight (i-1 and i+1 where they exist) is above the mean weight of
@@ -92,9 +92,8 @@ class Trace:
 
 
 def read_alpha(fleet: Fleet) -> np.ndarray:
-    """alpha[i, l, j] for every client i, layer l and client j, via the server half's public ``weights``."""
-    with torch.no_grad():
-        return np.stack([fleet.server.weights(i)[0].detach().numpy().astype(np.float64) for i in range(CLIENTS)])
+    """alpha[i, l, j] for every client i, layer l and client j, via the server half's ``aggregation_weights``."""
+    return np.stack([fleet.server.aggregation_weights(i) for i in range(CLIENTS)])
 
 
 def neighbours(index: int) -> list[int]:
@@ -135,7 +134,7 @@ def check(matrix: np.ndarray) -> list[Verdict]:
 
 def run(data: Sequence[ClientData], settings: Settings, seed: int, label: str) -> Trace:
     fleet = make_fleet("pfedla", {"hn_lr": settings.hn_lr}, SPEC, CLIENTS, seed=seed)
-    layers = [module for module, _ in fleet.server.layers]
+    layers = fleet.server.layer_names
     scratch = build(SPEC)
     pairs = [(d.train_x, d.train_y) for d in data]
     alpha = np.zeros((settings.rounds, CLIENTS, len(layers), CLIENTS))

@@ -11,7 +11,7 @@ This module must not import torch, zmq or any other Fedge package.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,10 +38,10 @@ def shuffle(planes_in: U8) -> U8:
 
 @dataclass(frozen=True)
 class Shuffled:
-    """A byte-shuffled payload of n values of w bytes (`rows` is n x w), made a plane at a time.
+    """A byte-shuffled payload of n values of w bytes (`rows` is n x w), laid out on demand.
 
-    The packet writer streams the planes into the compressor one by one, so the shuffled copy
-    of a large block never exists in memory all at once.
+    The packet writer has the planes written straight into its body buffer (`write_into`), so
+    the shuffled block is never built on its own.
     """
 
     rows: U8
@@ -50,9 +50,11 @@ class Shuffled:
     def nbytes(self) -> int:
         return int(self.rows.size)
 
-    def planes(self) -> Iterator[memoryview]:
+    def write_into(self, out: U8) -> None:
+        """Write the w planes, one after the other, into the flat uint8 array `out` (nbytes long)."""
+        n = self.rows.shape[0]
         for j in range(self.rows.shape[1]):
-            yield np.ascontiguousarray(self.rows[:, j]).data
+            out[j * n:(j + 1) * n] = self.rows[:, j]
 
     def tobytes(self) -> bytes:
         return shuffle(self.rows).tobytes()

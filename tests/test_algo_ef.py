@@ -57,7 +57,8 @@ def restart(fleet: Fleet, name: str, options: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("name", "options"), [("ef-fedavg", {}), ("ef-fedprox", {"mu": 0.1, "value_dtype": "bf16"}),
-                                               ("ef-fedavg", {"value_dtype": "f16", "history": 2})])
+                                               ("ef-fedavg", {"value_dtype": "f16", "history": 2}),
+                                               ("ef-fedprox", {"keep": 0.3, "value_dtype": "ternary"})])
 def test_replica_is_the_public_model_bit_for_bit_through_misses_and_restarts(name: str,
                                                                           options: dict[str, Any]) -> None:
     fleet = make_fleet(name, options, TINY_MLP, clients=4, seed=1)
@@ -161,3 +162,44 @@ def test_options_are_validated() -> None:
     for bad in ({"keep": 0.0}, {"value_dtype": "f64"}, {"history": 0}):
         with pytest.raises(ValueError):
             ef.make_config(fedavg, bad)
+
+
+def test_ternary_sends_one_magnitude_per_tensor_and_feeds_back_the_rest() -> None:
+    fleet = make_fleet("ef-fedavg", {"keep": 0.3, "value_dtype": "ternary"}, TINY_MLP, clients=2, seed=8)
+    uploads: list[ClientUpdate] = []
+    aggregate = fleet.server.aggregate
+    fleet.server.aggregate = lambda r, updates: (uploads.extend(updates), aggregate(r, updates))[1]
+    run_round(fleet, 1, DATA, ADAM, seed=8)
+    client, layout = fleet.clients[0], fleet.server.layout
+    group = uploads[0].payload.groups["update"]
+    section = group.sparse
+    assert group.value_dtype == "int8" and section.kind == "indices"
+    start = layout.flat(client.replica)
+    sent = (layout.flat(state_to_arrays(fleet.models[0])) - start)[section.indices]  # residual was zero
+    bounds = np.searchsorted(section.indices, np.cumsum([0, *layout.sizes]))
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        if hi > lo:
+            magnitudes = np.abs(section.values[lo:hi])
+            np.testing.assert_allclose(magnitudes, np.abs(sent[lo:hi]).mean(), rtol=1e-6)
+            assert np.array_equal(np.sign(section.values[lo:hi]), np.sign(sent[lo:hi]))
+    np.testing.assert_array_equal(client.residual[section.indices], sent - section.values)
+    broadcast = fleet.server.history[1].values  # the coordinator's delta is ternary too
+    assert 1 <= len(np.unique(np.abs(broadcast))) <= len(layout.sizes)
+
+
+def test_ternary_values_cost_about_one_bit_on_the_wire() -> None:
+    rng = np.random.default_rng(0)
+    names, shapes = ("w",), ((200_000,),)
+    indices = np.sort(rng.choice(200_000, 60_000, replace=False))
+    values = rng.normal(size=60_000).astype(np.float32)
+    ternary = np.sign(values) * np.abs(values).mean()
+    sizes = {}
+    for label, vals in (("int8", values), ("ternary", ternary)):
+        section = codec.SparseSection.with_indices(names, shapes, indices, vals)
+        group = codec.TensorGroup(dense={}, sparse=section, value_dtype="int8")
+        sizes[label] = len(codec.encode(codec.Update(run_id="t", round=1, sender="a", groups={"u": group})))
+    index_only = codec.SparseSection.with_indices(names, shapes, indices, np.zeros(60_000, np.float32))
+    base = len(codec.encode(codec.Update(run_id="t", round=1, sender="a", groups={
+        "u": codec.TensorGroup(dense={}, sparse=index_only, value_dtype="int8")})))
+    ternary_bits, int8_bits = ((sizes[k] - base) * 8 / 60_000 for k in ("ternary", "int8"))
+    assert ternary_bits < 2.0 and 3 * ternary_bits < int8_bits, (ternary_bits, int8_bits)

@@ -305,3 +305,23 @@ def test_checkpoint_resume_is_bit_exact() -> None:
     resumed.aggregate(3, updates)
     final_a, final_b = fleet.server.state_dict()[0], resumed.state_dict()[0]
     assert all(np.array_equal(final_a[k], final_b[k]) for k in final_a)
+
+
+def test_aggregation_weights_is_a_read_only_view_of_alpha() -> None:
+    server = make_server(BN_CNN, clients=4, k=1)
+    scatter(server)
+    before = server.downlink(0, 2)
+    alpha = server.aggregation_weights(2)
+    assert alpha.shape == (len(server.layer_names), 4) and alpha.dtype == np.float64
+    assert server.layer_names == [module for module, _ in server.layers]
+    with torch.no_grad():
+        expected, retained = server.weights(2)
+    np.testing.assert_array_equal(alpha, expected.numpy().astype(np.float64))
+    assert len(retained) == 1 and alpha[retained[0], 2] == 1.0
+    np.testing.assert_allclose(alpha.sum(axis=1), 1.0, atol=1e-6)
+    with pytest.raises(ValueError):
+        alpha[0, 0] = 0.5
+    assert all(p.grad is None for p in server.networks[2].parameters())
+    after = server.downlink(0, 2)
+    for name, value in before.groups["model"].dense.items():
+        np.testing.assert_array_equal(after.groups["model"].dense[name], value)

@@ -50,9 +50,8 @@ def test_defaults_are_the_embedded_session() -> None:
     assert (config.run.rounds, config.fleet.local_agents, config.data.dataset, config.data.partition,
             config.data.alpha, config.train.epochs, config.train.batch_size) == (
         50, 10, "fmnist-demo", "dirichlet", 0.3, 1, 64)
-    assert config.algorithm == {"name": "dssa-fedprox", "sparsity": 0.5, "scale": 1.5, "mu": 0.01,
-                                "warmup_rounds": 5}
-    assert load_config(None, ["algorithm.mu=0.1"]).algorithm["name"] == "dssa-fedprox"
+    assert config.algorithm == {"name": "ef-fedprox", "keep": 0.3, "value_dtype": "ternary", "mu": 0.01}
+    assert load_config(None, ["algorithm.mu=0.1"]).algorithm == {**config.algorithm, "mu": 0.1}
     assert load_config(None, [], {"algorithm.name": "fedavg"}).algorithm == {"name": "fedavg"}
 
 
