@@ -61,16 +61,14 @@ class BodyWriter:
         self.size += piece.nbytes if not isinstance(piece, bytes) else len(piece)
 
     def add(self, obj: Any) -> None:
-        """Append the msgpack form of `obj` (maps with str keys, lists, binary data, scalars)."""
+        """Append the msgpack form of `obj` (maps with str keys, lists of small items, binary data, scalars)."""
         if isinstance(obj, dict):
             self._inline(_header(len(obj), 0x80, 16, 0xDE, 0xDF))
             for key, value in obj.items():
                 self._inline(msgpack.packb(key))
                 self.add(value)
-        elif isinstance(obj, list):
-            self._inline(_header(len(obj), 0x90, 16, 0xDC, 0xDD))
-            for value in obj:
-                self.add(value)
+        elif isinstance(obj, list):  # tables, shapes, index segments: msgpack packs them in one C call
+            self._inline(msgpack.packb(obj, use_bin_type=True))
         elif isinstance(obj, Shuffled):
             self._inline(_bin_header(obj.nbytes))
             self._large(obj)
