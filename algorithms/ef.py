@@ -41,7 +41,7 @@ from algorithms.base import (
     weights_of,
     wrapper_config,
 )
-from algorithms.sparse import FlatLayout, compress, decoded
+from algorithms.sparse import FlatLayout, compress, decoded, wire_dtype
 from codec import SparseSection, TensorGroup
 
 VALUE_DTYPES = ("f32", "f16", "bf16", "int8", "ternary")
@@ -66,11 +66,6 @@ class Config:
 def make_config(base_module: ModuleType, options: Mapping[str, Any]) -> Config:
     """ef's own options plus the base's (e.g. FedProx's mu); an option neither knows is an error."""
     return wrapper_config(Config, base_module, options)  # type: ignore[no-any-return]
-
-
-def wire_dtype(value_dtype: str) -> str:
-    """The codec's value encoding for an ef value_dtype: ternary values travel as int8."""
-    return "int8" if value_dtype == "ternary" else value_dtype
 
 
 def is_float(array: np.ndarray) -> bool:

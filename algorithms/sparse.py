@@ -84,6 +84,11 @@ def decoded_values(group: TensorGroup) -> np.ndarray:
     return np.asarray(decoded(group).sparse.values, dtype=np.float32)  # type: ignore[union-attr]
 
 
+def wire_dtype(value_dtype: str) -> str:
+    """The codec's value encoding for a value_dtype: ``ternary`` values travel as int8, the others as named."""
+    return "int8" if value_dtype == "ternary" else value_dtype
+
+
 def ternary(layout: FlatLayout, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Each tensor's sent values replaced by sign * (mean |value| of that tensor's sent values).
 
@@ -122,11 +127,9 @@ def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dt
     chosen = np.flatnonzero(codec.topk_mask([pool], count))
     indices = (chosen if candidates is None else candidates[chosen]).astype(np.int64)
     values = np.ascontiguousarray(update[indices], dtype=np.float32)
-    wire_values = values
-    if value_dtype == "ternary":
-        wire_values, value_dtype = ternary(layout, indices, values), "int8"
+    wire_values = ternary(layout, indices, values) if value_dtype == "ternary" else values
     section = SparseSection.with_indices(layout.names, layout.shapes, indices, wire_values)
-    group = TensorGroup(dense=dict(dense or {}), sparse=section, value_dtype=value_dtype)
+    group = TensorGroup(dense=dict(dense or {}), sparse=section, value_dtype=wire_dtype(value_dtype))
     received = decoded_values(group)
     residual = np.array(update, dtype=np.float32)
     residual[indices] = values - received

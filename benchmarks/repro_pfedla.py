@@ -38,7 +38,6 @@ from dataclasses import asdict, dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from _repro_common import (  # noqa: E402
     ClientData,
     Stopwatch,

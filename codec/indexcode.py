@@ -56,14 +56,11 @@ def _write_fields(values: I64, r: int) -> bytes:
     """`values` as consecutive r-bit big-endian fields (1 <= r <= 30), zero-padded to a byte."""
     count = int(values.size)
     nbytes = (count * r + 7) // 8
-    if r <= 8:  # eight fields fill exactly r bytes: OR them into one big-endian uint64 per group of eight
-        groups = -(-count // 8)
-        fields = np.zeros((groups, 8), dtype=np.uint64)
-        fields.reshape(-1)[:count] = values
-        words = fields[:, 0] << np.uint64(7 * r)
-        for k in range(1, 8):
-            words |= fields[:, k] << np.uint64((7 - k) * r)
-        packed = words.astype(">u8").view(np.uint8).reshape(-1, 8)
+    if r <= 8:  # eight fields fill exactly r bytes: build them in one uint64 per group
+        fields = np.zeros(-(-count // 8) * 8, dtype=np.uint64)
+        fields[:count] = values
+        weights = np.uint64(1) << (r * np.arange(7, -1, -1, dtype=np.uint64))
+        packed = (fields.reshape(-1, 8) @ weights).astype(">u8").view(np.uint8).reshape(-1, 8)
         out: bytes = packed[:, 8 - r:].tobytes()[:nbytes]
         return out
     width = 16 if r <= 16 else 32
@@ -79,12 +76,9 @@ def _read_fields(stream: bytes, count: int, r: int) -> I64:
         flat = np.zeros(groups * r, dtype=np.uint8)
         flat[: len(stream)] = np.frombuffer(stream, dtype=np.uint8)
         raw[:, 8 - r:] = flat.reshape(groups, r)
-        words = raw.view(">u8").reshape(-1).astype(np.uint64)
-        fields = np.empty((groups, 8), dtype=np.int64)
-        low = np.uint64((1 << r) - 1)
-        for k in range(8):
-            fields[:, k] = (words >> np.uint64((7 - k) * r)) & low
-        return fields.reshape(-1)[:count]
+        words = raw.view(">u8").reshape(-1, 1).astype(np.uint64)
+        fields = (words >> (r * np.arange(7, -1, -1, dtype=np.uint64))) & np.uint64((1 << r) - 1)
+        return fields.reshape(-1)[:count].astype(np.int64)
     buf = np.zeros(len(stream) + 8, dtype=np.uint8)
     buf[: len(stream)] = np.frombuffer(stream, dtype=np.uint8)
     windows = np.ndarray(shape=(len(buf) - 7,), dtype=">u8", buffer=buf, strides=(1,))

@@ -71,8 +71,9 @@ def update_summary(updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         row["personal_accuracy"] = personal
         row["personal_accuracy_mean"] = float(np.mean(list(personal.values())))
     losses = [u.payload.meta.get("train_loss") for u in updates]
-    if losses and all(isinstance(x, float) for x in losses):
-        row["train_loss"] = float(np.average(losses, weights=[max(u.num_samples, 1) for u in updates]))
+    floats = [x for x in losses if isinstance(x, float)]
+    if losses and len(floats) == len(losses):
+        row["train_loss"] = float(np.average(floats, weights=[max(u.num_samples, 1) for u in updates]))
     times = [u.payload.meta.get("train_s") for u in updates]
     known = [t for t in times if isinstance(t, float)]
     row["train_s_max"] = max(known) if known else None

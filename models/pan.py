@@ -63,7 +63,8 @@ class PositionEncoding(nn.Module):
         self.register_buffer("encoding", encoding.to(torch.float32), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        e = self.encoding.view(1, -1, *([1] * (x.dim() - 2)))
+        encoding: torch.Tensor = self.encoding  # type: ignore[assignment]  # a registered buffer
+        e = encoding.view(1, -1, *([1] * (x.dim() - 2)))
         if self.mode == "add":
             return x + e
         return x * e

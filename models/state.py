@@ -47,7 +47,7 @@ def prunable_names(model: nn.Module) -> list[str]:
 
 def batch_norm_names(model: nn.Module) -> list[str]:
     """Every state tensor owned by a BatchNorm module (weight, bias, running stats, num_batches_tracked)."""
-    names = []
+    names: list[str] = []
     for module_name, module in model.named_modules():
         if isinstance(module, _BatchNorm):
             names.extend(f"{module_name}.{key}" for key in module.state_dict())
