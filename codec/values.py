@@ -25,6 +25,7 @@ U8 = npt.NDArray[np.uint8]
 VALUE_ENCODINGS: tuple[str, ...] = ("f32", "f16", "bf16", "int8")
 WIDTH: dict[str, int] = {"f32": 4, "f16": 2, "bf16": 2, "int8": 1}
 INT8_MAX = 127
+WORD: dict[int, np.dtype[np.unsignedinteger]] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 def shuffle(planes_in: U8) -> U8:
@@ -51,9 +52,20 @@ class Shuffled:
         return int(self.rows.size)
 
     def write_into(self, out: U8) -> None:
-        """Write the w planes, one after the other, into the flat uint8 array `out` (nbytes long)."""
-        n = self.rows.shape[0]
-        for j in range(self.rows.shape[1]):
+        """Write the w planes, one after the other, into the flat uint8 array `out` (nbytes long).
+
+        For w = 2 and 4 the rows are read as little-endian words and plane j is (word >> 8j),
+        cast to uint8: contiguous passes, about twice as fast as copying strided byte columns.
+        """
+        n, width = self.rows.shape
+        if width in WORD and self.rows.flags.c_contiguous:
+            words = self.rows.reshape(-1).view(WORD[width])
+            shifted = np.empty(n, dtype=words.dtype.newbyteorder("="))
+            for j in range(width):
+                np.right_shift(words, 8 * j, out=shifted)
+                np.copyto(out[j * n:(j + 1) * n], shifted, casting="unsafe")
+            return
+        for j in range(width):
             out[j * n:(j + 1) * n] = self.rows[:, j]
 
     def tobytes(self) -> bytes:
@@ -61,8 +73,19 @@ class Shuffled:
 
 
 def unshuffle(data: bytes | memoryview, n: int, width: int) -> U8:
-    """Inverse of `shuffle`: (w * n) shuffled bytes -> (n, w) bytes, one row per value."""
+    """Inverse of `shuffle`: (w * n) shuffled bytes -> (n, w) bytes, one row per value.
+
+    For w = 2 and 4 each value is assembled as a little-endian word by shifting and OR-ing the
+    planes from the most significant down (contiguous passes, faster than strided byte columns).
+    """
     planes = np.frombuffer(data, dtype=np.uint8, count=n * width).reshape(width, n)
+    if width in WORD:
+        words = np.empty(n, dtype=WORD[width])
+        np.copyto(words, planes[width - 1])
+        for j in range(width - 2, -1, -1):
+            words <<= 8
+            words |= planes[j]
+        return words.view(np.uint8).reshape(n, width)
     out = np.empty((n, width), dtype=np.uint8)
     for j in range(width):
         out[:, j] = planes[j]
