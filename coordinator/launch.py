@@ -224,7 +224,10 @@ def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
             expect = len(agents) if local else max(config.fleet.expect, 1)
             outcome = session.run(expect, config.fleet.join_timeout_s)
             report = finish(session, run_dir, spec, outcome, time.monotonic() - started)
-            session.say_goodbye(SESSION_FINISHED if outcome == "done" else "coordinator stopping; it will resume")
+            if outcome == "done":  # finished agents answer with their own Bye; wait for it (at most 5 s)
+                session.say_goodbye(SESSION_FINISHED, wait_s=5.0)
+            else:
+                session.say_goodbye("coordinator stopping; it will resume")
         finally:
             fleet.stop(grace_s=10.0 if outcome == "done" else 0.5)  # local agents end with their coordinator
             transport.close()

@@ -279,7 +279,14 @@ class Session(Messaging):
         self.write_status("done", force=True)
         return "done"
 
-    def say_goodbye(self, reason: str) -> None:
-        for agent in self.registry.agents.values():
-            if agent.connected and agent.peer:
-                self.send(agent.peer, codec.Bye(run_id=self.run_id, round=self.round, sender=SENDER, reason=reason))
+    def say_goodbye(self, reason: str, wait_s: float = 0.0) -> None:
+        """Send every connected agent a Bye; then, for up to ``wait_s``, keep serving until each has said its own
+        Bye back. Closing the socket right after sending can lose the Bye: an agent's DEALER (ZMQ_IMMEDIATE)
+        drops what it has not read yet when the connection goes, and that agent would wait for a session that
+        has ended."""
+        told = [a for a in self.registry.agents.values() if a.connected and a.peer]
+        for agent in told:
+            self.send(agent.peer, codec.Bye(run_id=self.run_id, round=self.round, sender=SENDER, reason=reason))
+        deadline = time.monotonic() + wait_s
+        while any(a.connected for a in told) and time.monotonic() < deadline:
+            self.pump(50)
