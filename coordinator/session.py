@@ -281,9 +281,9 @@ class Session(Messaging):
 
     def say_goodbye(self, reason: str, wait_s: float = 0.0) -> None:
         """Send every connected agent a Bye; then, for up to ``wait_s``, keep serving until each has said its own
-        Bye back. Closing the socket right after sending can lose the Bye: an agent's DEALER (ZMQ_IMMEDIATE)
-        drops what it has not read yet when the connection goes, and that agent would wait for a session that
-        has ended."""
+        Bye back. Closing the socket right after sending once lost a Bye in the e2e tests (most likely an agent's
+        DEALER, with ZMQ_IMMEDIATE, discarding what it had not read yet when the connection went), and that agent
+        waited for a session that had ended."""
         told = [a for a in self.registry.agents.values() if a.connected and a.peer]
         for agent in told:
             self.send(agent.peer, codec.Bye(run_id=self.run_id, round=self.round, sender=SENDER, reason=reason))
