@@ -1,8 +1,8 @@
 """The coordinator's last goodbye: it keeps serving until finished agents answer, within a bound.
 
-An agent's DEALER socket (ZMQ_IMMEDIATE) drops messages it has not read yet when the connection closes, so a
-coordinator that closed right after sending its final Bye could leave an agent waiting for a session that had
-ended (seen once in the e2e SIGTERM test). These drive ``Session.say_goodbye`` with the transport's two calls
+A coordinator that closed right after sending its final Bye once left an agent waiting for a session that had
+ended (seen once in the e2e SIGTERM test; most likely the agent's DEALER, with ZMQ_IMMEDIATE, discarded the unread
+Bye when the connection closed). These drive ``Session.say_goodbye`` with the transport's two calls
 replaced: ``send`` records, ``pump`` plays the agents' answers.
 """
 
