@@ -11,6 +11,7 @@ This module must not import torch, zmq or any other Fedge package.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ U8 = npt.NDArray[np.uint8]
 VALUE_ENCODINGS: tuple[str, ...] = ("f32", "f16", "bf16", "int8")
 WIDTH: dict[str, int] = {"f32": 4, "f16": 2, "bf16": 2, "int8": 1}
 INT8_MAX = 127
+SHIFT_BLOCK = 1 << 20  # values shifted per block in Shuffled.write_into (a per-thread scratch of at most 4 MiB)
 WORD: dict[int, np.dtype[np.unsignedinteger]] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
@@ -35,6 +37,20 @@ def shuffle(planes_in: U8) -> U8:
     for j in range(width):
         out[j] = planes_in[:, j]
     return out
+
+
+_local = threading.local()
+
+
+def _shift_scratch(count: int, width: int) -> npt.NDArray[np.unsignedinteger]:
+    """This thread's reused native-endian word array of at least `count` words of `width` bytes (its first
+    `count`): a fresh multi-MB temporary per packet costs page faults where the allocator returns it each time."""
+    key = f"words{width}"
+    found: npt.NDArray[np.unsignedinteger] | None = getattr(_local, key, None)
+    if found is None or found.size < count:
+        found = np.empty(count, dtype=WORD[width].newbyteorder("="))
+        setattr(_local, key, found)
+    return found[:count]
 
 
 @dataclass(frozen=True)
@@ -60,10 +76,14 @@ class Shuffled:
         n, width = self.rows.shape
         if width in WORD and self.rows.flags.c_contiguous:
             words = self.rows.reshape(-1).view(WORD[width])
-            shifted = np.empty(n, dtype=words.dtype.newbyteorder("="))
-            for j in range(width):
-                np.right_shift(words, 8 * j, out=shifted)
-                np.copyto(out[j * n:(j + 1) * n], shifted, casting="unsafe")
+            step = SHIFT_BLOCK
+            shifted = _shift_scratch(min(n, step), width)
+            for start in range(0, n, step):  # in blocks of at most SHIFT_BLOCK values, through a reused scratch
+                block = words[start:start + step]
+                part = shifted[:block.size]
+                for j in range(width):
+                    np.right_shift(block, 8 * j, out=part)
+                    np.copyto(out[j * n + start:j * n + start + block.size], part, casting="unsafe")
             return
         for j in range(width):
             out[j * n:(j + 1) * n] = self.rows[:, j]
