@@ -71,14 +71,18 @@ def _write_fields(values: I64, r: int) -> bytes:
 def _read_fields(stream: bytes, count: int, r: int) -> I64:
     """The `count` consecutive r-bit big-endian fields at the start of `stream`, as int64."""
     groups = -(-count // 8)
-    if r <= 8:
-        raw = np.zeros((groups, 8), dtype=np.uint8)
+    if r <= 8:  # eight fields fill exactly r bytes: join each group's r bytes into one word, then split it
         flat = np.zeros(groups * r, dtype=np.uint8)
         flat[: len(stream)] = np.frombuffer(stream, dtype=np.uint8)
-        raw[:, 8 - r:] = flat.reshape(groups, r)
-        words = raw.view(">u8").reshape(-1, 1).astype(np.uint64)
-        fields = (words >> (r * np.arange(7, -1, -1, dtype=np.uint64))) & np.uint64((1 << r) - 1)
-        return fields.reshape(-1)[:count].astype(np.int64)
+        group_bytes = flat.reshape(groups, r)
+        words = group_bytes[:, 0].astype(np.uint64)
+        for k in range(1, r):
+            words <<= np.uint64(8)
+            words |= group_bytes[:, k]
+        fields = words[:, None] >> (np.uint64(r) * np.arange(7, -1, -1, dtype=np.uint64))
+        fields &= np.uint64((1 << r) - 1)
+        small: I64 = fields.reshape(-1)[:count].view(np.int64)  # every field < 2**8: the same bits as int64
+        return small
     buf = np.zeros(len(stream) + 8, dtype=np.uint8)
     buf[: len(stream)] = np.frombuffer(stream, dtype=np.uint8)
     windows = np.ndarray(shape=(len(buf) - 7,), dtype=">u8", buffer=buf, strides=(1,))

@@ -18,7 +18,7 @@ from codec.errors import Malformed
 from codec.schema import MAX_I64, check_name, is_int
 from codec.tensors import TensorGroup
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_TEXT_BYTES = 65536
 
 

@@ -1,10 +1,14 @@
 """Value blocks: how a run of float32 values is laid out on the wire.
 
-A value block holds n float32 values in one of four encodings: "f32" (lossless, byte-shuffled),
-"f16" and "bf16" (lossy, 2 bytes, byte-shuffled) and "int8" (lossy, linear, one scale per
-segment; a segment is one tensor). Byte shuffling stores byte 0 of every value, then byte 1,
-and so on (as Blosc does), which lets zstd compress the exponent bytes and skip the noisy low
-mantissa bytes quickly. Decoded values are always float32.
+A value block holds n float32 values in one of four encodings: "f32" (lossless, rotated and
+byte-shuffled), "f16" and "bf16" (lossy, 2 bytes, byte-shuffled) and "int8" (lossy, linear, one
+scale per segment; a segment is one tensor). Byte shuffling stores byte 0 of every value, then
+byte 1, and so on (as Blosc does), which lets zstd compress the exponent bytes and skip the noisy
+low mantissa bytes quickly. "f32" first rotates each value's 32 bits left by one, so the sign
+goes to bit 0 and the top byte plane holds exactly the biased exponent (format version 2: one
+low-entropy plane instead of sign-and-exponent plus an exponent bit mixed into the mantissa;
+measured smaller and faster to compress, docs/wire-format.md section 11). Decoded values are
+always float32.
 
 This module must not import torch, zmq or any other Fedge package.
 """
@@ -53,15 +57,31 @@ def _shift_scratch(count: int, width: int) -> npt.NDArray[np.unsignedinteger]:
     return found[:count]
 
 
+def rotate_left(rows: U8) -> U8:
+    """(n, w) value bytes -> the same values with each w-byte little-endian word rotated left by one bit."""
+    words = np.ascontiguousarray(rows).reshape(-1).view(WORD[rows.shape[1]])
+    top = 8 * rows.shape[1] - 1
+    return ((words << 1) | (words >> top)).view(np.uint8).reshape(rows.shape)
+
+
+def rotate_right(rows: U8) -> U8:
+    """Inverse of `rotate_left`."""
+    words = np.ascontiguousarray(rows).reshape(-1).view(WORD[rows.shape[1]])
+    top = 8 * rows.shape[1] - 1
+    return ((words >> 1) | (words << top)).view(np.uint8).reshape(rows.shape)
+
+
 @dataclass(frozen=True)
 class Shuffled:
     """A byte-shuffled payload of n values of w bytes (`rows` is n x w), laid out on demand.
 
-    The packet writer has the planes written straight into its body buffer (`write_into`), so
-    the shuffled block is never built on its own.
+    With `rotate` (f32 values, docs/wire-format.md section 6) each value's word is first rotated left by one bit,
+    so the sign moves to bit 0 and the top byte plane holds exactly the exponent. The packet writer has the planes
+    written straight into its body buffer (`write_into`), so the shuffled block is never built on its own.
     """
 
     rows: U8
+    rotate: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -72,6 +92,7 @@ class Shuffled:
 
         For w = 2 and 4 the rows are read as little-endian words and plane j is (word >> 8j),
         cast to uint8: contiguous passes, about twice as fast as copying strided byte columns.
+        Rotated, plane j >= 1 is (word >> (8j - 1)) and plane 0 is (word << 1) | (word >> (8w - 1)).
         """
         n, width = self.rows.shape
         if width in WORD and self.rows.flags.c_contiguous:
@@ -82,18 +103,29 @@ class Shuffled:
                 block = words[start:start + step]
                 part = shifted[:block.size]
                 for j in range(width):
-                    np.right_shift(block, 8 * j, out=part)
-                    np.copyto(out[j * n + start:j * n + start + block.size], part, casting="unsafe")
+                    plane = out[j * n + start:j * n + start + block.size]
+                    if not self.rotate:
+                        np.right_shift(block, 8 * j, out=part)
+                    elif j:
+                        np.right_shift(block, 8 * j - 1, out=part)
+                    else:
+                        np.right_shift(block, 8 * width - 1, out=part)
+                        np.copyto(plane, part, casting="unsafe")
+                        np.left_shift(block, 1, out=part)
+                        np.bitwise_or(plane, part, out=plane, casting="unsafe")
+                        continue
+                    np.copyto(plane, part, casting="unsafe")
             return
+        rows = rotate_left(self.rows) if self.rotate else self.rows
         for j in range(width):
-            out[j * n:(j + 1) * n] = self.rows[:, j]
+            out[j * n:(j + 1) * n] = rows[:, j]
 
     def tobytes(self) -> bytes:
-        return shuffle(self.rows).tobytes()
+        return shuffle(rotate_left(self.rows) if self.rotate else self.rows).tobytes()
 
 
-def unshuffle(data: bytes | memoryview, n: int, width: int) -> U8:
-    """Inverse of `shuffle`: (w * n) shuffled bytes -> (n, w) bytes, one row per value.
+def unshuffle(data: bytes | memoryview, n: int, width: int, rotate: bool = False) -> U8:
+    """Inverse of `shuffle` (and, with `rotate`, of the rotation): (w * n) shuffled bytes -> (n, w) bytes.
 
     For w = 2 and 4 each value is assembled as a little-endian word by shifting and OR-ing the
     planes from the most significant down (contiguous passes, faster than strided byte columns).
@@ -105,11 +137,16 @@ def unshuffle(data: bytes | memoryview, n: int, width: int) -> U8:
         for j in range(width - 2, -1, -1):
             words <<= 8
             words |= planes[j]
+        if rotate:  # word = (word >> 1) | (word << (8w - 1)), through this thread's reused scratch
+            low = _shift_scratch(n, width)
+            np.left_shift(words, 8 * width - 1, out=low)
+            words >>= 1
+            words |= low
         return words.view(np.uint8).reshape(n, width)
     out = np.empty((n, width), dtype=np.uint8)
     for j in range(width):
         out[:, j] = planes[j]
-    return out
+    return rotate_right(out) if rotate else out
 
 
 def _segment_scales(mag: npt.NDArray[np.float64], counts: Sequence[int]) -> npt.NDArray[np.float32]:
@@ -134,7 +171,7 @@ def encode_values(values: F32, encoding: str, counts: Sequence[int]) -> tuple[Sh
         raise Malformed(f"unknown value encoding {encoding!r}; use one of {', '.join(VALUE_ENCODINGS)}")
     vals = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
     if encoding == "f32":
-        return Shuffled(vals.view(np.uint8).reshape(-1, 4)), b""
+        return Shuffled(vals.view(np.uint8).reshape(-1, 4), rotate=True), b""
     if not np.isfinite(vals).all():
         raise NonFinite(f"cannot encode NaN or infinity as {encoding}; send these values as f32")
     if encoding == "f16":
@@ -171,7 +208,7 @@ def decode_values(payload: bytes, scales: bytes, encoding: str, counts: Sequence
     if len(scales) != want_scales:
         raise Malformed(f"{where}: scale field holds {len(scales)} bytes, expected {want_scales}")
     if encoding == "f32":
-        out = unshuffle(payload, n, 4).view("<f4").reshape(-1).astype(np.float32, copy=False)
+        out = unshuffle(payload, n, 4, rotate=True).view("<f4").reshape(-1).astype(np.float32, copy=False)
     elif encoding == "f16":
         out = unshuffle(payload, n, 2).view("<f2").reshape(-1).astype(np.float32)
     elif encoding == "bf16":

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codec import retained_count, topk_mask
+from codec import PROTOCOL_VERSION, retained_count, topk_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,7 @@ def test_lossy_dtype_option(tmp_path: Path, model: dict[str, np.ndarray]) -> Non
 
 
 def bad_inputs(tmp: Path) -> list[list[str]]:
-    (tmp / "garbage.pkt").write_bytes(b"FEDG\x01\x03\x00\x00" + b"\x00" * 40)
+    (tmp / "garbage.pkt").write_bytes(b"FEDG" + bytes((PROTOCOL_VERSION, 3, 0, 0)) + b"\x00" * 40)
     (tmp / "text.npz").write_text("not a zip")
     np.savez(tmp / "strings.npz", names=np.array(["a", "b"]))
     np.savez(tmp / "dense.npz", w=np.ones((2, 2), np.float32))

@@ -18,6 +18,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from codec import (
+    PROTOCOL_VERSION,
     Bye,
     CodecError,
     ErrorMessage,
@@ -34,6 +35,8 @@ from codec import (
     encode,
 )
 from codec.frames import compress, decompress
+
+HEARTBEAT_PREFIX = b"FEDG" + bytes((PROTOCOL_VERSION, 6, 0, 0))
 
 MAX_SECONDS = 2.0
 DEFAULT_LIMITS = Limits()
@@ -166,10 +169,10 @@ def frame_declaring(size: int) -> bytes:
 def test_decompression_bombs_are_refused_from_the_header() -> None:
     for size in (1 << 40, 300 << 20):
         with pytest.raises(TooLarge):
-            decode(b"FEDG\x01\x06\x00\x00" + frame_declaring(size))
+            decode(HEARTBEAT_PREFIX + frame_declaring(size))
     zeros = compress(b"\x00" * (2 << 20))
     with pytest.raises(TooLarge):
-        decode(b"FEDG\x01\x06\x00\x00" + zeros, Limits(max_decompressed_bytes=1 << 20))
+        decode(HEARTBEAT_PREFIX + zeros, Limits(max_decompressed_bytes=1 << 20))
 
 
 def test_a_huge_declared_tensor_is_refused_before_allocation() -> None:
@@ -203,4 +206,4 @@ def test_inner_bitmap_and_rice_bombs_are_refused() -> None:
 def test_msgpack_headers_claiming_huge_lengths() -> None:
     for body in (b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xc6\xff\xff\xff\xff", b"\x91" * 5000 + b"\x00"):
         with pytest.raises(Malformed):
-            decode(b"FEDG\x01\x06\x00\x00" + compress(body))
+            decode(HEARTBEAT_PREFIX + compress(body))

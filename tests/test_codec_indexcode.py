@@ -44,6 +44,18 @@ def test_rice_streams_match_the_spec(n: int, density: float, r: int, seed: int) 
     assert np.array_equal(rice_decode(hi, lo, positions.size, r, n, "t"), positions)
 
 
+@pytest.mark.parametrize("r", range(1, 31))
+def test_every_rice_parameter_decodes_groups_of_fields_at_any_count(r: int) -> None:
+    """The remainder fields are read 8 at a time for r <= 8 and one by one above: both at every tail length."""
+    rng = np.random.default_rng(r)
+    for count in (1, 7, 8, 9, 1001):
+        gaps = rng.integers(0, 1 << min(r + 2, 40), count)
+        positions = np.cumsum(gaps + 1) - 1
+        hi, lo = rice_encode(positions, r)
+        assert (hi, lo) == reference_rice(positions.tolist(), r)
+        assert np.array_equal(rice_decode(hi, lo, count, r, int(positions[-1]) + 1, "t"), positions)
+
+
 def test_worked_example_of_the_spec() -> None:
     assert rice_encode(np.array([1, 6]), 1) == (b"\x90", b"\x80")
 

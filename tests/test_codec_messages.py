@@ -62,11 +62,12 @@ def test_messages_are_frozen_and_meta_defaults_to_empty() -> None:
 
 def test_unknown_version_and_kind_are_rejected() -> None:
     packet = bytearray(encode(Commit("r", 1, "c")))
-    packet[4] = 2
-    with pytest.raises(UnsupportedVersion) as info:
-        decode(bytes(packet))
-    assert info.value.version == 2 and "version 2" in str(info.value)
-    packet[4], packet[5] = 1, 42
+    for other in (PROTOCOL_VERSION - 1, PROTOCOL_VERSION + 1):  # an older agent's packet, a newer one's
+        packet[4] = other
+        with pytest.raises(UnsupportedVersion) as info:
+            decode(bytes(packet))
+        assert info.value.version == other and f"version {other}" in str(info.value) and "upgrade" in str(info.value)
+    packet[4], packet[5] = PROTOCOL_VERSION, 42
     with pytest.raises(UnknownKind):
         decode(bytes(packet))
     packet[5], packet[7] = 5, 1

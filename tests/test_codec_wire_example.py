@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codec import Heartbeat, SparseSection, Task, TensorGroup, Update, decode, encode
+from codec import PROTOCOL_VERSION, Heartbeat, SparseSection, Task, TensorGroup, Update, decode, encode
 from codec.frames import decompress
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "wire-format.md").read_text()
@@ -54,7 +54,7 @@ def test_downlink_example_body_and_packet() -> None:
     _, task, _, mask = example_messages()
     blocks = code_blocks()
     assert body_hex(encode(task)) in blocks
-    packet = next(b for b in blocks if b.startswith("4645444701030000"))
+    packet = next(b for b in blocks if b.startswith("46454447" + f"{PROTOCOL_VERSION:02x}" + "030000"))
     back = decode(bytes.fromhex(packet))
     assert isinstance(back, Task) and back.groups["model"].sparse is not None
     assert np.array_equal(back.groups["model"].sparse.mask, mask)
