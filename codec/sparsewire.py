@@ -100,7 +100,7 @@ def decode_section(obj: Any, encoding: str, budget: Budget, limits: Limits, wher
             mask[lo:hi] = bits
         else:
             assert positions is not None
-            mask[positions + lo] = True
+            mask[lo:hi][positions] = True  # through the tensor's view: no shifted copy of the positions
         if positions is not None:
             local[t] = positions
     if mask_crc(mask) != crc:
