@@ -36,11 +36,17 @@ Segment = list[Any]
 
 
 def _gaps(positions: I64) -> I64:
-    return np.diff(positions, prepend=-1) - 1
+    """positions[i] - positions[i - 1] - 1, with positions[-1] read as -1 (np.diff with prepend, in one pass)."""
+    gaps = np.empty(positions.size, dtype=np.int64)
+    if positions.size:
+        gaps[0] = positions[0]
+        np.subtract(positions[1:], positions[:-1], out=gaps[1:])
+        gaps[1:] -= 1
+    return gaps
 
 
 def _rice_cost(gaps: I64, r: int) -> int:
-    return int(gaps.size) * (1 + r) + int(np.sum(gaps >> r))
+    return int(gaps.size) * (1 + r) + int((gaps >> r).sum())
 
 
 def _best_rice_param(gaps: I64, n: int) -> tuple[int, int]:
@@ -127,7 +133,7 @@ def rice_decode(hi: bytes, lo: bytes, count: int, r: int, n: int, where: str) ->
     if ends.size != count or len(hi) != int(ends[-1]) // 8 + 1:
         raise Malformed(f"{where}: Rice quotient stream codes {ends.size} positions (with its padding), "
                         f"the table says {count}")
-    gaps = np.diff(ends, prepend=-1) - 1
+    gaps = _gaps(ends)
     if r:
         pad = 8 * len(lo) - count * r
         if pad and lo[-1] & ((1 << pad) - 1):
