@@ -13,6 +13,8 @@ import argparse
 import csv
 import json
 import math
+import shlex
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,7 +58,13 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     args = parser.parse_args(argv)
     if args.seed < 0 or args.threads < 1:
         parser.error("--seed must be >= 0 and --threads >= 1")
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     return args
+
+
+def command_line(script: str, args: argparse.Namespace) -> str:
+    """The command as it was given (every flag), for the report, e.g. ``python benchmarks/repro_x.py --seed 1``."""
+    return shlex.join(["python", f"benchmarks/{script}", *args.argv])
 
 
 def setup_torch(threads: int) -> None:

@@ -26,6 +26,7 @@ from _repro_common import (
     Stopwatch,
     as_tensors,
     base_parser,
+    command_line,
     markdown_table,
     next_round_accuracy,
     parse_args,
@@ -136,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     transforms = [s.meta["transform"] for s in shards]
     report = [
         "# FedBN vs FedAvg under feature shift", "",
-        f"Command: `python benchmarks/repro_fedbn.py{' --quick' if args.quick else ''} --seed {args.seed}`; "
+        f"Command: `{command_line('repro_fedbn.py', args)}`; "
         f"{seconds:.0f} s with {args.threads} torch thread(s).", "",
         f"Settings: {asdict(settings)}", "",
         *markdown_table(header, rows), "",

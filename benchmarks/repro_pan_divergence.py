@@ -27,6 +27,7 @@ from _repro_common import (
     Stopwatch,
     as_tensors,
     base_parser,
+    command_line,
     markdown_table,
     parse_args,
     pyplot,
@@ -194,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               round_rows)
     report = [
         "# Weight divergence with PANs on and off", "",
-        f"Command: `python benchmarks/repro_pan_divergence.py{' --quick' if args.quick else ''} --seed {args.seed}`;"
+        f"Command: `{command_line('repro_pan_divergence.py', args)}`;"
         f" {seconds:.0f} s with {args.threads} torch thread(s).", "",
         f"Settings: {asdict(settings)}; client training-set sizes {sizes}", "",
         "Mean over rounds of the per-round divergence:", "",

@@ -43,6 +43,7 @@ from _repro_common import (  # noqa: E402
     Stopwatch,
     as_tensors,
     base_parser,
+    command_line,
     markdown_table,
     next_round_accuracy,
     parse_args,
@@ -295,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     every = max(1, settings.rounds // 10)
     report = [
         "# pFedLA aggregation weights on a chain of 8 clients", "",
-        f"Command: `python benchmarks/repro_pfedla.py{' --quick' if args.quick else ''} --seed {args.seed}`; "
+        f"Command: `{command_line('repro_pfedla.py', args)}`; "
         f"{seconds:.0f} s with {args.threads} torch thread(s).", "",
         f"Settings: {asdict(settings)}", "",
         f"alpha averaged over layers {trace.layers} after round {settings.rounds} (row i: the weights client i's "

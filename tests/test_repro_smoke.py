@@ -65,7 +65,9 @@ def flat(values: Any) -> list[float]:
 def check_files(out: Path, stem: str, tables: tuple[str, ...]) -> None:
     figure = out / f"{stem}.png"
     assert figure.read_bytes()[:8] == PNG_MAGIC and figure.stat().st_size > 5_000
-    assert (out / f"{stem}.md").read_text().startswith("# ")
+    report = (out / f"{stem}.md").read_text()
+    assert report.startswith("# ")
+    assert f"--quick --out {out}`" in report, "the report must give the command with every flag it was run with"
     for table in tables:
         lines = (out / table).read_text().splitlines()
         assert len(lines) >= 2, f"{table} has no rows"
