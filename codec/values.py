@@ -139,11 +139,14 @@ def unshuffle(data: bytes | memoryview, n: int, width: int, rotate: bool = False
         for j in range(width - 2, -1, -1):
             words <<= 8
             words |= planes[j]
-        if rotate:  # word = (word >> 1) | (word << (8w - 1)), through this thread's reused scratch
-            low = _shift_scratch(n, width)
-            np.left_shift(words, 8 * width - 1, out=low)
-            words >>= 1
-            words |= low
+        if rotate:  # word = (word >> 1) | (word << (8w - 1)), in blocks through this thread's bounded scratch
+            scratch = _shift_scratch(min(n, SHIFT_BLOCK), width)
+            for start in range(0, n, SHIFT_BLOCK):
+                block = words[start:start + SHIFT_BLOCK]
+                low = scratch[:block.size]
+                np.left_shift(block, 8 * width - 1, out=low)
+                block >>= 1
+                block |= low
         return words.view(np.uint8).reshape(n, width)
     out = np.empty((n, width), dtype=np.uint8)
     for j in range(width):

@@ -55,3 +55,14 @@ def test_f32_value_blocks_round_trip_every_bit_pattern_through_the_rotation() ->
     assert isinstance(payload, Shuffled) and payload.rotate
     back = values.decode_values(payload.tobytes(), b"", "f32", [block.size], allow_nonfinite=True, where="t")
     assert back.view(np.uint32).tolist() == block.view(np.uint32).tolist()
+
+
+def test_the_kept_shift_scratch_stays_bounded_after_large_blocks() -> None:
+    """The per-thread scratch is kept between packets, so it must not grow with the block (a 1-2 GB board)."""
+    count = 3 * values.SHIFT_BLOCK + 5
+    rows = np.arange(count, dtype="<u4").view(np.uint8).reshape(count, 4)
+    out = np.empty(4 * count, dtype=np.uint8)
+    Shuffled(rows, rotate=True).write_into(out)
+    assert np.array_equal(unshuffle(out.tobytes(), count, 4, rotate=True), rows)
+    kept = [getattr(values._local, name) for name in ("words2", "words4") if hasattr(values._local, name)]
+    assert kept and all(scratch.size <= values.SHIFT_BLOCK for scratch in kept)
