@@ -66,13 +66,6 @@ def rotate_left(rows: U8) -> U8:
     return ((words << 1) | (words >> top)).view(np.uint8).reshape(rows.shape)
 
 
-def rotate_right(rows: U8) -> U8:
-    """Inverse of `rotate_left`."""
-    words = np.ascontiguousarray(rows).reshape(-1).view(WORD[rows.shape[1]])
-    top = 8 * rows.shape[1] - 1
-    return ((words >> 1) | (words << top)).view(np.uint8).reshape(rows.shape)
-
-
 @dataclass(frozen=True)
 class Shuffled:
     """A byte-shuffled payload of n values of w bytes (`rows` is n x w), laid out on demand.
@@ -148,10 +141,12 @@ def unshuffle(data: bytes | memoryview, n: int, width: int, rotate: bool = False
                 block >>= 1
                 block |= low
         return words.view(np.uint8).reshape(n, width)
+    if rotate:
+        raise ValueError(f"only 2- and 4-byte values are rotated, not {width}-byte ones")
     out = np.empty((n, width), dtype=np.uint8)
     for j in range(width):
         out[:, j] = planes[j]
-    return rotate_right(out) if rotate else out
+    return out
 
 
 def _segment_scales(mag: npt.NDArray[np.float64], counts: Sequence[int]) -> npt.NDArray[np.float32]:
