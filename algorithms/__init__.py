@@ -4,6 +4,6 @@
 ``base.Payload``s that the runtime encodes.
 """
 
-from algorithms.registry import REGISTRY, AlgorithmSpec, make_client, make_config, make_server
+from fedge.algorithms.registry import REGISTRY, AlgorithmSpec, make_client, make_config, make_server
 
 __all__ = ["REGISTRY", "AlgorithmSpec", "make_client", "make_config", "make_server"]

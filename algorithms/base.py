@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from codec import TensorGroup
-from models import arrays_to_state, state_to_arrays
+from fedge.codec import TensorGroup
+from fedge.models import arrays_to_state, state_to_arrays
 
 Arrays = dict[str, np.ndarray]
 
@@ -44,7 +44,7 @@ class ModelLayout:
 
     @classmethod
     def of(cls, model: nn.Module) -> ModelLayout:
-        from models import batch_norm_names, layer_groups, prunable_names
+        from fedge.models import batch_norm_names, layer_groups, prunable_names
 
         return cls(
             names=tuple(model.state_dict()),

@@ -43,8 +43,8 @@ import numpy as np
 import torch
 from torch import nn
 
-import codec
-from algorithms.base import (
+from fedge import codec
+from fedge.algorithms.base import (
     Arrays,
     ClientUpdate,
     LocalStats,
@@ -54,8 +54,8 @@ from algorithms.base import (
     weights_of,
     wrapper_config,
 )
-from algorithms.sparse import FlatLayout, compress, decoded
-from codec import SparseSection, TensorGroup
+from fedge.algorithms.sparse import FlatLayout, compress, decoded
+from fedge.codec import SparseSection, TensorGroup
 
 MODEL_GROUP = "model"
 UPDATE_GROUPS = ("model", "delta")

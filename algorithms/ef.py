@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-import codec
-from algorithms.base import (
+from fedge import codec
+from fedge.algorithms.base import (
     Arrays,
     ClientUpdate,
     LocalStats,
@@ -41,8 +41,8 @@ from algorithms.base import (
     weights_of,
     wrapper_config,
 )
-from algorithms.sparse import FlatLayout, compress, decoded, wire_dtype
-from codec import SparseSection, TensorGroup
+from fedge.algorithms.sparse import FlatLayout, compress, decoded, wire_dtype
+from fedge.codec import SparseSection, TensorGroup
 
 VALUE_DTYPES = ("f32", "f16", "bf16", "int8", "ternary")
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from algorithms.base import (
+from fedge.algorithms.base import (
     Arrays,
     ClientUpdate,
     LocalStats,
@@ -28,7 +28,7 @@ from algorithms.base import (
     weighted_sum,
     weights_of,
 )
-from codec import TensorGroup
+from fedge.codec import TensorGroup
 
 UPLOADS = ("model", "delta")
 

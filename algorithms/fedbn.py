@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from algorithms import fedavg
-from algorithms.base import Arrays, LocalStats, Payload, ServerContext, load_into, model_arrays
-from models import batch_norm_names
+from fedge.algorithms import fedavg
+from fedge.algorithms.base import Arrays, LocalStats, Payload, ServerContext, load_into, model_arrays
+from fedge.models import batch_norm_names
 
 Config = fedavg.Config
 Value = TypeVar("Value", bound=Any)

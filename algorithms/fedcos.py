@@ -39,10 +39,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from algorithms.base import Arrays, ClientUpdate, LocalStats, Payload, ServerContext, load_into, model_arrays
-from algorithms.fedavg import average, is_float
-from algorithms.loop import TrainSettings
-from codec import TensorGroup
+from fedge.algorithms.base import (
+    Arrays,
+    ClientUpdate,
+    LocalStats,
+    Payload,
+    ServerContext,
+    load_into,
+    model_arrays,
+)
+from fedge.algorithms.fedavg import average, is_float
+from fedge.algorithms.loop import TrainSettings
+from fedge.codec import TensorGroup
 
 NORM_FLOOR = 1e-6
 BUFFER_SUFFIXES = (".running_mean", ".running_var", ".num_batches_tracked")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from algorithms import fedavg
-from algorithms.base import Payload
+from fedge.algorithms import fedavg
+from fedge.algorithms.base import Payload
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch import nn
 
-import codec
-from algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
-from algorithms.loop import TrainSettings, round_seed, train_local
-from algorithms.registry import make_client, make_server
-from models import ModelSpec, build, state_to_arrays
+from fedge import codec
+from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
+from fedge.algorithms.loop import TrainSettings, round_seed, train_local
+from fedge.algorithms.registry import make_client, make_server
+from fedge.models import ModelSpec, build, state_to_arrays
 
 
 @dataclass

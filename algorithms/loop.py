@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from algorithms.base import LocalStats
+from fedge.algorithms.base import LocalStats
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 

@@ -38,9 +38,17 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from algorithms.base import Arrays, ClientUpdate, LocalStats, Payload, ServerContext, load_into, model_arrays
-from algorithms.hypernetwork import HyperNetwork, descend, layer_weights, mix, weight_gradient
-from codec import TensorGroup
+from fedge.algorithms.base import (
+    Arrays,
+    ClientUpdate,
+    LocalStats,
+    Payload,
+    ServerContext,
+    load_into,
+    model_arrays,
+)
+from fedge.algorithms.hypernetwork import HyperNetwork, descend, layer_weights, mix, weight_gradient
+from fedge.codec import TensorGroup
 
 BUFFER_SUFFIXES = (".running_mean", ".running_var", ".num_batches_tracked")
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from algorithms import dssa, ef, fedavg, fedbn, fedcos, fedprox, heurpfedla, pfedla, scaffold
-from algorithms.base import Arrays, ServerContext, config_from_options
+from fedge.algorithms import dssa, ef, fedavg, fedbn, fedcos, fedprox, heurpfedla, pfedla, scaffold
+from fedge.algorithms.base import Arrays, ServerContext, config_from_options
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from algorithms import fedavg
-from algorithms.base import (
+from fedge.algorithms import fedavg
+from fedge.algorithms.base import (
     Arrays,
     ClientUpdate,
     LocalStats,
@@ -47,9 +47,9 @@ from algorithms.base import (
     ServerContext,
     model_arrays,
 )
-from algorithms.base import weights_of as base_weights
-from algorithms.loop import TrainSettings
-from codec import TensorGroup
+from fedge.algorithms.base import weights_of as base_weights
+from fedge.algorithms.loop import TrainSettings
+from fedge.codec import TensorGroup
 
 OPTIONS = ("II", "I")
 CORRECTIONS = ("update", "gradient")

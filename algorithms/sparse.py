@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import codec
-from codec import SparseSection, TensorGroup
+from fedge import codec
+from fedge.codec import SparseSection, TensorGroup
 
 Arrays = dict[str, np.ndarray]
 

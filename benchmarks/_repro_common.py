@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from algorithms.base import load_into
-from algorithms.inprocess import Fleet
-from algorithms.loop import evaluate
-from fldata import ClientShard, normalize
+from fedge.algorithms.base import load_into
+from fedge.algorithms.inprocess import Fleet
+from fedge.algorithms.loop import evaluate
+from fedge.fldata import ClientShard, normalize
 
 Cell = str | int | float
 

@@ -38,9 +38,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from codec import SparseSection, Task, TensorGroup, Update, decode, encode, retained_count, topk_mask  # noqa: E402
-from codec.frames import compress, decompress  # noqa: E402
-from codec.sparsewire import encode_section  # noqa: E402
+from fedge.codec import SparseSection, Task, TensorGroup, Update, decode, encode, retained_count, topk_mask  # noqa: E402
+from fedge.codec.frames import compress, decompress  # noqa: E402
+from fedge.codec.sparsewire import encode_section  # noqa: E402
 
 FRACTIONS = ("0.1", "0.2", "0.3", "0.5", "0.8")
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.pan import PanSpec
-from models.shuffle import random_permutations, shuffle_error, shuffle_mlp
+from fedge.models.pan import PanSpec
+from fedge.models.shuffle import random_permutations, shuffle_error, shuffle_mlp
 
 MODES = {"add": "PAN+", "mul": "PAN∘"}
 DEFAULT_AMPLITUDES = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75)

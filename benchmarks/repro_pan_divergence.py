@@ -37,11 +37,11 @@ from _repro_common import (
     write_json,
 )
 
-from algorithms.base import load_into
-from algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round
-from algorithms.loop import TrainSettings, evaluate
-from fldata import load_dataset, normalize, partition
-from models import ModelSpec, build, state_to_arrays
+from fedge.algorithms.base import load_into
+from fedge.algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round
+from fedge.algorithms.loop import TrainSettings, evaluate
+from fedge.fldata import load_dataset, normalize, partition
+from fedge.models import ModelSpec, build, state_to_arrays
 
 LAYERS = ("fc1.weight", "fc2.weight", "fc3.weight")
 HIDDEN = ("fc1.weight", "fc2.weight")

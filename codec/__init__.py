@@ -6,7 +6,7 @@ the standard library, numpy, msgpack and zstandard: it must never import torch, 
 other Fedge package.
 """
 
-from codec.errors import (
+from fedge.codec.errors import (
     ChecksumError,
     CodecError,
     Limits,
@@ -19,8 +19,8 @@ from codec.errors import (
     UnknownKind,
     UnsupportedVersion,
 )
-from codec.masks import mask_crc, retained_count, topk_mask
-from codec.messages import (
+from fedge.codec.masks import mask_crc, retained_count, topk_mask
+from fedge.codec.messages import (
     PROTOCOL_VERSION,
     Bye,
     Commit,
@@ -32,9 +32,9 @@ from codec.messages import (
     Update,
     Welcome,
 )
-from codec.packet import decode, encode
-from codec.sparse import SparseSection
-from codec.tensors import TensorGroup
+from fedge.codec.packet import decode, encode
+from fedge.codec.sparse import SparseSection
+from fedge.codec.tensors import TensorGroup
 
 __all__ = [
     "PROTOCOL_VERSION", "Hello", "Welcome", "Task", "Update", "Commit", "Heartbeat", "ErrorMessage", "Bye",

@@ -1,5 +1,5 @@
-"""Entry point of `python -m codec` (see codec/cli.py). Must not import torch, zmq or Fedge packages."""
+"""Entry point of `python -m fedge.codec` (see codec/cli.py). Must not import torch, zmq or Fedge packages."""
 
-from codec.cli import main
+from fedge.codec.cli import main
 
 raise SystemExit(main())

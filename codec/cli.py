@@ -1,9 +1,9 @@
-"""`python -m codec`: encode .npz files into packets, decode packets back, inspect packets.
+"""`python -m fedge.codec`: encode .npz files into packets, decode packets back, inspect packets.
 
-    python -m codec encode --npz IN.npz [--keep 0.1] [--dtype f32|f16|bf16|int8] -o TASK.pkt
-    python -m codec encode --npz IN.npz --uplink-for TASK.pkt -o UPDATE.pkt
-    python -m codec decode PACKET [--mask-from TASK.pkt] -o OUT.npz
-    python -m codec inspect PACKET [--json]
+    python -m fedge.codec encode --npz IN.npz [--keep 0.1] [--dtype f32|f16|bf16|int8] -o TASK.pkt
+    python -m fedge.codec encode --npz IN.npz --uplink-for TASK.pkt -o UPDATE.pkt
+    python -m fedge.codec decode PACKET [--mask-from TASK.pkt] -o OUT.npz
+    python -m fedge.codec inspect PACKET [--json]
 
 `--keep F` < 1 makes a downlink that keeps the global top fraction F (by magnitude) of all
 tensors with two or more dimensions and sends the rest of the tensors dense. `--uplink-for`
@@ -24,13 +24,13 @@ from typing import Any, NoReturn
 import numpy as np
 import numpy.typing as npt
 
-from codec.errors import CodecError, Limits
-from codec.masks import retained_count, topk_mask
-from codec.messages import Message, Task, Update
-from codec.packet import decode, encode, packet_info
-from codec.sparse import SparseSection
-from codec.tensors import TensorGroup, wire_dtype
-from codec.values import VALUE_ENCODINGS
+from fedge.codec.errors import CodecError, Limits
+from fedge.codec.masks import retained_count, topk_mask
+from fedge.codec.messages import Message, Task, Update
+from fedge.codec.packet import decode, encode, packet_info
+from fedge.codec.sparse import SparseSection
+from fedge.codec.tensors import TensorGroup, wire_dtype
+from fedge.codec.values import VALUE_ENCODINGS
 
 GROUP = "model"
 
@@ -178,7 +178,7 @@ def cmd_inspect(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m codec", description="Encode, decode and inspect Fedge packets.")
+    parser = _Parser(prog="python -m fedge.codec", description="Encode, decode and inspect Fedge packets.")
     sub = parser.add_subparsers(dest="command", required=True)
     enc = sub.add_parser("encode", help="encode an .npz file as a downlink (or, with --uplink-for, an uplink)")
     enc.add_argument("--npz", required=True, help="input arrays")
@@ -209,6 +209,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.func(args)
     except (CodecError, UsageError, OSError, ValueError, zipfile.BadZipFile, KeyError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"python -m codec {args.command}: error: {reason}", file=sys.stderr)
+        print(f"python -m fedge.codec {args.command}: error: {reason}", file=sys.stderr)
         return 2
     return 0

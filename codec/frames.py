@@ -13,7 +13,7 @@ import threading
 
 import zstandard
 
-from codec.errors import ChecksumError, Malformed, TooLarge
+from fedge.codec.errors import ChecksumError, Malformed, TooLarge
 
 _local = threading.local()
 MAX_WINDOW_BYTES = 1 << 27

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from codec import frames
-from codec.errors import Malformed
-from codec.masks import flat_positions
-from codec.schema import is_int
+from fedge.codec import frames
+from fedge.codec.errors import Malformed
+from fedge.codec.masks import flat_positions
+from fedge.codec.schema import is_int
 
 BoolArray = npt.NDArray[np.bool_]
 I64 = npt.NDArray[np.int64]

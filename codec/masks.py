@@ -17,7 +17,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from codec.errors import NonFinite
+from fedge.codec.errors import NonFinite
 
 BoolArray = npt.NDArray[np.bool_]
 

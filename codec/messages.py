@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from codec.errors import Malformed
-from codec.schema import MAX_I64, check_name, is_int
-from codec.tensors import TensorGroup
+from fedge.codec.errors import Malformed
+from fedge.codec.schema import MAX_I64, check_name, is_int
+from fedge.codec.tensors import TensorGroup
 
 PROTOCOL_VERSION = 2
 MAX_TEXT_BYTES = 65536

@@ -15,10 +15,10 @@ from typing import Any, cast
 
 import msgpack
 
-from codec import frames
-from codec.errors import CodecError, Limits, Malformed, TooLarge, UnknownKind, UnsupportedVersion
-from codec.messages import KINDS, MAX_TEXT_BYTES, PROTOCOL_VERSION, WIRE_FIELDS, Message, MessageBase
-from codec.schema import (
+from fedge.codec import frames
+from fedge.codec.errors import CodecError, Limits, Malformed, TooLarge, UnknownKind, UnsupportedVersion
+from fedge.codec.messages import KINDS, MAX_TEXT_BYTES, PROTOCOL_VERSION, WIRE_FIELDS, Message, MessageBase
+from fedge.codec.schema import (
     MAX_I64,
     Budget,
     check_name,
@@ -28,8 +28,8 @@ from codec.schema import (
     get_list,
     get_str,
 )
-from codec.stream import BodyWriter
-from codec.tensors import decode_group, encode_group
+from fedge.codec.stream import BodyWriter
+from fedge.codec.tensors import decode_group, encode_group
 
 MAGIC = b"FEDG"
 PREFIX_BYTES = 8

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from codec.errors import Limits, Malformed, ShapeMismatch, TooLarge
+from fedge.codec.errors import Limits, Malformed, ShapeMismatch, TooLarge
 
 MAX_NAME_BYTES = 1024
 MAX_NDIM = 32

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from codec.errors import MaskMismatch, ShapeMismatch
-from codec.masks import flat_positions, mask_crc
-from codec.schema import check_name, check_shape, numel
+from fedge.codec.errors import MaskMismatch, ShapeMismatch
+from fedge.codec.masks import flat_positions, mask_crc
+from fedge.codec.schema import check_name, check_shape, numel
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -262,7 +262,7 @@ class SparseSection:
         return out
 
     def describe(self) -> Mapping[str, Any]:
-        """A small JSON-ready summary (used by `python -m codec inspect`)."""
+        """A small JSON-ready summary (used by `python -m fedge.codec inspect`)."""
         return {"kind": self.kind, "n": self.size, "carried": int(self.values.size), "select": self.select,
                 "mask_crc": f"{self.mask_crc:08x}"}
 

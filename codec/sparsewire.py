@@ -13,12 +13,21 @@ from typing import Any
 
 import numpy as np
 
-from codec.errors import ChecksumError, Limits, Malformed
-from codec.indexcode import decode_segment, encode_segment
-from codec.masks import mask_crc
-from codec.schema import Budget, check_name, check_shape, exact_map, get_bytes, get_int, get_list, is_int
-from codec.sparse import SPARSE_KINDS, SparseSection, offsets_of
-from codec.values import decode_values, encode_values
+from fedge.codec.errors import ChecksumError, Limits, Malformed
+from fedge.codec.indexcode import decode_segment, encode_segment
+from fedge.codec.masks import mask_crc
+from fedge.codec.schema import (
+    Budget,
+    check_name,
+    check_shape,
+    exact_map,
+    get_bytes,
+    get_int,
+    get_list,
+    is_int,
+)
+from fedge.codec.sparse import SPARSE_KINDS, SparseSection, offsets_of
+from fedge.codec.values import decode_values, encode_values
 
 SECTION_KEYS = ("kind", "names", "shapes", "cnt", "crc", "sel", "ix", "val", "vs")
 

@@ -20,9 +20,9 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from codec import frames
-from codec.errors import TooLarge
-from codec.values import Shuffled
+from fedge.codec import frames
+from fedge.codec.errors import TooLarge
+from fedge.codec.values import Shuffled
 
 INLINE_BYTES = 4096  # binary fields up to this size are copied into the small-piece buffer
 REUSE_BYTES = 64 << 20  # bodies up to this size are laid out in a per-thread buffer that is kept between packets

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from codec.errors import Limits, Malformed
-from codec.schema import Budget, check_name, check_shape, exact_map, get_bytes, get_list, get_str
-from codec.sparse import SparseSection
-from codec.sparsewire import decode_section, encode_section
-from codec.values import VALUE_ENCODINGS, decode_values, encode_values
+from fedge.codec.errors import Limits, Malformed
+from fedge.codec.schema import Budget, check_name, check_shape, exact_map, get_bytes, get_list, get_str
+from fedge.codec.sparse import SparseSection
+from fedge.codec.sparsewire import decode_section, encode_section
+from fedge.codec.values import VALUE_ENCODINGS, decode_values, encode_values
 
 DENSE_DTYPES: dict[str, np.dtype[Any]] = {
     "f32": np.dtype("<f4"), "i8": np.dtype("i1"), "i16": np.dtype("<i2"), "i32": np.dtype("<i4"),

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from codec.errors import Malformed, NonFinite, OutOfRange
+from fedge.codec.errors import Malformed, NonFinite, OutOfRange
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from coordinator.config import ConfigError
+from fedge.coordinator.config import ConfigError
 
 
 def add_start(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and stop")
     sweep.add_argument("--verbose", action="store_true", help="show each run's progress lines")
     partition = sub.add_parser("partition", help="split a dataset into client shards")
-    from fldata.cli import add_partition_arguments
+    from fedge.fldata.cli import add_partition_arguments
 
     add_partition_arguments(partition)
     return parser
@@ -107,7 +107,7 @@ def command_status(args: argparse.Namespace) -> int:
 
 
 def command_keygen(args: argparse.Namespace) -> int:
-    from coordinator.transport import ALLOWED_DIR, COORDINATOR_KEY, generate_keys
+    from fedge.coordinator.transport import ALLOWED_DIR, COORDINATOR_KEY, generate_keys
 
     public, secret = generate_keys(args.keys_dir, COORDINATOR_KEY)
     (Path(args.keys_dir) / ALLOWED_DIR).mkdir(exist_ok=True)
@@ -117,7 +117,7 @@ def command_keygen(args: argparse.Namespace) -> int:
 
 
 def command_models(args: argparse.Namespace) -> int:
-    from models import describe_models
+    from fedge.models import describe_models
 
     rows = describe_models()
     if args.json:
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "start":
-            from coordinator.launch import command_start
+            from fedge.coordinator.launch import command_start
 
             return command_start(args, flags_of(args))
         if args.command == "status":
@@ -144,15 +144,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "models":
             return command_models(args)
         if args.command == "report":
-            from meter.report import write_report
+            from fedge.meter.report import write_report
 
             print(f"wrote {write_report(args.run_dir, vs=args.vs, out_dir=args.out)}")
             return 0
         if args.command == "sweep":
-            from coordinator.sweep import command_sweep
+            from fedge.coordinator.sweep import command_sweep
 
             return command_sweep(args.grid, args.out, args.dry_run, quiet=not args.verbose)
-        from fldata.cli import run_partition
+        from fedge.fldata.cli import run_partition
 
         return run_partition(args)
     except (ConfigError, ValueError, FileNotFoundError, KeyError, OSError) as exc:

@@ -11,9 +11,9 @@ import logging
 import numpy as np
 import torch
 
-from algorithms.loop import evaluate
-from fldata import Dataset, normalize
-from models import ModelSpec, arrays_to_state, build
+from fedge.algorithms.loop import evaluate
+from fedge.fldata import Dataset, normalize
+from fedge.models import ModelSpec, arrays_to_state, build
 
 log = logging.getLogger("fedge.coordinator")
 

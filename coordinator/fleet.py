@@ -1,6 +1,6 @@
 """The local fleet: real edge-agent processes on this machine, connected to the coordinator over loopback TCP.
 
-This is the deployment code run locally, not a simulator: each agent is ``python -m edge_agent run`` with its own
+This is the deployment code run locally, not a simulator: each agent is ``python -m fedge.edge_agent run`` with its own
 shard, state directory and log, one torch thread each (OMP_NUM_THREADS=1), and the coordinator's pid as its parent
 so that it stops if the coordinator dies. Also writes the shards. Knows nothing of algorithms or the wire format.
 """
@@ -40,7 +40,7 @@ class LocalFleet:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def command(self, agent: AgentSpec) -> list[str]:
-        cmd = [sys.executable, "-m", "edge_agent", "run", "--coordinator", self.endpoint,
+        cmd = [sys.executable, "-m", "fedge.edge_agent", "run", "--coordinator", self.endpoint,
                "--client-id", agent.client_id, "--data", str(agent.shard), "--state-dir", str(agent.state_dir),
                "--device", "cpu", "--parent-pid", str(os.getpid()),
                "--log-file", str(agent.state_dir / "agent.log")]

@@ -19,21 +19,21 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from coordinator.config import Config, ConfigError, load_config, to_toml
-from coordinator.fleet import AgentSpec, LocalFleet, agent_id
-from coordinator.rundir import RunDir, save_arrays
-from coordinator.session import Session
-from coordinator.transport import (
+from fedge.coordinator.config import Config, ConfigError, load_config, to_toml
+from fedge.coordinator.fleet import AgentSpec, LocalFleet, agent_id
+from fedge.coordinator.rundir import RunDir, save_arrays
+from fedge.coordinator.session import Session
+from fedge.coordinator.transport import (
     ALLOWED_DIR,
     COORDINATOR_KEY,
     CurveServerKeys,
     RouterTransport,
     generate_keys,
 )
-from edge_agent.agent import SESSION_FINISHED
-from edge_agent.logsetup import setup_logging
-from edge_agent.transport import AGENT_KEY
-from models import ModelSpec
+from fedge.edge_agent.agent import SESSION_FINISHED
+from fedge.edge_agent.logsetup import setup_logging
+from fedge.edge_agent.transport import AGENT_KEY
+from fedge.models import ModelSpec
 
 log = logging.getLogger("fedge.coordinator")
 
@@ -68,14 +68,14 @@ def resolve_run(args: argparse.Namespace, flags: dict[str, Any]) -> tuple[Config
 
 
 def load_dataset_for(config: Config) -> Any:
-    from fldata import load_dataset
+    from fedge.fldata import load_dataset
 
     return load_dataset(config.data.dataset, config.data.path or None)
 
 
 def prepare_local_fleet(config: Config, run_dir: RunDir, dataset: Any) -> list[AgentSpec]:
     """Write one shard per agent (once; a resumed run reuses them) and return the agents to start."""
-    from fldata import partition, write_shard
+    from fedge.fldata import partition, write_shard
 
     count = config.fleet.local_agents
     clients = config.data.clients or count
@@ -138,8 +138,8 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
         save_arrays(run_dir / "model.npz", dict(arrays), {"model": spec.name, "round": session.round})
         files["model"] = "model.npz"
         try:
-            from models import arrays_to_state, build
-            from models.export import export_onnx
+            from fedge.models import arrays_to_state, build
+            from fedge.models.export import export_onnx
 
             model = build(spec)
             arrays_to_state(model, dict(arrays), strict=False)
@@ -192,7 +192,7 @@ def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
     num_clients = len(agents) if local else (config.data.clients or config.fleet.expect)
     if num_clients < 1:
         raise ConfigError("serving real devices needs fleet.expect (or data.clients) >= 1")
-    from coordinator.evaluation import GlobalEvaluator
+    from fedge.coordinator.evaluation import GlobalEvaluator
 
     transport = RouterTransport(bind, curve)
     run_dir.write_provenance(config.run.seed, transport.endpoint, {"curve": curve is not None})
@@ -215,7 +215,7 @@ def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
     signal.signal(signal.SIGINT, stop)
     log.info("coordinator listening on %s (CurveZMQ %s)", transport.endpoint, "on" if curve else "off")
     started = time.monotonic()
-    from edge_agent.service import ServiceNotifier
+    from fedge.edge_agent.service import ServiceNotifier
 
     with ServiceNotifier(lambda: session.progress) if args.service else contextlib.nullcontext():
         fleet.start()

@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-import codec
-from coordinator.records import check_update
+from fedge import codec
+from fedge.coordinator.records import check_update
 
 if TYPE_CHECKING:
-    from coordinator.agents import AgentRegistry
-    from coordinator.session import RoundState
-    from coordinator.transport import RouterTransport
+    from fedge.coordinator.agents import AgentRegistry
+    from fedge.coordinator.session import RoundState
+    from fedge.coordinator.transport import RouterTransport
 
 log = logging.getLogger("fedge.coordinator")
 

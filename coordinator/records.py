@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-import codec
-from algorithms.base import ClientUpdate
-from coordinator.config import Config
-from coordinator.rundir import METER_FIELDS, load_arrays, save_arrays
-from meter import round_totals, zmtp
-from models import ModelSpec
+from fedge import codec
+from fedge.algorithms.base import ClientUpdate
+from fedge.coordinator.config import Config
+from fedge.coordinator.rundir import METER_FIELDS, load_arrays, save_arrays
+from fedge.meter import round_totals, zmtp
+from fedge.models import ModelSpec
 
 
 def check_update(update: codec.Update, shapes: Mapping[str, tuple[int, ...]], masks_sent: set[int]) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.state import atomic_write_bytes, load_arrays, save_arrays
+from fedge.edge_agent.state import atomic_write_bytes, load_arrays, save_arrays
 
 __all__ = ["METER_FIELDS", "METRICS_FIELDS", "RunDir", "atomic_write_bytes", "load_arrays", "save_arrays"]
 
@@ -99,7 +99,7 @@ class RunDir:
     def write_provenance(self, seed: int, endpoint: str, extra: Mapping[str, Any]) -> None:
         import torch
 
-        from coordinator import __version__
+        from fedge import __version__
 
         self.write_json("provenance.json", {
             "run_dir_version": RUN_DIR_VERSION,

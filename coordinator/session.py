@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-import codec
-from algorithms import make_server
-from algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
-from coordinator.agents import AgentRegistry
-from coordinator.config import Config
-from coordinator.messaging import SENDER, Messaging
-from coordinator.records import (
+from fedge import codec
+from fedge.algorithms import make_server
+from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
+from fedge.coordinator.agents import AgentRegistry
+from fedge.coordinator.config import Config
+from fedge.coordinator.messaging import SENDER, Messaging
+from fedge.coordinator.records import (
     agent_record,
     load_checkpoint,
     meter_totals,
@@ -34,9 +34,9 @@ from coordinator.records import (
     update_summary,
     welcome_meta,
 )
-from coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir
-from coordinator.transport import RouterTransport
-from models import ModelSpec, build, definition_hash, state_to_arrays
+from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir
+from fedge.coordinator.transport import RouterTransport
+from fedge.models import ModelSpec, build, definition_hash, state_to_arrays
 
 log = logging.getLogger("fedge.coordinator")
 

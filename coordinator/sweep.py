@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.config import ConfigError, from_dict, to_toml, tomllib
+from fedge.coordinator.config import ConfigError, from_dict, to_toml, tomllib
 
 LAST_ROUNDS = 5
 
@@ -99,7 +99,7 @@ def run_cell(cell: Cell, out: Path, quiet: bool) -> str:
         config_path.parent.mkdir(parents=True, exist_ok=True)
         config_path.write_text(to_toml(from_dict(cell.raw)))
         args = ["--config", str(config_path), "--run-dir", str(run_dir)]
-    command = [sys.executable, "-m", "coordinator.cli", "start", *args, "--quiet"]
+    command = [sys.executable, "-m", "fedge.coordinator.cli", "start", *args, "--quiet"]
     result = subprocess.run(command, stdout=None if not quiet else subprocess.DEVNULL)
     if result.returncode != 0:
         raise RuntimeError(f"run {cell.key} failed with exit code {result.returncode} (see {run_dir})")

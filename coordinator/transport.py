@@ -15,7 +15,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from edge_agent.transport import generate_keys
+from fedge.edge_agent.transport import generate_keys
 
 log = logging.getLogger("fedge.coordinator.transport")
 

@@ -13,7 +13,7 @@
 #  5. systemd-analyze verify on the units that run wrote (the real prefix paths), and render.py gives the same
 #     text for the same values;
 #  6. what the run left: torch at the pinned version, Fedge importable, key files and modes, the coordinator's
-#     key at the agent and the agent's key in allowed/, the session TOML accepted by coordinator.config.
+#     key at the agent and the agent's key in allowed/, the session TOML accepted by fedge.coordinator.config.
 #
 # Services are never started: systemd is not the running init on a CI box (the playbook checks), and ci/vars.yml
 # turns them off in any case. Outside the throwaway root the run installs Debian packages (python3-venv,
@@ -175,8 +175,8 @@ raw = tomllib.loads(session.read_text())
 check(raw["fleet"]["bind"] == "tcp://0.0.0.0:5555" and raw["fleet"]["expect"] == 1, "ci.toml: bind and expect")
 # The runtime's own loaders, from the installed wheel: the templated files must be what they accept.
 try:
-    from coordinator.config import load_config
-    from edge_agent.config import load_settings
+    from fedge.coordinator.config import load_config
+    from fedge.edge_agent.config import load_settings
 except ImportError as exc:
     check(False, f"the runtime's config loaders import: {exc}")
 else:

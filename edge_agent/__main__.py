@@ -1,7 +1,7 @@
-"""``python -m edge_agent`` is the ``edge-agent`` command."""
+"""``python -m fedge.edge_agent`` is the ``edge-agent`` command."""
 
 import sys
 
-from edge_agent.cli import main
+from fedge.edge_agent.cli import main
 
 sys.exit(main())

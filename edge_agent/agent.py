@@ -20,31 +20,23 @@ from typing import Any
 import numpy as np
 import torch
 
-import codec
-from algorithms import make_client
-from algorithms.base import Payload
-from algorithms.loop import TrainingCancelled, TrainSettings, evaluate, round_seed, train_local
-from edge_agent.config import AgentSettings
-from edge_agent.metering import mask_figures, tcp_peer
-from edge_agent.state import DeviceState
-from edge_agent.transport import CurveClientKeys, DealerTransport
-from fldata import ClientShard, normalize, read_shard
-from meter import AgentMeter, ParamSnapshot
-from models import ModelSpec, build, definition_hash
+import fedge
+from fedge import codec
+from fedge.algorithms import make_client
+from fedge.algorithms.base import Payload
+from fedge.algorithms.loop import TrainingCancelled, TrainSettings, evaluate, round_seed, train_local
+from fedge.edge_agent.config import AgentSettings
+from fedge.edge_agent.metering import mask_figures, tcp_peer
+from fedge.edge_agent.state import DeviceState
+from fedge.edge_agent.transport import CurveClientKeys, DealerTransport
+from fedge.fldata import ClientShard, normalize, read_shard
+from fedge.meter import AgentMeter, ParamSnapshot
+from fedge.models import ModelSpec, build, definition_hash
 
 log = logging.getLogger("fedge.agent")
 
 SESSION_FINISHED = "session finished"  # a Bye with this reason ends the agent; any other means "I will be back"
 CAPABILITIES = ("sparse-mask", "sparse-values", "sparse-indices", "f16", "bf16", "int8")
-
-
-def fedge_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("fedge")
-    except PackageNotFoundError:  # pragma: no cover
-        return "0.0.0+source"
 
 
 @dataclass
@@ -106,7 +98,7 @@ class Agent:
         self.last_hello = time.monotonic()
         self.send(transport, codec.Hello(
             run_id=self.session.run_id if self.session else "", round=0, sender=self.settings.client_id,
-            fedge_version=fedge_version(), protocol_version=codec.PROTOCOL_VERSION,
+            fedge_version=fedge.__version__, protocol_version=codec.PROTOCOL_VERSION,
             torch_version=torch.__version__, model_hash="", capabilities=CAPABILITIES,
             dataset_size=int(self.shard.train_y.shape[0]),
             meta={"device": str(self.device), "input_shape": list(self.shard.train_x.shape[1:]),

@@ -39,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_agent(args: argparse.Namespace) -> int:
-    from edge_agent.config import load_settings
-    from edge_agent.logsetup import setup_logging
+    from fedge.edge_agent.config import load_settings
+    from fedge.edge_agent.logsetup import setup_logging
 
     setup_logging(json_lines=args.log_json, log_file=args.log_file)
     settings = load_settings(args.config, {
@@ -52,8 +52,8 @@ def run_agent(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    from edge_agent.agent import Agent
-    from edge_agent.service import ServiceNotifier
+    from fedge.edge_agent.agent import Agent
+    from fedge.edge_agent.service import ServiceNotifier
 
     agent = Agent(settings, parent_pid=args.parent_pid)
 
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "keygen":
-            from edge_agent.transport import AGENT_KEY, generate_keys
+            from fedge.edge_agent.transport import AGENT_KEY, generate_keys
 
             public, secret = generate_keys(args.keys_dir, AGENT_KEY)
             print(f"wrote {public} (public: give it to the coordinator's allow-list) and {secret} (keep private)")

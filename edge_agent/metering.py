@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from meter import densities_from_masks, mask_elements
+from fedge.meter import densities_from_masks, mask_elements
 
 
 def mask_figures(client: Any, model: torch.nn.Module) -> tuple[int | None, dict[str, float] | None]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import TracebackType
 
-from edge_agent import sdnotify
+from fedge.edge_agent import sdnotify
 
 
 class ServiceNotifier:

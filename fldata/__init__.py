@@ -1,6 +1,6 @@
 """Fedge's data: dataset loaders, the bundled demo subset, seeded partitioners and the client shard format.
 
-    from fldata import load_dataset, partition, write_shard
+    from fedge.fldata import load_dataset, partition, write_shard
     ds = load_dataset("fmnist-demo")
     shards = partition(ds, "dirichlet", 10, seed=0, alpha=0.3)
     write_shard("client-000.npz", shards[0])
@@ -9,10 +9,10 @@ numpy only (scipy for SVHN, imported when needed). This package must not import 
 Fedge package; a test checks it. docs/data.md describes the datasets, the partitions and the file format.
 """
 
-from fldata.dataset import DataError, Dataset, normalize
-from fldata.loaders import DATASETS, load_dataset
-from fldata.partition import PARTITIONERS, partition
-from fldata.shard import ClientShard, read_shard, summary, write_shard
+from fedge.fldata.dataset import DataError, Dataset, normalize
+from fedge.fldata.loaders import DATASETS, load_dataset
+from fedge.fldata.partition import PARTITIONERS, partition
+from fedge.fldata.shard import ClientShard, read_shard, summary, write_shard
 
 __all__ = [
     "DATASETS",

@@ -1,5 +1,5 @@
-"""`python -m fldata partition ...`: the data tools without the coordinator. Holds no logic of its own."""
+"""`python -m fedge.fldata partition ...`: the data tools without the coordinator. Holds no logic of its own."""
 
-from fldata.cli import main
+from fedge.fldata.cli import main
 
 raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Builds the bundled fmnist-demo set from the full Fashion-MNIST IDX files.
 
-    python -m fldata.build_demo                      # from /usr/share/datasets/fashion-mnist
-    python -m fldata.build_demo --source DIR --out fldata/demo
+    python -m fedge.fldata.build_demo                      # from /usr/share/datasets/fashion-mnist
+    python -m fedge.fldata.build_demo --source DIR --out fldata/demo
 
 Takes DEMO_TRAIN_PER_CLASS training and DEMO_TEST_PER_CLASS test images of every class, chosen without
 replacement by numpy's default Generator seeded with DEMO_SEED, keeps them in their original order, and
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fldata.dataset import DataError
-from fldata.idx import FMNIST_CLASSES, FMNIST_FILES, IMAGES_MAGIC, LABELS_MAGIC, find_idx_file, read_idx
-from fldata.loaders import DEMO_ARRAYS, DEMO_FILE, DEMO_PATH
+from fedge.fldata.dataset import DataError
+from fedge.fldata.idx import FMNIST_CLASSES, FMNIST_FILES, IMAGES_MAGIC, LABELS_MAGIC, find_idx_file, read_idx
+from fedge.fldata.loaders import DEMO_ARRAYS, DEMO_FILE, DEMO_PATH
 
 DEMO_SEED = 20240601
 DEMO_TRAIN_PER_CLASS = 1200
@@ -108,7 +108,7 @@ first run need no download. For real experiments use the full set (`fmnist`).
 
 ## How it was built
 
-    python -m fldata.build_demo --source {source}
+    python -m fedge.fldata.build_demo --source {source}
 
 1. Read the four IDX files of the Debian package `{package}` (version {version}).
 2. `rng = numpy.random.default_rng({seed})`. For each class 0..9 in turn, draw {train} of that class's
@@ -156,7 +156,7 @@ under the MIT licence. This subset is distributed under the same terms:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fldata.build_demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fedge.fldata.build_demo", description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=Path("/usr/share/datasets/fashion-mnist"),
                         help="directory holding the Fashion-MNIST IDX files")
     parser.add_argument("--out", type=Path, default=DEMO_PATH.parent, help="directory to write the demo into")

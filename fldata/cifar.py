@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fldata.dataset import DataError, Dataset, channel_stats
+from fedge.fldata.dataset import DataError, Dataset, channel_stats
 
 CIFAR_ENV = "FEDGE_CIFAR10_DIR"
 CIFAR_SUBDIR = "cifar-10-batches-py"

@@ -1,8 +1,8 @@
 """The `partition` command: show how a dataset splits among clients, and optionally write the shards.
 
     coordinator partition --dataset fmnist-demo --partition dirichlet --clients 10 --alpha 0.3 --seed 0
-    python -m fldata partition --dataset fmnist-demo --partition classes --clients 10 --json
-    python -m fldata partition --dataset fmnist --partition iid --clients 10 --out shards/
+    python -m fedge.fldata partition --dataset fmnist-demo --partition classes --clients 10 --json
+    python -m fedge.fldata partition --dataset fmnist --partition iid --clients 10 --out shards/
 
 The coordinator mounts `add_partition_arguments` and `run_partition` under its own CLI. Errors print one
 line to stderr and return 2. This module must not know about the coordinator or any other Fedge package.
@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fldata.dataset import DataError
-from fldata.loaders import DATASETS, USER_SHARDS, load_dataset
-from fldata.partition import PARTITIONERS, partition
-from fldata.schemes import LAYOUTS
-from fldata.shard import ClientShard, summary, write_shard
+from fedge.fldata.dataset import DataError
+from fedge.fldata.loaders import DATASETS, USER_SHARDS, load_dataset
+from fedge.fldata.partition import PARTITIONERS, partition
+from fedge.fldata.schemes import LAYOUTS
+from fedge.fldata.shard import ClientShard, summary, write_shard
 
 
 def add_partition_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,8 +105,8 @@ def table(info: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m fldata partition ...`."""
-    parser = argparse.ArgumentParser(prog="python -m fldata", description="Fedge data tools")
+    """`python -m fedge.fldata partition ...`."""
+    parser = argparse.ArgumentParser(prog="python -m fedge.fldata", description="Fedge data tools")
     commands = parser.add_subparsers(dest="command", required=True)
     add_partition_arguments(commands.add_parser("partition", help="split a dataset among clients"))
     args = parser.parse_args(argv)

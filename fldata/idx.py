@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fldata.dataset import DataError, Dataset, channel_stats
+from fedge.fldata.dataset import DataError, Dataset, channel_stats
 
 IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fldata.cifar import load_cifar10
-from fldata.dataset import DataError, Dataset, channel_stats
-from fldata.idx import FMNIST_CLASSES, load_fmnist
-from fldata.shard import ClientShard, read_shard
-from fldata.svhn import load_svhn
+from fedge.fldata.cifar import load_cifar10
+from fedge.fldata.dataset import DataError, Dataset, channel_stats
+from fedge.fldata.idx import FMNIST_CLASSES, load_fmnist
+from fedge.fldata.shard import ClientShard, read_shard
+from fedge.fldata.svhn import load_svhn
 
 DATASETS = ("fmnist", "fmnist-demo", "cifar10", "svhn")
 USER_SHARDS = "npz"

@@ -18,10 +18,10 @@ import math
 
 import numpy as np
 
-from fldata.dataset import DataError, Dataset
-from fldata.schemes import LAYOUTS, split_indices
-from fldata.shard import ClientShard
-from fldata.shift import apply_shift, draw_shift
+from fedge.fldata.dataset import DataError, Dataset
+from fedge.fldata.schemes import LAYOUTS, split_indices
+from fedge.fldata.shard import ClientShard
+from fedge.fldata.shift import apply_shift, draw_shift
 
 PARTITIONERS = ("iid", "dirichlet", "classes", "dominant", "feature-shift")
 MIN_TEST_SIZE = 20

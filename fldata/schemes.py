@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fldata.dataset import DataError
+from fedge.fldata.dataset import DataError
 
 DIRICHLET_ATTEMPTS = 1000
 DOMINANT_SHARE = 0.8

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from fldata.dataset import DataError, check_arrays, check_stats
+from fedge.fldata.dataset import DataError, check_arrays, check_stats
 
 SHARD_FORMAT_VERSION = 1
 ARRAY_NAMES = ("train_x", "train_y", "test_x", "test_y")

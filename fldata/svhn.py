@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fldata.dataset import DataError, Dataset, channel_stats
+from fedge.fldata.dataset import DataError, Dataset, channel_stats
 
 SVHN_ENV = "FEDGE_SVHN_DIR"
 SVHN_FILES = {"train": "train_32x32.mat", "test": "test_32x32.mat"}

@@ -6,11 +6,11 @@ the transports, the algorithms or the coordinator: callers pass sizes, models an
 used only by the tests. ``meter.report`` (matplotlib) is imported on demand, not here.
 """
 
-from meter.agent import DIRECTIONS, AgentMeter
-from meter.energy import ENERGY_CHOICES, EnergyIntegrator, EnergySource, Sampler, open_energy_source
-from meter.external import CpuModelSource, MeterLog, attach_log_energy
-from meter.figure import Figure, IncomparableFigures
-from meter.flops import (
+from fedge.meter.agent import DIRECTIONS, AgentMeter
+from fedge.meter.energy import ENERGY_CHOICES, EnergyIntegrator, EnergySource, Sampler, open_energy_source
+from fedge.meter.external import CpuModelSource, MeterLog, attach_log_energy
+from fedge.meter.figure import Figure, IncomparableFigures
+from fedge.meter.flops import (
     FlopCounter,
     ParamSnapshot,
     densities_from_masks,
@@ -18,12 +18,18 @@ from meter.flops import (
     optimizer_flops_per_element,
     optimizer_step_flops,
 )
-from meter.net import TcpCounters, interface_counters, tcp_counters, tcp_counters_to, wire_bytes_estimate
-from meter.pmic import PmicSource, parse_pmic_adc
-from meter.record import PHASES, round_totals
-from meter.sensors import Ina2xxSource, JetsonHwmonSource, JetsonIioSource, RaplSource
-from meter.sysfs import NoReadAccess, Root, SensorError, SensorMissing
-from meter.zmtp import connection_handshake, handshake_bytes, message_bytes, ready_bytes
+from fedge.meter.net import (
+    TcpCounters,
+    interface_counters,
+    tcp_counters,
+    tcp_counters_to,
+    wire_bytes_estimate,
+)
+from fedge.meter.pmic import PmicSource, parse_pmic_adc
+from fedge.meter.record import PHASES, round_totals
+from fedge.meter.sensors import Ina2xxSource, JetsonHwmonSource, JetsonIioSource, RaplSource
+from fedge.meter.sysfs import NoReadAccess, Root, SensorError, SensorMissing
+from fedge.meter.zmtp import connection_handshake, handshake_bytes, message_bytes, ready_bytes
 
 __all__ = [
     "DIRECTIONS", "ENERGY_CHOICES", "PHASES", "AgentMeter", "CpuModelSource", "EnergyIntegrator", "EnergySource",

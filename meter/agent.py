@@ -21,13 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from meter import flops as fl
-from meter import zmtp
-from meter.energy import EnergyIntegrator, EnergySource, Sampler, Tally, open_energy_source
-from meter.net import TcpCounters, interface_counters, tcp_counters_to, wire_bytes_estimate
-from meter.process import ContextWatch, CpuClock, PeakRss, cpu_clock
-from meter.record import build_record
-from meter.sysfs import Root
+from fedge.meter import flops as fl
+from fedge.meter import zmtp
+from fedge.meter.energy import EnergyIntegrator, EnergySource, Sampler, Tally, open_energy_source
+from fedge.meter.net import TcpCounters, interface_counters, tcp_counters_to, wire_bytes_estimate
+from fedge.meter.process import ContextWatch, CpuClock, PeakRss, cpu_clock
+from fedge.meter.record import build_record
+from fedge.meter.sysfs import Root
 
 DIRECTIONS: tuple[str, ...] = ("down", "up")
 _PHASE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")

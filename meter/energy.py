@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from meter.figure import Kind
-from meter.sysfs import Root, SensorError
+from fedge.meter.figure import Kind
+from fedge.meter.sysfs import Root, SensorError
 
 Mode = Literal["power", "energy"]
 ENERGY_CHOICES: tuple[str, ...] = ("auto", "rapl", "jetson", "ina2xx", "pmic", "estimate", "none")
@@ -153,9 +153,9 @@ def open_energy_source(choice: str | EnergySource = "auto", root: Root | None = 
     An explicit sensor name that cannot be read raises ``SensorError`` (never silently replaced by an estimate).
     ``"auto"`` tries the measured sources in order, probing each with one read, and falls back to the CPU model
     (``estimate`` holds its constants), noting each reason. ``"none"`` gives no source."""
-    from meter.external import CpuModelSource
-    from meter.pmic import PmicSource
-    from meter.sensors import Ina2xxSource, JetsonHwmonSource, JetsonIioSource, RaplSource
+    from fedge.meter.external import CpuModelSource
+    from fedge.meter.pmic import PmicSource
+    from fedge.meter.sensors import Ina2xxSource, JetsonHwmonSource, JetsonIioSource, RaplSource
 
     if isinstance(choice, EnergySource):
         return choice, []

@@ -23,9 +23,9 @@ from typing import Any
 
 import psutil
 
-from meter.energy import EnergySource
-from meter.figure import Figure
-from meter.sysfs import SensorError
+from fedge.meter.energy import EnergySource
+from fedge.meter.figure import Figure
+from fedge.meter.sysfs import SensorError
 
 DEFAULT_IDLE_W = 2.0
 DEFAULT_MAX_W = 6.0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from meter.sysfs import Root
+from fedge.meter.sysfs import Root
 
 TCP_INFO_LENGTH = 256
 """Bytes asked of getsockopt; the kernel returns min(this, its struct size)."""

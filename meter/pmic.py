@@ -22,8 +22,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from meter.energy import EnergySource
-from meter.sysfs import NoReadAccess, SensorError, SensorMissing
+from fedge.meter.energy import EnergySource
+from fedge.meter.sysfs import NoReadAccess, SensorError, SensorMissing
 
 _CURRENT = re.compile(r"^\s*(?P<rail>\S+)_A\s+current\((?P<ch>\d+)\)=(?P<value>[-+0-9.eE]+)A\s*$")
 _VOLT = re.compile(r"^\s*(?P<rail>\S+)_V\s+volt\((?P<ch>\d+)\)=(?P<value>[-+0-9.eE]+)V\s*$")

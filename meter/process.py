@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from meter.sysfs import Root, SensorError
+from fedge.meter.sysfs import Root, SensorError
 
 MB = 1024 * 1024
 

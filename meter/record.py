@@ -13,13 +13,13 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from meter.figure import Figure
-from meter.net import TcpCounters
-from meter.process import MB, CpuClock
+from fedge.meter.figure import Figure
+from fedge.meter.net import TcpCounters
+from fedge.meter.process import MB, CpuClock
 
 if TYPE_CHECKING:
-    from meter.agent import AgentMeter, _Round
-    from meter.energy import Tally
+    from fedge.meter.agent import AgentMeter, _Round
+    from fedge.meter.energy import Tally
 
 PHASES: tuple[str, ...] = ("receive", "decode", "train", "encode", "send")
 TRAINING_FIELDS = ("flops_train", "flops_fwd_bwd", "flops_opt_executed", "flops_opt_updated",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from meter.runs import (
+from fedge.meter.runs import (
     BY_KEY,
     CLAIMS,
     MEASURES,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meter.figure import Figure
+from fedge.meter.figure import Figure
 
 Row = Mapping[str, Any]
 

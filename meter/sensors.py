@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from meter.energy import EnergySource
-from meter.sysfs import Root, SensorMissing
+from fedge.meter.energy import EnergySource
+from fedge.meter.sysfs import Root, SensorMissing
 
 RAPL_HINT = "RAPL energy_uj is root-only since Linux 5.10 (CVE-2020-8694); see docs/meter.md for a udev rule"
 JETSON_HINT = "some L4T trees need a udev rule or tmpfiles.d entry granting read access; see docs/meter.md"

@@ -3,8 +3,8 @@
 Must not import the wire format, transports or algorithms.
 """
 
-from models.pan import PAN_MODES, PanSpec, PositionEncoding
-from models.registry import (
+from fedge.models.pan import PAN_MODES, PanSpec, PositionEncoding
+from fedge.models.registry import (
     MODELS,
     SUPPORTED_INPUT_SHAPES,
     ModelSpec,
@@ -13,7 +13,7 @@ from models.registry import (
     describe_models,
     parameter_count,
 )
-from models.state import (
+from fedge.models.state import (
     arrays_to_state,
     batch_norm_names,
     float_names,

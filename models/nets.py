@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.pan import PanSpec, position_encoding
+from fedge.models.pan import PanSpec, position_encoding
 
 
 def _norm(kind: str, width: int, batch_norm: bool) -> nn.Module:

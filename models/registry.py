@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from models.nets import MLP, PaperCNN
-from models.pan import PanSpec
+from fedge.models.nets import MLP, PaperCNN
+from fedge.models.pan import PanSpec
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def parameter_count(model: nn.Module) -> int:
 
 def describe_models() -> list[dict[str, object]]:
     """One entry per (model, supported input shape), as `coordinator models --json` prints it."""
-    from models.state import prunable_names
+    from fedge.models.state import prunable_names
 
     rows: list[dict[str, object]] = []
     for name in MODELS:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from models.pan import PanSpec, position_encoding
+from fedge.models.pan import PanSpec, position_encoding
 
 AFFINE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from algorithms.loop import TrainSettings
-from models import ModelSpec
+from fedge.algorithms.loop import TrainSettings
+from fedge.models import ModelSpec
 
 TINY_MLP = ModelSpec(name="mlp", input_shape=(1, 6, 6), num_classes=4)
 TINY_CNN = ModelSpec(name="cnn", input_shape=(1, 8, 8), num_classes=4)

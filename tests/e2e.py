@@ -36,10 +36,10 @@ class Processes:
         return process
 
     def coordinator(self, *args: str, name: str = "coordinator") -> subprocess.Popen[bytes]:
-        return self.start(["coordinator.cli", "start", *args], name)
+        return self.start(["fedge.coordinator.cli", "start", *args], name)
 
     def agent(self, *args: str, name: str) -> subprocess.Popen[bytes]:
-        return self.start(["edge_agent", "run", *args], name)
+        return self.start(["fedge.edge_agent", "run", *args], name)
 
     def output(self, name: str) -> str:
         path = self.workdir / f"{name}.out"

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-import codec
-from algorithms import dssa, fedavg, fedprox, scaffold
-from algorithms.base import ClientUpdate, Payload
-from algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round, through_codec
-from algorithms.loop import TrainSettings
-from algorithms.registry import REGISTRY, AlgorithmSpec
-from algorithms.sparse import FlatLayout
-from codec import TensorGroup
+from fedge import codec
+from fedge.algorithms import dssa, fedavg, fedprox, scaffold
+from fedge.algorithms.base import ClientUpdate, Payload
+from fedge.algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round, through_codec
+from fedge.algorithms.loop import TrainSettings
+from fedge.algorithms.registry import REGISTRY, AlgorithmSpec
+from fedge.algorithms.sparse import FlatLayout
+from fedge.codec import TensorGroup
 from tests.algo_helpers import ADAM, SGD, TINY_MLP, client_data, same_arrays
 
 NAMES = {"dssa-fedavg": fedavg, "dssa-fedprox": fedprox, "dssa-scaffold": scaffold}

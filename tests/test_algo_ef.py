@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-import codec
-from algorithms import ef, fedavg, fedprox
-from algorithms.base import ClientUpdate, Payload
-from algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round
-from algorithms.registry import REGISTRY, AlgorithmSpec
-from models import state_to_arrays
+from fedge import codec
+from fedge.algorithms import ef, fedavg, fedprox
+from fedge.algorithms.base import ClientUpdate, Payload
+from fedge.algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round
+from fedge.algorithms.registry import REGISTRY, AlgorithmSpec
+from fedge.models import state_to_arrays
 from tests.algo_helpers import ADAM, TINY_CNN_BN, TINY_MLP, client_data, same_arrays
 
 DATA = client_data(TINY_MLP, 4, samples=32)

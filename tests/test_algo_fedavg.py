@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms import fedavg
-from algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
-from algorithms.inprocess import global_arrays, make_fleet, run_round
-from algorithms.loop import round_seed, train_local
-from codec import TensorGroup
-from models import build, state_to_arrays
+from fedge.algorithms import fedavg
+from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
+from fedge.algorithms.inprocess import global_arrays, make_fleet, run_round
+from fedge.algorithms.loop import round_seed, train_local
+from fedge.codec import TensorGroup
+from fedge.models import build, state_to_arrays
 from tests.algo_helpers import ADAM, SGD, TINY_CNN_BN, TINY_MLP, client_data, max_difference, same_arrays
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-import codec
-from algorithms import fedavg, fedbn, inprocess, registry
-from algorithms.base import Payload
-from algorithms.loop import TrainSettings, evaluate
-from models import ModelSpec, arrays_to_state, batch_norm_names, build, state_to_arrays
+from fedge import codec
+from fedge.algorithms import fedavg, fedbn, inprocess, registry
+from fedge.algorithms.base import Payload
+from fedge.algorithms.loop import TrainSettings, evaluate
+from fedge.models import ModelSpec, arrays_to_state, batch_norm_names, build, state_to_arrays
 
 BN_SPEC = ModelSpec(name="cnn-bn", input_shape=(1, 8, 8), num_classes=4)
 PLAIN_SPEC = ModelSpec(name="cnn", input_shape=(1, 8, 8), num_classes=4)

@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import codec
-from algorithms import fedavg, fedcos, inprocess, registry
-from algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
-from algorithms.loop import TrainSettings, train_local
-from models import ModelSpec, build, state_to_arrays
+from fedge import codec
+from fedge.algorithms import fedavg, fedcos, inprocess, registry
+from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
+from fedge.algorithms.loop import TrainSettings, train_local
+from fedge.models import ModelSpec, build, state_to_arrays
 
 MLP = ModelSpec(name="mlp", input_shape=(1, 8, 8), num_classes=4)
 SGD = TrainSettings(epochs=1, batch_size=16, lr=0.05, optimizer="sgd")

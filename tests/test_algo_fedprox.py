@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from algorithms import fedprox
-from algorithms.base import Payload
-from algorithms.inprocess import global_arrays, make_fleet, run_round
-from algorithms.loop import TrainSettings, train_local
-from codec import TensorGroup
-from models import build, state_to_arrays
+from fedge.algorithms import fedprox
+from fedge.algorithms.base import Payload
+from fedge.algorithms.inprocess import global_arrays, make_fleet, run_round
+from fedge.algorithms.loop import TrainSettings, train_local
+from fedge.codec import TensorGroup
+from fedge.models import build, state_to_arrays
 from tests.algo_helpers import ADAM, TINY_MLP, client_data, same_arrays
 
 

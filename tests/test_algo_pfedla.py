@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-import codec
-from algorithms import inprocess, pfedla, registry
-from algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
-from algorithms.hypernetwork import (
+from fedge import codec
+from fedge.algorithms import inprocess, pfedla, registry
+from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
+from fedge.algorithms.hypernetwork import (
     HyperNetwork,
     backpropagate,
     layer_weights,
@@ -21,8 +21,8 @@ from algorithms.hypernetwork import (
     normalise,
     weight_gradient,
 )
-from algorithms.loop import TrainSettings, round_seed, train_local
-from models import ModelSpec, build, state_to_arrays
+from fedge.algorithms.loop import TrainSettings, round_seed, train_local
+from fedge.models import ModelSpec, build, state_to_arrays
 
 MLP = ModelSpec(name="mlp", input_shape=(1, 8, 8), num_classes=4)
 BN_CNN = ModelSpec(name="cnn-bn", input_shape=(1, 8, 8), num_classes=4)

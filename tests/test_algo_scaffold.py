@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from algorithms import fedavg, inprocess, scaffold
-from algorithms.base import ClientUpdate, LocalStats, ModelLayout, ServerContext
-from algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round, through_codec
-from algorithms.loop import TrainSettings, round_seed
-from algorithms.registry import REGISTRY, AlgorithmSpec
+from fedge.algorithms import fedavg, inprocess, scaffold
+from fedge.algorithms.base import ClientUpdate, LocalStats, ModelLayout, ServerContext
+from fedge.algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round, through_codec
+from fedge.algorithms.loop import TrainSettings, round_seed
+from fedge.algorithms.registry import REGISTRY, AlgorithmSpec
 from tests.algo_helpers import ADAM, SGD, TINY_MLP, client_data, max_difference
 
 

@@ -9,9 +9,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec.frames import decompress
-from codec.stream import BodyWriter
-from codec.values import Shuffled, shuffle
+from fedge.codec.frames import decompress
+from fedge.codec.stream import BodyWriter
+from fedge.codec.values import Shuffled, shuffle
 
 leaves = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False),
                    st.text(max_size=40), st.binary(max_size=40), st.integers(0, 70_000).map(lambda n: b"\x07" * n))

@@ -1,4 +1,4 @@
-"""`python -m codec`: encode / decode / inspect through real subprocesses, and one-line errors on bad input."""
+"""`python -m fedge.codec`: encode / decode / inspect through real subprocesses, and one-line errors on bad input."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codec import PROTOCOL_VERSION, retained_count, topk_mask
+from fedge.codec import PROTOCOL_VERSION, retained_count, topk_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "codec", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fedge.codec", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
 
 

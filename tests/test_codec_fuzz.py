@@ -17,7 +17,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from codec import (
+from fedge.codec import (
     PROTOCOL_VERSION,
     Bye,
     CodecError,
@@ -34,7 +34,7 @@ from codec import (
     decode,
     encode,
 )
-from codec.frames import compress, decompress
+from fedge.codec.frames import compress, decompress
 
 HEARTBEAT_PREFIX = b"FEDG" + bytes((PROTOCOL_VERSION, 6, 0, 0))
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import Malformed
-from codec.indexcode import (
+from fedge.codec import Malformed
+from fedge.codec.indexcode import (
     BITMAP,
     RICE,
     RICE_COMPLEMENT,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codec import (
+from fedge.codec import (
     ChecksumError,
     CodecError,
     Heartbeat,
@@ -132,7 +132,7 @@ def test_values_only_sections_need_their_own_mask() -> None:
 def test_corrupt_index_field_fails_its_crc() -> None:
     import msgpack
 
-    from codec.frames import compress, decompress
+    from fedge.codec.frames import compress, decompress
 
     mask = np.zeros(64, dtype=bool)
     mask[[1, 9, 40]] = True

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import NonFinite, mask_crc, retained_count, topk_mask
+from fedge.codec import NonFinite, mask_crc, retained_count, topk_mask
 
 
 def test_retained_count_uses_the_decimal_text() -> None:

@@ -6,7 +6,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from codec import (
+from fedge.codec import (
     PROTOCOL_VERSION,
     Bye,
     Commit,
@@ -23,7 +23,7 @@ from codec import (
     decode,
     encode,
 )
-from codec.frames import compress, decompress
+from fedge.codec.frames import compress, decompress
 
 MESSAGES = [
     Hello("run-1", 0, "agent-07", "0.1.0", PROTOCOL_VERSION, "2.3.1", "sha256:ab12", ("sparse", "int8"), 6000,

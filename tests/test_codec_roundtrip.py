@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import Limits, SparseSection, Task, TensorGroup, Update, decode, encode
+from fedge.codec import Limits, SparseSection, Task, TensorGroup, Update, decode, encode
 
 SETTINGS = settings(max_examples=60, deadline=None)
 shapes_st = st.lists(st.lists(st.integers(0, 6), min_size=0, max_size=3).map(tuple), min_size=1, max_size=4)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codec import values
-from codec.values import Shuffled, shuffle, unshuffle
+from fedge.codec import values
+from fedge.codec.values import Shuffled, shuffle, unshuffle
 
 
 @pytest.mark.parametrize("dtype", ["<f4", "<f2", "<u2"])

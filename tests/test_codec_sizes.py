@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from codec import SparseSection, Task, TensorGroup, Update, encode
-from codec.sparsewire import encode_section
+from fedge.codec import SparseSection, Task, TensorGroup, Update, encode
+from fedge.codec.sparsewire import encode_section
 
 SHAPES = [(64, 3, 3, 3), (256, 1024), (10, 256)]
 NAMES = ["conv", "fc1", "fc2"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from codec import PROTOCOL_VERSION, Heartbeat, SparseSection, Task, TensorGroup, Update, decode, encode
-from codec.frames import decompress
+from fedge.codec import PROTOCOL_VERSION, Heartbeat, SparseSection, Task, TensorGroup, Update, decode, encode
+from fedge.codec.frames import decompress
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "wire-format.md").read_text()
 

@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config import SECTION_CLASSES, Config, ConfigError, load_config, parse_override, to_toml
-from edge_agent.config import AgentSettings, load_settings
+from fedge.coordinator.config import (
+    SECTION_CLASSES,
+    Config,
+    ConfigError,
+    load_config,
+    parse_override,
+    to_toml,
+)
+from fedge.edge_agent.config import AgentSettings, load_settings
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 TYPES = {int: "int", float: "float", str: "str", bool: "bool"}

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-import codec
-from coordinator.agents import Agent, AgentRegistry
-from coordinator.session import Session
+from fedge import codec
+from fedge.coordinator.agents import Agent, AgentRegistry
+from fedge.coordinator.session import Session
 
 
 def session_with(agents: list[Agent], answer_after: int | None) -> tuple[Session, list[bytes], list[int]]:

@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-import codec
+from fedge import codec
 from tests.e2e import FAST, Processes, finished, metrics, wait_for
 
 
 def shards(tmp_path: Path, clients: int) -> Path:
     out = tmp_path / "shards"
-    subprocess.run([sys.executable, "-m", "coordinator.cli", "partition", "--dataset", "fmnist-demo",
+    subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "partition", "--dataset", "fmnist-demo",
                     "--partition", "iid", "--clients", str(clients), "--seed", "0", "--out", str(out)],
                    check=True, capture_output=True, timeout=120)
     return out
@@ -112,7 +112,7 @@ def test_an_agent_without_an_allowed_key_is_refused(procs: Processes, tmp_path: 
     address = endpoint(run_dir)
     assert json.loads((run_dir / "provenance.json").read_text())["curve"] is True
     keys = tmp_path / "intruder-keys"
-    subprocess.run([sys.executable, "-m", "edge_agent", "keygen", "--keys-dir", str(keys)], check=True,
+    subprocess.run([sys.executable, "-m", "fedge.edge_agent", "keygen", "--keys-dir", str(keys)], check=True,
                    capture_output=True, timeout=60)
     intruder = procs.agent("--coordinator", address, "--client-id", "intruder", "--data",
                            str(run_dir / "data" / "client-000.npz"), "--state-dir", str(tmp_path / "intruder"),

@@ -52,15 +52,15 @@ def test_a_local_fleet_runs_rounds_and_writes_the_documented_run_dir(procs: Proc
         assert (run_dir / name).stat().st_size > 0, name
     for line in (run_dir / "coordinator.log").read_text().splitlines():
         assert {"ts", "level", "logger", "msg"} <= set(json.loads(line))
-    status = subprocess.run([sys.executable, "-m", "coordinator.cli", "status", str(run_dir)],
+    status = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "status", str(run_dir)],
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "round 3/3" in status.stdout and "agent-02" in status.stdout
 
 
 def test_start_refuses_an_existing_run_and_a_bad_key(tmp_path: Path) -> None:
-    bad = subprocess.run([sys.executable, "-m", "coordinator.cli", "start", "--set", "train.nope=1"],
+    bad = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--set", "train.nope=1"],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert bad.returncode == 2 and "unknown key" in bad.stderr and "Traceback" not in bad.stderr
-    missing = subprocess.run([sys.executable, "-m", "coordinator.cli", "start", "--resume", str(tmp_path)],
+    missing = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--resume", str(tmp_path)],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fldata import DataError, load_dataset
+from fedge.fldata import DataError, load_dataset
 
 BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fldata import DataError, Dataset, load_dataset, partition
+from fedge.fldata import DataError, Dataset, load_dataset, partition
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""`python -m fldata partition`: the JSON summary schema, the table, shard output, and one-line errors."""
+"""`python -m fedge.fldata partition`: the JSON summary schema, the table, shard output, and one-line errors."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from fldata import load_dataset, partition, read_shard, summary
-from fldata.cli import main
+from fedge.fldata import load_dataset, partition, read_shard, summary
+from fedge.fldata.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fldata", "partition", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fedge.fldata", "partition", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
 
 

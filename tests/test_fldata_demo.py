@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-import fldata
-from fldata import load_dataset
+from fedge import fldata
+from fedge.fldata import load_dataset
 
 DEMO_DIR = Path(fldata.__file__).parent / "demo"
 
@@ -32,7 +32,7 @@ def test_demo_is_small_and_matches_its_readme() -> None:
     npz = DEMO_DIR / "fmnist-demo.npz"
     assert npz.stat().st_size < 8_000_000
     readme = (DEMO_DIR / "README.md").read_text(encoding="utf-8")
-    assert "MIT" in readme and "Zalando SE" in readme and "python -m fldata.build_demo" in readme
+    assert "MIT" in readme and "Zalando SE" in readme and "python -m fedge.fldata.build_demo" in readme
     listed = dict(re.findall(r"\| `(\w+)` \| \w+ \| [\d x]+ \| `([0-9a-f]{64})` \|", readme))
     with np.load(npz, allow_pickle=False) as arrays:
         assert sorted(listed) == sorted(arrays.files)

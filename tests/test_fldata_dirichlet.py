@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fldata import ClientShard, DataError, Dataset, load_dataset, partition
-from fldata.schemes import DIRICHLET_ATTEMPTS
+from fedge.fldata import ClientShard, DataError, Dataset, load_dataset, partition
+from fedge.fldata.schemes import DIRICHLET_ATTEMPTS
 
 
 @pytest.fixture(scope="module")

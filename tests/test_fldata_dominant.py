@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fldata import DataError, load_dataset, partition
+from fedge.fldata import DataError, load_dataset, partition
 
 
 @pytest.mark.parametrize(("clients", "dominant"), [(10, 2), (5, 2), (20, 3)])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fldata import Dataset, load_dataset, partition
-from fldata.shift import Shift, apply_shift
+from fedge.fldata import Dataset, load_dataset, partition
+from fedge.fldata.shift import Shift, apply_shift
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fldata import load_dataset
-from fldata.idx import DEFAULT_FMNIST_DIR
-from fldata.loaders import DEMO_PATH
+from fedge.fldata import load_dataset
+from fedge.fldata.idx import DEFAULT_FMNIST_DIR
+from fedge.fldata.loaders import DEMO_PATH
 
 pytestmark = pytest.mark.skipif(
     not DEFAULT_FMNIST_DIR.is_dir(), reason=f"{DEFAULT_FMNIST_DIR} is absent (Debian package dataset-fashion-mnist)"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fldata import DataError, load_dataset
+from fedge.fldata import DataError, load_dataset
 
 IMAGES, LABELS = 0x00000803, 0x00000801
 STEMS = {

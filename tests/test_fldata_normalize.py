@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fldata import ClientShard, DataError, normalize, summary
+from fedge.fldata import ClientShard, DataError, normalize, summary
 
 
 def test_per_channel_values() -> None:

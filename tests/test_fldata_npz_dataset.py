@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fldata import ClientShard, DataError, load_dataset, partition, write_shard
+from fedge.fldata import ClientShard, DataError, load_dataset, partition, write_shard
 
 
 def write_shards(directory: Path) -> list[ClientShard]:

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fldata import PARTITIONERS, ClientShard, DataError, Dataset, partition
-from fldata.schemes import split_indices
+from fedge.fldata import PARTITIONERS, ClientShard, DataError, Dataset, partition
+from fedge.fldata.schemes import split_indices
 
 SCHEMES = [
     ("iid", {}),

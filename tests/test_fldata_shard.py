@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fldata import ClientShard, DataError, load_dataset, partition, read_shard, write_shard
+from fedge.fldata import ClientShard, DataError, load_dataset, partition, read_shard, write_shard
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fldata import DataError, load_dataset
+from fedge.fldata import DataError, load_dataset
 
 scipy_io = pytest.importorskip("scipy.io", reason="SVHN needs scipy (pip install fedge[svhn])")
 

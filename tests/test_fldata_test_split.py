@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fldata import Dataset, load_dataset, partition
-from fldata.partition import MIN_TEST_SIZE, apportion
+from fedge.fldata import Dataset, load_dataset, partition
+from fedge.fldata.partition import MIN_TEST_SIZE, apportion
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fldata import DataError, load_dataset
-from fldata.cifar import restricted_loads
+from fedge.fldata import DataError, load_dataset
+from fedge.fldata.cifar import restricted_loads
 
 
 class RunsCommand:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from meter import AgentMeter, FlopCounter, ParamSnapshot, mask_elements, round_totals
+from fedge.meter import AgentMeter, FlopCounter, ParamSnapshot, mask_elements, round_totals
 
 REQUIRED = ("round", "flops_train", "flops_fwd_bwd", "flops_opt_executed", "flops_opt_updated",
             "flops_theoretical_sparse", "batch_size", "steps", "params_total", "params_updated", "energy_j",

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import meter.external
-import meter.sysfs
-from meter import (
+import fedge.meter.external
+import fedge.meter.sysfs
+from fedge.meter import (
     CpuModelSource,
     EnergyIntegrator,
     Ina2xxSource,
@@ -90,14 +90,14 @@ def test_rapl_sums_packages_handles_wraparound_and_skips_nested_and_psys(tmp_pat
 @pytest.fixture
 def enforce_modes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Root ignores file modes; emulate an unprivileged reader by refusing files without read bits."""
-    original = meter.sysfs.read_file
+    original = fedge.meter.sysfs.read_file
 
     def guarded(path: Path) -> str:
         if not os.stat(path).st_mode & 0o444:
             raise PermissionError(13, "Permission denied", str(path))
         return original(path)
 
-    monkeypatch.setattr(meter.sysfs, "read_file", guarded)
+    monkeypatch.setattr(fedge.meter.sysfs, "read_file", guarded)
 
 
 def test_unreadable_rapl_is_reported_and_auto_falls_back_to_the_labelled_estimate(
@@ -253,7 +253,7 @@ def test_sampler_runs_callbacks_and_stops_cleanly() -> None:
 
 def test_cpu_model_is_labelled_estimated_and_integrates_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
     now, busy = [100.0], [50.0]
-    monkeypatch.setattr(meter.external, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(fedge.meter.external, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     monkeypatch.setattr(CpuModelSource, "_busy_s", lambda self: busy[0])
     source = CpuModelSource(idle_w=2.0, max_w=10.0, share="process")
     assert (source.kind, source.scope, source.source) == ("estimated", "process-share", "model:cpu-linear")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from meter import Figure, IncomparableFigures, MeterLog, SensorError, attach_log_energy
-from meter.figure import figure_from_fields
+from fedge.meter import Figure, IncomparableFigures, MeterLog, SensorError, attach_log_energy
+from fedge.meter.figure import figure_from_fields
 
 
 def test_power_log_is_integrated_with_interpolated_window_edges(tmp_path: Path) -> None:

@@ -8,8 +8,14 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from meter import FlopCounter, ParamSnapshot, mask_elements, optimizer_flops_per_element, optimizer_step_flops
-from meter.flops import densities_from_masks, total_elements, trainable_elements
+from fedge.meter import (
+    FlopCounter,
+    ParamSnapshot,
+    mask_elements,
+    optimizer_flops_per_element,
+    optimizer_step_flops,
+)
+from fedge.meter.flops import densities_from_masks, total_elements, trainable_elements
 
 REFERENCE_FWD_BWD_B8 = 83_423_232  # METER-NOTES section 3.3, analytic == FlopCounterMode
 

@@ -8,21 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.importscan import layers_imported
+
 METER = Path(__file__).resolve().parents[1] / "meter"
 FORBIDDEN = ("codec", "algorithms", "coordinator", "edge_agent", "fldata", "models", "benchmarks", "zmq")
 TORCH_ALLOWED = ("flops.py", "agent.py")
 MODULES = sorted(METER.glob("*.py"))
-
-
-def imports(tree: ast.AST) -> list[tuple[str, int]]:
-    """(module, column offset) of every import; offset 0 means a module-level import."""
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(alias.name, node.col_offset) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.module, node.col_offset))
-    return found
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
@@ -31,10 +22,9 @@ def test_module_respects_the_layer_rules(path: Path) -> None:
     docstring = ast.get_docstring(tree)
     assert docstring and "must not" in docstring.lower(), f"{path.name} lacks a docstring saying what it must not do"
     assert len(path.read_text().splitlines()) <= 300
-    for module, column in imports(tree):
-        top = module.split(".")[0]
-        assert top not in FORBIDDEN, f"{path.name} imports {module}"
-        if top == "torch":
+    for imp in layers_imported(path):
+        assert imp.layer not in FORBIDDEN, f"{path.name} imports {imp.module}"
+        if imp.layer == "torch":
             assert path.name in TORCH_ALLOWED, f"{path.name} imports torch"
-        if top == "matplotlib":
-            assert path.name == "report.py" and column > 0, f"{path.name} imports matplotlib at module level"
+        if imp.layer == "matplotlib":
+            assert path.name == "report.py" and imp.column > 0, f"{path.name} imports matplotlib at module level"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from meter import interface_counters, tcp_counters, tcp_counters_to, wire_bytes_estimate
-from meter.net import parse_tcp_info
+from fedge.meter import interface_counters, tcp_counters, tcp_counters_to, wire_bytes_estimate
+from fedge.meter.net import parse_tcp_info
 
 
 def test_parse_tcp_info_reads_fields_at_their_offsets() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from meter import (
+from fedge.meter import (
     NoReadAccess,
     PmicSource,
     Root,
@@ -15,7 +15,7 @@ from meter import (
     open_energy_source,
     parse_pmic_adc,
 )
-from meter.pmic import PITOP_OFFSET_W, PITOP_SLOPE
+from fedge.meter.pmic import PITOP_OFFSET_W, PITOP_SLOPE
 
 RECORDED = """\
  3V7_WL_SW_A current(0)=0.00000000A

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meter import Root
-from meter.process import ContextWatch, PeakRss, cpu_clock, read_cpu_freqs_mhz, read_temperatures
+from fedge.meter import Root
+from fedge.meter.process import ContextWatch, PeakRss, cpu_clock, read_cpu_freqs_mhz, read_temperatures
 
 MB = 1024 * 1024
 

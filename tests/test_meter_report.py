@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from meter.report import PLOTS, markdown_report, write_report
-from meter.runs import claims_check, load_run, reductions
+from fedge.meter.report import PLOTS, markdown_report, write_report
+from fedge.meter.runs import claims_check, load_run, reductions
 
 ROUNDS = 3
 CLIENTS = ("agent-0", "agent-1")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import zmq
 
-from meter import AgentMeter, tcp_counters_to, zmtp
+from fedge.meter import AgentMeter, tcp_counters_to, zmtp
 
 # --- pure arithmetic (METER-NOTES section 4.2) ------------------------------------------------------------------
 

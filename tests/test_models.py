@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-import models
-from models import ModelSpec, build
-from models.export import export_onnx, onnx_max_abs_difference
+from fedge import models
+from fedge.models import ModelSpec, build
+from fedge.models.export import export_onnx, onnx_max_abs_difference
 
 
 @pytest.mark.parametrize(("shape", "expected"), [((3, 32, 32), 1_147_466), ((1, 28, 28), 688_138)])

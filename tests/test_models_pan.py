@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import codec
-from algorithms import registry
-from algorithms.inprocess import through_codec
-from models import ModelSpec, PanSpec, build, state_to_arrays
-from models.shuffle import (
+from fedge import codec
+from fedge.algorithms import registry
+from fedge.algorithms.inprocess import through_codec
+from fedge.models import ModelSpec, PanSpec, build, state_to_arrays
+from fedge.models.shuffle import (
     HiddenLayer,
     hidden_layers,
     permute_hidden,
@@ -183,7 +183,7 @@ def test_the_encoding_is_not_state() -> None:
 
 
 def _context(model: torch.nn.Module):  # type: ignore[no-untyped-def]
-    from algorithms.base import ModelLayout, ServerContext
+    from fedge.algorithms.base import ModelLayout, ServerContext
 
     return ServerContext(num_clients=1, layout=ModelLayout.of(model))
 

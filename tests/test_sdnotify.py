@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent import sdnotify
+from fedge.edge_agent import sdnotify
 
 
 class FakeSystemd:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coordinator.sweep import expand
+from fedge.coordinator.sweep import expand
 
 GRID = """
 [sweep]
@@ -29,7 +29,7 @@ algorithm = { name = "ef-fedavg", keep = 0.1 }
 
 
 def sweep(grid: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", "sweep", "--grid", str(grid), "--out", str(out)],
+    return subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "sweep", "--grid", str(grid), "--out", str(out)],
                           capture_output=True, text=True, timeout=400)
 
 
