@@ -1,16 +1,18 @@
-"""pFedLA's hypernetwork (ALGORITHMS.md 6.2) and the arithmetic around it: layer weights, mixing, the HN step.
+"""pFedLA's hypernetwork (docs/algorithms.md, pFedLA) and the arithmetic around it: layer weights, mixing, the HN step.
 
 One ``HyperNetwork`` per client maps its embedding v_i (a parameter) through three Linear + ReLU layers to one head per
 aggregation layer; head l gives the raw, non-negative row r_i^l over the N clients, which ``normalise`` turns into
 alpha_i^l = r / sum r (one-hot on i when the row is all zero). ``mix`` forms theta_bar^l = sum_j alpha^{l,j} theta_j^l;
 ``weight_gradient`` is the derivative of 1/2 ||theta_bar - theta_trained||^2 with respect to alpha, and ``descend``
 carries it through the network with autograd and takes one plain SGD step on psi and v (gradient descent on that
-surrogate; ALGORITHMS.md 6.3's sign). Works in any float dtype (float64 for the finite-difference check). Knows
+surrogate; docs/algorithms.md gives the sign). Works in any float dtype (float64 for the finite-difference check). Knows
 nothing of models, payloads or the wire.
 
-Decisions where ALGORITHMS.md is silent: the MLP's Linear layers use torch's default init law
-(U(+-1/sqrt(fan_in)) for weight and bias) and the embedding N(0, 1) as torch's nn.Embedding, all drawn from a
-generator seeded per client, so the coordinator's hypernetworks do not depend on the global torch RNG.
+Initialisation (docs/algorithms.md, pFedLA "Hypernetwork"): the MLP's Linear layers use torch's default init law
+(U(+-1/sqrt(fan_in)) for weight and bias), the embedding N(0, 1) as torch's nn.Embedding, the heads' weights
+U(0, 1), all drawn from a generator seeded per client, so the coordinator's hypernetworks do not depend on the global
+torch RNG; each head's bias then makes its row start exactly uniform (``level_heads``), so no random initial
+preference decides the rows, while the MLP and the embedding keep their gradients.
 """
 
 from __future__ import annotations
@@ -47,7 +49,22 @@ class HyperNetwork(nn.Module):
                     layer.bias.uniform_(-bound, bound, generator=generator)
             for head in heads:
                 head.weight.uniform_(0.0, 1.0, generator=generator)
-                head.bias.zero_()
+            self.level_heads()
+
+    @torch.no_grad()
+    def level_heads(self) -> None:
+        """Set every head's bias so that all its pre-activations are equal at the current psi and v: alpha starts
+        exactly uniform (docs/algorithms.md, pFedLA "Hypernetwork"). b_j = max_k(w_k f) - w_j f >= 0 with f the
+        MLP's output; a second pass absorbs the last bits of float rounding, so the raw row is exactly constant."""
+        features = self.mlp(self.embedding)
+        for head in self.heads:
+            assert isinstance(head, nn.Linear)
+            head.bias.zero_()
+            for _ in range(4):
+                raw = head(features)
+                if bool(torch.all(raw == raw.max())):
+                    break
+                head.bias.add_(raw.max() - raw)
 
     def forward(self) -> torch.Tensor:
         features = self.mlp(self.embedding)
@@ -107,11 +124,31 @@ def backpropagate(network: HyperNetwork, alpha: torch.Tensor, grad_alpha: np.nda
     torch.autograd.backward(alpha, torch.as_tensor(grad_alpha, dtype=alpha.dtype))
 
 
-def descend(network: HyperNetwork, alpha: torch.Tensor, grad_alpha: np.ndarray, lr: float) -> None:
-    """One plain SGD step psi <- psi - lr (d alpha / d psi)^T grad_alpha on every parameter, the embedding included."""
+def descend(network: HyperNetwork, alpha: torch.Tensor, grad_alpha: np.ndarray, lr: float,
+            max_alpha_change: float = 0.0, self_index: int = 0) -> float:
+    """One plain SGD step psi <- psi - lr (d alpha / d psi)^T grad_alpha on every parameter, the embedding included.
+
+    With ``max_alpha_change`` > 0 (the optional guard; docs/algorithms.md) the step is shortened, by backtracking
+    on its length, until no entry of the normalised alpha (rows over ``self_index``'s clients, every layer) moves by
+    more than that. Returns the factor the step was scaled by (1.0: the full step)."""
     backpropagate(network, alpha, grad_alpha)
-    with torch.no_grad():
-        for parameter in network.parameters():
-            if parameter.grad is not None:
-                parameter.sub_(parameter.grad, alpha=lr)
+    steps = [(p, p.grad) for p in network.parameters() if p.grad is not None]
     network.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        if max_alpha_change <= 0:
+            for parameter, grad in steps:
+                parameter.sub_(grad, alpha=lr)
+            return 1.0
+        before = normalise(network(), self_index)
+        start = [parameter.detach().clone() for parameter, _ in steps]
+        scale = 1.0
+        for _ in range(60):
+            for (parameter, grad), origin in zip(steps, start, strict=True):
+                parameter.copy_(origin).sub_(grad, alpha=lr * scale)
+            change = float((normalise(network(), self_index) - before).abs().max())
+            if change <= max_alpha_change:
+                return scale
+            scale *= min(0.5, 0.9 * max_alpha_change / change)
+        for parameter, origin in zip((p for p, _ in steps), start, strict=True):
+            parameter.copy_(origin)
+        return 0.0

@@ -1,9 +1,9 @@
-"""pFedLA and HeurpFedLA (Ma et al., CVPR 2022; ALGORITHMS.md section 6): layer-wise personalised aggregation.
+"""pFedLA and HeurpFedLA (Ma et al., CVPR 2022; docs/algorithms.md, pFedLA): layer-wise personalised aggregation.
 
 Server: keeps theta_j, every client's latest trained parameters (initialised from the initial model), and one
 hypernetwork per client (``algorithms.hypernetwork``). For client i it sends theta_bar_i^l = sum_j alpha_i^{l,j}
 theta_j^l per layer l, receives Delta theta_i for all layers, steps HN_i in the descent direction of
-1/2 ||theta_bar_i - theta_i^trained||^2 (eta_hn = 5e-3 SGD) and stores theta_i <- theta_bar_i + Delta theta_i (in
+1/2 ||theta_bar_i - theta_i^trained||^2 (eta_hn = 5e-3 SGD; optionally guarded, ``max_alpha_change``) and stores theta_i <- theta_bar_i + Delta theta_i (in
 float64, rounded to float32). There is no global model (``evaluation_arrays`` is None). ``state_dict`` holds theta
 (one (N, ...) stack per tensor) and every hypernetwork's parameters: the coordinator's checkpoint, resumed bit for
 bit. HeurpFedLA (``k`` > 0): the k layers with the largest normalised self-weight are retained: one-hot self,
@@ -11,7 +11,7 @@ detached, and not downloaded. Client: keeps its whole local model as device stat
 layers live there), loads it, then the downlink, so after ``on_receive`` the model is its personalised theta_bar_i;
 uploads trained - received for every parameter. Must not import a transport.
 
-Decisions where ALGORITHMS.md is silent:
+Decisions where the paper and its references are silent:
 - A layer is a module of ``context.layout.layers`` (weight and bias share one alpha row); its aggregated tensors are
   its float tensors minus the BatchNorm buffers. Personal tensors (BN running statistics, num_batches_tracked, any
   non-float tensor) are never sent down or up; they stay on the device untouched (one-hot self by construction).
@@ -59,10 +59,13 @@ class Config:
     hn_lr: float = 5e-3
     embedding_dim: int = 100
     hidden_dim: int = 100
+    max_alpha_change: float = 0.0  # the optional guard: 0 = off; docs/algorithms.md suggests 0.01
 
     def __post_init__(self) -> None:
         if self.k < 0 or self.hn_lr < 0 or self.embedding_dim < 1 or self.hidden_dim < 1:
             raise ValueError("algorithm.k and algorithm.hn_lr must be >= 0, embedding_dim and hidden_dim >= 1")
+        if not 0 <= self.max_alpha_change <= 1:
+            raise ValueError("algorithm.max_alpha_change must lie in [0, 1] (0: no guard)")
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,10 @@ class Server:
         self.networks = [HyperNetwork(count, len(self.layers), config.embedding_dim, config.hidden_dim,
                                       seed=context.seed * 1_000_003 + index) for index in range(count)]
         self.seen: set[int] = set()
+        # For inspection (the eta_hn rule measures them): the alpha-gradient (L, N) of each client's latest HN step
+        # and the factor the guard scaled that step by. Not state: not checkpointed.
+        self.last_gradients: dict[int, np.ndarray] = {}
+        self.last_step_scales: dict[int, float] = {}
 
     def weights(self, index: int) -> tuple[torch.Tensor, list[int]]:
         """alpha_i (with autograd) and the retained layer indices."""
@@ -152,7 +159,10 @@ class Server:
                               .astype(np.float32) for name in self.theta}
             stacks = [[self.theta[name] for name in names] for _, names in self.layers]
             residuals = [[-np.asarray(delta[name], np.float64) for name in names] for _, names in self.layers]
-            descend(self.networks[index], alpha, weight_gradient(stacks, residuals), self.config.hn_lr)
+            gradient = weight_gradient(stacks, residuals)
+            self.last_gradients[index] = gradient
+            self.last_step_scales[index] = descend(self.networks[index], alpha, gradient, self.config.hn_lr,
+                                                   self.config.max_alpha_change, index)
             self_weights.append(float(weights[:, index].mean()))
         for index, arrays in trained.items():
             for name, value in arrays.items():

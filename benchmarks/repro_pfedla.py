@@ -1,26 +1,27 @@
-"""pFedLA's aggregation weights on a chain of 8 clients (ALGORITHMS.md 6.6, Figs. 5-6 and the proxy check).
+"""pFedLA's aggregation weights on a chain of 8 clients, judged by the pre-registered criterion (docs/algorithms.md).
 
-    python benchmarks/repro_pfedla.py [--out DIR] [--quick] [--seed S] [--threads T]
-        [--rounds R] [--hn-lr H] [--epochs E] [--train-cap N] [--no-reference]
+    python benchmarks/repro_pfedla.py --seed 11                  # pilot, eta_hn by the rule, T = 200, the verdict
+    python benchmarks/repro_pfedla.py --seed 11 --guard --grid   # plus the descriptions: guard on, eta_hn log-grid
+    python benchmarks/repro_pfedla.py --quick                    # seconds, for the smoke test
+    options: [--out DIR] [--rounds T] [--hn-lr H] [--epochs E] [--train-cap N] [--threads T]
 
 Fashion-MNIST demo, the ``classes`` partition with ``classes_layout = "chain"``: client i holds classes i..i+3
-(mod 10) and shares 3 of them with clients i-1 and i+1, 2 with i+-2, 1 with i+-3 (client 7 holds 7, 8, 9, 0, so it
-also shares class 0 with client 0). pFedLA (k = 0) on the ``mlp`` model, every client in every round, SGD lr 0.005
-batch 32 (ALGORITHMS.md 6.3 for FMNIST), 1 local epoch on at most 300 images per client, 60 rounds.
+(mod 10), so chain neighbours share 3 classes (client 7 holds 7, 8, 9, 0 and shares class 0 with client 0). pFedLA
+(k = 0) on the ``mlp`` model, every client in every round, SGD lr 0.005, batch 32, 1 local epoch on at most 300 images
+per client, T = 200 rounds, the hypernetworks starting exactly uniform: the settings docs/algorithms.md
+pre-registers (section "pFedLA: the chain reproduction"), none of them tuned here.
 
-The hypernetwork learning rate: ALGORITHMS.md 6.3 gives eta_hn = 5e-3 with 10 local epochs and 600 rounds. On a CPU
-budget the rows then do not move off their random initialisation (at most 0.003 after 30 rounds of 10 full epochs;
-docs/reproductions.md has the measurements), so the main run uses eta_hn = 1 (``--hn-lr``, 200x the paper's) to
-compress the time scale, and a reference run with eta_hn = 5e-3 and otherwise the same settings is reported beside
-it. alpha_i (rows over the 8 clients, one row per layer fc1, fc2, fc3) is read through the server half's read-only
-``Server.aggregation_weights(i)``.
+eta_hn is fixed before the run by the rule, unless ``--hn-lr`` gives it (then the run is a description): a pilot of
+6 rounds at eta_hn = 1e-4 measures gbar (the median over rounds 2-6, clients and layers of ||P g_i^l||, the centred
+alpha-gradient) and gamma (the median over clients and layers of max_j |d alpha_i^{l,j}| / (1e-4 ||P g_i^l||) on the
+pilot's first step that can move alpha, round 2's), and eta_hn = 0.1 / (gamma T gbar). The verdict is C1-C3 of ``pfedla_criterion`` on alpha at the
+evaluation point (the first round whose mean self weight reaches 1.5/8, else the last round, "not formed");
+the former strict per-row count is reported beside it, as a description. ``--guard`` adds a run with the |d alpha|
+<= 0.01 guard, ``--grid`` runs at the rule's eta_hn x 1/10, 1/3, 3 and 10: descriptions, never the verdict.
 
-The check (ALGORITHMS.md 6.6, fixed, not tuned): on the layer-averaged alpha, client i PASSES when its self weight is
-the largest in its row and each chain neighbour's weight (i-1 and i+1 where they exist) is above the mean weight of
-the other, non-neighbour clients. The run PASSES when every client does. Writes into DIR (default
-``runs/repro-pfedla``): ``pfedla.png`` (heatmap, per-layer heatmaps, the weights' trajectory), ``pfedla.md``,
-``pfedla_alpha.csv`` (the layer-averaged matrix), ``pfedla_check.csv``, ``pfedla_rounds.csv`` and ``pfedla.json``.
-``--quick``: 4 rounds on 64 images per client (no reference run).
+Writes into DIR (default ``runs/repro-pfedla``): ``pfedla.png`` (heatmaps at the evaluation point and the weights'
+trajectory), ``pfedla.md``, ``pfedla_alpha.csv`` (the layer-averaged matrix at the evaluation point),
+``pfedla_runs.csv`` (one line per run), ``pfedla_rounds.csv`` and ``pfedla.json``.
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
-from dataclasses import asdict, dataclass, replace  # noqa: E402
+from copy import deepcopy  # noqa: E402
+from dataclasses import asdict, dataclass, field, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+import pfedla_criterion as criterion  # noqa: E402
+import torch  # noqa: E402
 from _repro_common import (  # noqa: E402
     ClientData,
     Stopwatch,
@@ -54,6 +59,7 @@ from _repro_common import (  # noqa: E402
     write_json,
 )
 
+from fedge.algorithms.hypernetwork import HyperNetwork, descend, normalise  # noqa: E402
 from fedge.algorithms.inprocess import Fleet, make_fleet, run_round  # noqa: E402
 from fedge.algorithms.loop import TrainSettings  # noqa: E402
 from fedge.fldata import load_dataset, partition  # noqa: E402
@@ -61,34 +67,46 @@ from fedge.models import ModelSpec, build  # noqa: E402
 
 CLIENTS = 8
 SPEC = ModelSpec(name="mlp", input_shape=(1, 28, 28), num_classes=10)
-PAPER_HN_LR = 5e-3
+PILOT_HN_LR = 1e-4
+GUARD = 0.01
+GRID = (0.1, 1 / 3, 3.0, 10.0)
 
 
 @dataclass(frozen=True)
 class Settings:
-    rounds: int = 60
-    hn_lr: float = 1.0
+    rounds: int = 200
     epochs: int = 1
     train_cap: int | None = 300
     lr: float = 0.005
     batch_size: int = 32
     classes_per_client: int = 4
+    pilot_rounds: int = 6
 
     @property
     def train(self) -> TrainSettings:
         return TrainSettings(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, optimizer="sgd")
 
 
-QUICK = Settings(rounds=4, train_cap=64)
+QUICK = Settings(rounds=4, train_cap=64, pilot_rounds=3)
 
 
 @dataclass
 class Trace:
-    """alpha [round, client, layer, client] after each round, personal accuracy [round, client], layer names."""
+    """One run: alpha [round, client, layer, client] after each round (round 0: before any), personal accuracy
+    [round, client] after each round, the centred alpha-gradient norms [round, client, layer] of each round's HN
+    step, and the guard's step scales [round, client]."""
 
+    label: str
+    hn_lr: float
+    guard: float
+    layers: list[str]
     alpha: np.ndarray
     accuracy: np.ndarray
-    layers: list[str]
+    gradient_norms: np.ndarray
+    step_scales: np.ndarray
+    verdict: dict[str, Any] = field(default_factory=dict)
+    evaluated_round: int = 0
+    formed: bool = False
 
 
 def read_alpha(fleet: Fleet) -> np.ndarray:
@@ -96,82 +114,112 @@ def read_alpha(fleet: Fleet) -> np.ndarray:
     return np.stack([fleet.server.aggregation_weights(i) for i in range(CLIENTS)])
 
 
-def neighbours(index: int) -> list[int]:
-    return [j for j in (index - 1, index + 1) if 0 <= j < CLIENTS]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One client's row of the check."""
-
-    client: int
-    self_weight: float
-    max_other: float
-    neighbours: tuple[float, ...]
-    others_mean: float
-    self_largest: bool
-    neighbours_above: bool
-
-    @property
-    def passed(self) -> bool:
-        return self.self_largest and self.neighbours_above
-
-
-def check(matrix: np.ndarray) -> list[Verdict]:
-    """The per-client verdicts on a layer-averaged (N, N) alpha matrix."""
-    verdicts = []
-    for i, row in enumerate(matrix):
-        near = neighbours(i)
-        others = [j for j in range(CLIENTS) if j != i and j not in near]
-        others_mean = float(row[others].mean())
-        verdicts.append(Verdict(
-            client=i, self_weight=float(row[i]), max_other=float(np.delete(row, i).max()),
-            neighbours=tuple(float(row[j]) for j in near), others_mean=others_mean,
-            self_largest=bool(all(row[i] > row[j] for j in range(CLIENTS) if j != i)),
-            neighbours_above=bool(all(row[j] > others_mean for j in near))))
-    return verdicts
-
-
-def run(data: Sequence[ClientData], settings: Settings, seed: int, label: str) -> Trace:
-    fleet = make_fleet("pfedla", {"hn_lr": settings.hn_lr}, SPEC, CLIENTS, seed=seed)
-    layers = fleet.server.layer_names
+def run(data: Sequence[ClientData], settings: Settings, rounds: int, seed: int, hn_lr: float, guard: float,
+        label: str, evaluate: bool = True) -> Trace:
+    fleet = make_fleet("pfedla", {"hn_lr": hn_lr, "max_alpha_change": guard}, SPEC, CLIENTS, seed=seed)
     scratch = build(SPEC)
     pairs = [(d.train_x, d.train_y) for d in data]
-    alpha = np.zeros((settings.rounds, CLIENTS, len(layers), CLIENTS))
-    accuracy = np.zeros((settings.rounds, CLIENTS))
-    for round_number in range(settings.rounds):
+    layers = fleet.server.layer_names
+    alpha = np.zeros((rounds + 1, CLIENTS, len(layers), CLIENTS))
+    alpha[0] = read_alpha(fleet)
+    accuracy = np.full((rounds + 1, CLIENTS), np.nan)
+    norms = np.zeros((rounds + 1, CLIENTS, len(layers)))
+    scales = np.ones((rounds + 1, CLIENTS))
+    for round_number in range(rounds):
         run_round(fleet, round_number, pairs, settings.train, seed=seed)
-        alpha[round_number] = read_alpha(fleet)
+        alpha[round_number + 1] = read_alpha(fleet)
         for index in range(CLIENTS):
-            accuracy[round_number, index] = next_round_accuracy(fleet, index, round_number, scratch, data[index])
-        if (round_number + 1) % 10 == 0 or round_number + 1 == settings.rounds:
-            passed = sum(r.passed for r in check(alpha[round_number].mean(axis=1)))
-            print(f"  {label} round {round_number + 1:>3}: {passed}/{CLIENTS} clients pass; mean personal "
-                  f"accuracy {accuracy[round_number].mean():.4f}", flush=True)
-    return Trace(alpha, accuracy, layers)
+            norms[round_number + 1, index] = criterion.centred_norms(fleet.server.last_gradients[index])
+            scales[round_number + 1, index] = fleet.server.last_step_scales[index]
+            if evaluate:
+                accuracy[round_number + 1, index] = next_round_accuracy(fleet, index, round_number, scratch,
+                                                                        data[index])
+        if evaluate and ((round_number + 1) % 25 == 0 or round_number + 1 == rounds):
+            mean_self = criterion.mean_self_weight(alpha[round_number + 1].mean(axis=1))
+            print(f"  {label} round {round_number + 1:>3}: mean self weight {mean_self:.4f}; mean personal "
+                  f"accuracy {np.nanmean(accuracy[round_number + 1]):.4f}", flush=True)
+    return Trace(label, hn_lr, guard, layers, alpha, accuracy, norms, scales)
 
 
-def collapsed(matrix: np.ndarray) -> int:
-    """Rows whose every layer is exactly one-hot on the client itself (the hypernetwork's ReLUs died)."""
-    return int(sum(np.all(matrix[i, :, i] == 1.0) for i in range(CLIENTS)))
+def step_gains(network: HyperNetwork, index: int, gradient: np.ndarray) -> np.ndarray:
+    """max_j |d alpha_i^{l,j}| / (eta ||P g_i^l||) per layer for one HN step at eta = 1e-4 from ``network``'s
+    current psi, taken on a float64 copy: in float32 the step moves alpha by less than float32 resolves near 1/8."""
+    copy = deepcopy(network).double()
+    alpha = normalise(copy(), index)
+    before = alpha.detach().clone()
+    descend(copy, alpha, gradient, PILOT_HN_LR)
+    with torch.no_grad():
+        change = (normalise(copy(), index) - before).abs().amax(dim=1).numpy()
+    return change / (PILOT_HN_LR * criterion.centred_norms(gradient))
 
 
-def weight_classes(matrix: np.ndarray) -> tuple[float, float, float]:
-    """Mean self weight, mean chain-neighbour weight, mean weight of the rest."""
-    own = np.mean([matrix[i, i] for i in range(CLIENTS)])
-    near = np.mean([matrix[i, j] for i in range(CLIENTS) for j in neighbours(i)])
-    rest = np.mean([matrix[i, j] for i in range(CLIENTS) for j in range(CLIENTS) if abs(i - j) > 1])
-    return float(own), float(near), float(rest)
+def pilot(data: Sequence[ClientData], settings: Settings, seed: int) -> tuple[float, float]:
+    """(gbar, gamma) as the rule defines them, from a pilot at eta_hn = 1e-4.
+
+    gamma is read on round 2's step, the first that can move alpha: in round 1 every stored theta_j is still the
+    initial model, so theta_bar does not depend on alpha, the alpha-gradient is the same for every j and P g = 0
+    (a 0 / 0 ratio)."""
+    fleet = make_fleet("pfedla", {"hn_lr": PILOT_HN_LR}, SPEC, CLIENTS, seed=seed)
+    pairs = [(d.train_x, d.train_y) for d in data]
+    norms, gains = [], []
+    for round_number in range(settings.pilot_rounds):
+        before = [deepcopy(n) for n in fleet.server.networks] if round_number == 1 else None
+        run_round(fleet, round_number, pairs, settings.train, seed=seed)
+        gradients = [fleet.server.last_gradients[i] for i in range(CLIENTS)]
+        if round_number >= 1:  # rounds 2..pilot_rounds
+            norms += [criterion.centred_norms(g) for g in gradients]
+        if before is not None:
+            gains += [step_gains(before[i], i, gradients[i]) for i in range(CLIENTS)]
+    return float(np.median(norms)), float(np.median(gains))
 
 
-def plot(trace: Trace, reference: Trace | None, path: Path, title: str) -> None:
+def finite(value: Any) -> Any:
+    """``value`` with every nan replaced by None (JSON has no nan)."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return None if isinstance(value, float) and value != value else value
+
+
+def judge(trace: Trace, overlap: np.ndarray) -> None:
+    """Fill in the evaluation point and the verdict of C1-C3 there."""
+    mean_self = [criterion.mean_self_weight(a.mean(axis=1)) for a in trace.alpha[1:]]
+    index, formed = criterion.evaluation_point(mean_self, CLIENTS)
+    trace.evaluated_round, trace.formed = index + 1, formed
+    trace.verdict = criterion.judge(trace.alpha[index + 1], overlap)
+
+
+def relation_means(matrix: np.ndarray, overlap: np.ndarray) -> list[float]:
+    """Mean alpha over pairs sharing 3, 2, 1 and 0 classes (off the diagonal), and the mean self weight."""
+    off = ~np.eye(CLIENTS, dtype=bool)
+    return [float(matrix[off & (overlap == shared)].mean()) for shared in (3, 2, 1, 0)] + [
+        criterion.mean_self_weight(matrix)]
+
+
+def summary_row(trace: Trace) -> list[str | int | float]:
+    v = trace.verdict
+    c1, c2, c3 = v["C1"], v["C2"], v["C3"]
+    return [trace.label, trace.hn_lr, trace.guard or "off", trace.evaluated_round,
+            "formed" if trace.formed else "not formed", c1["p"], c1["rows_self_max"], c1["rows_self_above_mean"],
+            "PASS" if c1["passed"] else "FAIL", c2["rho"], c2["D"], c2["p"], "PASS" if c2["passed"] else "FAIL",
+            c3["one_hot_layer_rows"], "PASS" if c3["passed"] else "FAIL", v["strict_rows"],
+            "PASS" if v["passed"] else "FAIL", float(np.nanmean(trace.accuracy[trace.evaluated_round])),
+            float(np.nanmean(trace.accuracy[-1]))]
+
+
+SUMMARY_HEADER = ["run", "eta_hn", "guard", "eval round", "structure", "C1 p", "self max rows", "self > mean rows",
+                  "C1", "C2 rho", "C2 D", "C2 p", "C2", "one-hot rows", "C3", "strict rows", "verdict",
+                  "acc at eval", "acc final"]
+
+
+def plot(trace: Trace, others: Sequence[Trace], overlap: np.ndarray, path: Path, title: str) -> None:
     plt = pyplot()
     columns = 2 + len(trace.layers)
     figure, axes = plt.subplots(1, columns, figsize=(3.3 * columns, 3.4),
                                 gridspec_kw={"width_ratios": [1.3] + [1.0] * len(trace.layers) + [1.4]})
-    final = trace.alpha[-1]
-    panels = [("mean over layers", final.mean(axis=1))] + [(name, final[:, li]) for li, name in
-                                                             enumerate(trace.layers)]
+    at = trace.alpha[trace.evaluated_round]
+    panels = [("mean over layers", at.mean(axis=1))] + [(name, at[:, li]) for li, name in enumerate(trace.layers)]
     mean = panels[0][1]
     low, top = float(mean.min()), float(mean.max())
     per_layer = (min(float(m.min()) for _, m in panels[1:]), max(float(m.max()) for _, m in panels[1:]))
@@ -189,28 +237,22 @@ def plot(trace: Trace, reference: Trace | None, path: Path, title: str) -> None:
     for i in range(CLIENTS):
         for j in range(CLIENTS):
             colour = "black" if mean[i, j] > low + 0.6 * (top - low) else "white"
-            axes[0].text(j, i, f"{mean[i, j]:.2f}", ha="center", va="center", fontsize=5.5, color=colour)
+            axes[0].text(j, i, f"{mean[i, j]:.3f}", ha="center", va="center", fontsize=5, color=colour)
     ax = axes[-1]
-    for run_trace, style, tag in ((trace, "-", "main"), (reference, ":", "η_hn 5e-3")):
-        if run_trace is None:
-            continue
-        series = np.array([weight_classes(a.mean(axis=1)) for a in run_trace.alpha])
-        rounds = np.arange(1, len(series) + 1)
-        for column, (name, colour) in enumerate((("self", "tab:red"), ("neighbours", "tab:orange"),
-                                                 ("others", "tab:blue"))):
-            ax.plot(rounds, series[:, column], style, color=colour, label=f"{name} ({tag})")
-    passing = ax.twinx()
-    passing.step(np.arange(1, len(trace.alpha) + 1), [sum(v.passed for v in check(a.mean(axis=1)))
-                                                      for a in trace.alpha], where="mid", color="grey",
-                 alpha=0.5, linewidth=1.0)
-    passing.set_ylim(0, CLIENTS + 0.5)
-    passing.set_ylabel("clients passing (grey, main run)", fontsize=7)
-    passing.tick_params(labelsize=7)
-    ax.set_title("mean α by relation", fontsize=9)
+    for run_trace, style in ((trace, "-"), *((t, ":") for t in others if t.guard)):
+        series = np.array([relation_means(a.mean(axis=1), overlap) for a in run_trace.alpha])
+        for column, (name, colour) in enumerate((("3 shared", "tab:orange"), ("2", "tab:olive"),
+                                                 ("1", "tab:cyan"), ("0", "tab:blue"), ("self", "tab:red"))):
+            tag = "" if run_trace is trace else " (guard)"
+            ax.plot(np.arange(len(series)), series[:, column], style, color=colour, label=f"{name}{tag}",
+                    linewidth=1.0)
+    ax.axhline(criterion.FORMED_SELF_FACTOR / CLIENTS, color="grey", linewidth=0.7, linestyle="--")
+    ax.axvline(trace.evaluated_round, color="grey", linewidth=0.7)
+    ax.set_title("mean α by classes shared", fontsize=9)
     ax.set_xlabel("round", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=5, ncol=2)
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -219,103 +261,112 @@ def plot(trace: Trace, reference: Trace | None, path: Path, title: str) -> None:
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = base_parser("pfedla", __doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, help="override the number of rounds")
-    parser.add_argument("--hn-lr", type=float, help="override the main run's hypernetwork learning rate")
+    parser.add_argument("--rounds", type=int, help="override T, the number of rounds (the rule uses it too)")
+    parser.add_argument("--hn-lr", type=float, help="skip the rule and use this eta_hn (a description, no verdict)")
     parser.add_argument("--epochs", type=int, help="override the local epochs")
     parser.add_argument("--train-cap", type=int, help="override the images per client (0: all)")
-    parser.add_argument("--no-reference", action="store_true", help="skip the eta_hn = 5e-3 reference run")
-    return parse_args(parser, argv)
+    parser.add_argument("--guard", action="store_true", help="also run with the |d alpha| <= 0.01 guard")
+    parser.add_argument("--grid", action="store_true", help="also run at the eta_hn x 1/10, 1/3, 3, 10")
+    args = parse_args(parser, argv)
+    if (args.rounds is not None and args.rounds < 1) or (args.hn_lr is not None and args.hn_lr <= 0):
+        parser.error("--rounds must be >= 1 and --hn-lr > 0")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     setup_torch(args.threads)
     settings = QUICK if args.quick else Settings()
-    overrides = {"rounds": args.rounds, "hn_lr": args.hn_lr, "epochs": args.epochs}
+    overrides = {"rounds": args.rounds, "epochs": args.epochs}
     settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     if args.train_cap is not None:
         settings = replace(settings, train_cap=args.train_cap or None)
     watch = Stopwatch()
     shards = partition(load_dataset("fmnist-demo"), "classes", CLIENTS, seed=args.seed,
                        classes_per_client=settings.classes_per_client, classes_layout="chain")
+    overlap = criterion.overlap_matrix([s.meta["classes"] for s in shards])
     data = [as_tensors(s, settings.train_cap, seed=args.seed) for s in shards]
-    trace = run(data, settings, args.seed, f"η_hn {settings.hn_lr:g}")
-    reference = None
-    if not (args.quick or args.no_reference or settings.hn_lr == PAPER_HN_LR):
-        reference = run(data, replace(settings, hn_lr=PAPER_HN_LR), args.seed, f"η_hn {PAPER_HN_LR:g}")
-    seconds = watch.seconds()
 
-    matrix = trace.alpha[-1].mean(axis=1)
-    verdicts = check(matrix)
-    overall = all(v.passed for v in verdicts)
+    rule: dict[str, float] | None = None
+    if args.hn_lr is None:
+        gbar, gamma = pilot(data, settings, args.seed)
+        hn_lr = criterion.eta_rule(gbar, gamma, settings.rounds)
+        rule = {"hn_lr": PILOT_HN_LR, "rounds": settings.pilot_rounds, "gbar": gbar, "gamma": gamma,
+                 "rule_hn_lr": hn_lr, "seconds": round(watch.seconds(), 1)}
+        print(f"pilot at eta_hn {PILOT_HN_LR:g}: gbar {gbar:.6g}, gamma {gamma:.6g} -> eta_hn = 0.1 / (gamma T gbar) "
+              f"= {hn_lr:.6g} for T = {settings.rounds}", flush=True)
+    else:
+        hn_lr = args.hn_lr
+    main_label = "rule" if rule else "given"
+    runs = [run(data, settings, settings.rounds, args.seed, hn_lr, 0.0, main_label)]
+    if args.guard:
+        runs.append(run(data, settings, settings.rounds, args.seed, hn_lr, GUARD, f"{main_label}, guard"))
+    if args.grid:
+        runs += [run(data, settings, settings.rounds, args.seed, hn_lr * f, 0.0, f"{main_label} x {f:.3g}")
+                 for f in GRID]
+    for trace in runs:
+        judge(trace, overlap)
+    seconds = watch.seconds()
+    main_run = runs[0]
+    verdict = main_run.verdict["passed"] if rule else None
+
+    matrix = main_run.alpha[main_run.evaluated_round].mean(axis=1)
     alpha_header = ["client i \\ j", *[str(j) for j in range(CLIENTS)]]
     alpha_rows: list[list[str | int | float]] = [[i, *[float(x) for x in row]] for i, row in enumerate(matrix)]
-    check_header = ["client", "classes", "self", "max other", "neighbours", "others mean", "self largest",
-                    "neighbours above", "verdict"]
-    check_rows: list[list[str | int | float]] = [[
-        v.client, " ".join(str(c) for c in shards[v.client].meta["classes"]), v.self_weight, v.max_other,
-        " ".join(f"{x:.4f}" for x in v.neighbours), v.others_mean, "yes" if v.self_largest else "no",
-        "yes" if v.neighbours_above else "no", "PASS" if v.passed else "FAIL"] for v in verdicts]
-    print(f"alpha averaged over layers {trace.layers}, after round {settings.rounds} (eta_hn {settings.hn_lr:g}):")
+    summary = [summary_row(trace) for trace in runs]
+    print(f"alpha averaged over layers {main_run.layers} at round {main_run.evaluated_round} "
+          f"({'formed' if main_run.formed else 'not formed'}; eta_hn {hn_lr:.6g}):")
     print("\n".join(text_table(alpha_header, alpha_rows)))
-    print("\n".join(text_table(check_header, check_rows)))
-    print(f"OVERALL: {'PASS' if overall else 'FAIL'} ({sum(v.passed for v in verdicts)}/{CLIENTS} clients)")
-    lines_reference: list[str] = []
-    reference_summary: dict[str, object] | None = None
-    if reference is not None:
-        ref_matrix = reference.alpha[-1].mean(axis=1)
-        ref_verdicts = check(ref_matrix)
-        moved = float(np.abs(reference.alpha[-1] - reference.alpha[0]).max())
-        ref_passed = sum(v.passed for v in ref_verdicts)
-        lines_reference = [
-            f"Reference run, eta_hn = {PAPER_HN_LR:g} (ALGORITHMS.md): {ref_passed}/{CLIENTS} clients pass "
-            f"({'PASS' if ref_passed == CLIENTS else 'FAIL'}); the largest change of any alpha entry between rounds 1 "
-            f"and {settings.rounds} is {moved:.2g}; self / neighbour / other mean weights "
-            + " / ".join(f"{x:.4f}" for x in weight_classes(ref_matrix))
-            + f"; final mean personal accuracy {reference.accuracy[-1].mean():.4f}."]
-        reference_summary = {"hn_lr": PAPER_HN_LR, "alpha_mean_over_layers": ref_matrix.tolist(),
-                             "clients_passed": ref_passed, "max_alpha_change": moved,
-                             "final_mean_accuracy": float(reference.accuracy[-1].mean())}
-        print(lines_reference[0])
-    print(f"final mean personal accuracy {trace.accuracy[-1].mean():.4f}; {seconds:.1f} s")
+    print("\n".join(text_table(SUMMARY_HEADER, summary)))
+    outcome = "PASS" if verdict else "FAIL" if verdict is not None else "no verdict (--hn-lr given)"
+    print(f"VERDICT (seed {args.seed}, C1-C3 on the rule's run): {outcome}; {seconds:.1f} s")
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    title = (f"pFedLA, FMNIST-demo chain (4 classes/client), MLP, η_hn {settings.hn_lr:g}, "
-             f"after round {settings.rounds}, seed {args.seed}")
-    plot(trace, reference, out / "pfedla.png", title)
+    title = (f"pFedLA, FMNIST-demo chain, MLP, η_hn {hn_lr:.3g}, round {main_run.evaluated_round} of "
+             f"{settings.rounds} ({'formed' if main_run.formed else 'not formed'}), seed {args.seed}: {outcome}")
+    plot(main_run, runs[1:], overlap, out / "pfedla.png", title)
     write_csv(out / "pfedla_alpha.csv", alpha_header, alpha_rows)
-    write_csv(out / "pfedla_check.csv", check_header, check_rows)
-    passes = [sum(v.passed for v in check(a.mean(axis=1))) for a in trace.alpha]
-    round_rows: list[list[str | int | float]] = [
-        [r + 1, passes[r], collapsed(trace.alpha[r]), *weight_classes(trace.alpha[r].mean(axis=1)),
-         float(trace.accuracy[r].mean())] for r in range(settings.rounds)]
-    round_header = ["round", "clients passing", "one-hot rows", "mean self", "mean neighbour", "mean other",
-                    "mean personal acc"]
+    write_csv(out / "pfedla_runs.csv", SUMMARY_HEADER, summary)
+    round_header = ["run", "round", "mean self", "3 shared", "2 shared", "1 shared", "0 shared", "strict rows",
+                    "median |Pg|", "min guard scale", "mean personal acc"]
+    round_rows: list[list[str | int | float]] = []
+    for trace in runs:
+        for r in range(1, settings.rounds + 1):
+            layer_mean = trace.alpha[r].mean(axis=1)
+            three, two, one, none, own = relation_means(layer_mean, overlap)
+            round_rows.append([trace.label, r, own, three, two, one, none, criterion.strict_rows(layer_mean),
+                               float(np.median(trace.gradient_norms[r])), float(trace.step_scales[r].min()),
+                               float(np.nanmean(trace.accuracy[r]))])
     write_csv(out / "pfedla_rounds.csv", round_header, round_rows)
     every = max(1, settings.rounds // 10)
+    pilot_lines = ([f"Pilot ({settings.pilot_rounds} rounds at eta_hn = {PILOT_HN_LR:g}): gbar = {rule['gbar']:.6g}, "
+                    f"gamma = {rule['gamma']:.6g}, so eta_hn = 0.1 / (gamma * {settings.rounds} * gbar) = "
+                    f"{hn_lr:.6g}.", ""] if rule else
+                   [f"eta_hn = {hn_lr:g} given with --hn-lr: a description, not the pre-registered run.", ""])
     report = [
         "# pFedLA aggregation weights on a chain of 8 clients", "",
-        f"Command: `{command_line('repro_pfedla.py', args)}`; "
-        f"{seconds:.0f} s with {args.threads} torch thread(s).", "",
-        f"Settings: {asdict(settings)}", "",
-        f"alpha averaged over layers {trace.layers} after round {settings.rounds} (row i: the weights client i's "
-        "model is built from):", "",
+        f"Command: `{command_line('repro_pfedla.py', args)}`; {seconds:.0f} s with {args.threads} torch thread(s).",
+        "", f"Settings: {asdict(settings)}", "", *pilot_lines,
+        f"alpha averaged over layers {main_run.layers} at the evaluation point, round {main_run.evaluated_round} "
+        f"({'the mean self weight reached 1.5/8' if main_run.formed else 'not formed: the last round'}); row i: the "
+        "weights client i's model is built from:", "",
         *markdown_table(alpha_header, alpha_rows), "",
-        *markdown_table(check_header, check_rows), "",
-        f"OVERALL: {'PASS' if overall else 'FAIL'} ({sum(v.passed for v in verdicts)}/{CLIENTS} clients)", "",
-        *lines_reference, "",
-        "Trajectory (every few rounds):", "",
-        *markdown_table(round_header, [row for row in round_rows if int(row[0]) % every == 0]), "",
+        *markdown_table(SUMMARY_HEADER, summary), "",
+        f"VERDICT (C1-C3 on the first run): {outcome}", "",
+        "Trajectory of the first run (every few rounds):", "",
+        *markdown_table(round_header, [row for row in round_rows[:settings.rounds] if int(row[1]) % every == 0]), "",
     ]
     (out / "pfedla.md").write_text("\n".join(report))
-    write_json(out / "pfedla.json", {
+    write_json(out / "pfedla.json", finite({
         "settings": asdict(settings), "seed": args.seed, "seconds": round(seconds, 1), "quick": args.quick,
-        "layers": trace.layers, "alpha_mean_over_layers": matrix.tolist(),
-        "alpha_per_layer": trace.alpha[-1].tolist(), "check": [{**asdict(v), "passed": v.passed} for v in verdicts],
-        "passed": overall, "clients_passing_per_round": passes,
-        "accuracy": trace.accuracy.tolist(), "reference": reference_summary,
-    })
+        "pilot": rule, "hn_lr": hn_lr, "layers": main_run.layers, "overlap": overlap.tolist(),
+        "verdict": verdict, "alpha_mean_over_layers": matrix.tolist(),
+        "alpha_per_layer": main_run.alpha[main_run.evaluated_round].tolist(),
+        "runs": [{"label": t.label, "hn_lr": t.hn_lr, "guard": t.guard, "evaluated_round": t.evaluated_round,
+                  "formed": t.formed, "criterion": t.verdict, "accuracy": t.accuracy[1:].tolist(),
+                  "alpha_final_mean_over_layers": t.alpha[-1].mean(axis=1).tolist()} for t in runs],
+    }))
     print(f"wrote {out / 'pfedla.png'}, {out / 'pfedla.md'} and the CSV/JSON tables")
     return 0
 

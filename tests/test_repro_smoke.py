@@ -88,7 +88,7 @@ def test_fedbn_outputs(outputs: dict[str, Path]) -> None:
 
 def test_pfedla_outputs(outputs: dict[str, Path]) -> None:
     out = outputs["pfedla"]
-    check_files(out, "pfedla", ("pfedla_alpha.csv", "pfedla_check.csv", "pfedla_rounds.csv"))
+    check_files(out, "pfedla", ("pfedla_alpha.csv", "pfedla_runs.csv", "pfedla_rounds.csv"))
     summary = load(out / "pfedla.json")
     matrix = summary["alpha_mean_over_layers"]
     assert len(matrix) == 8 and all(len(row) == 8 for row in matrix)
@@ -96,10 +96,17 @@ def test_pfedla_outputs(outputs: dict[str, Path]) -> None:
     for row in rows:
         assert min(row) >= 0.0
         assert abs(sum(row) - 1.0) < 1e-5
-    assert len(summary["check"]) == 8
-    assert summary["passed"] == all(v["passed"] for v in summary["check"])
-    assert all(is_fraction(a) for a in flat(summary["accuracy"]))
-    assert "OVERALL" in (out / "pfedla.md").read_text()
+    pilot = summary["pilot"]
+    assert pilot["gbar"] > 0 and pilot["gamma"] > 0
+    assert math.isclose(summary["hn_lr"], 0.1 / (pilot["gamma"] * summary["settings"]["rounds"] * pilot["gbar"]))
+    main = summary["runs"][0]
+    assert main["label"] == "rule" and main["hn_lr"] == summary["hn_lr"] and main["guard"] == 0.0
+    verdict = main["criterion"]
+    assert summary["verdict"] == verdict["passed"] == all(verdict[c]["passed"] for c in ("C1", "C2", "C3"))
+    assert 1 <= main["evaluated_round"] <= summary["settings"]["rounds"]
+    assert 1 / math.factorial(8) <= verdict["C1"]["p"] <= 1 and 0 <= verdict["strict_rows"] <= 8
+    assert all(is_fraction(a) for a in flat(main["accuracy"]))
+    assert "VERDICT" in (out / "pfedla.md").read_text()
 
 
 def test_pan_divergence_outputs(outputs: dict[str, Path]) -> None:
