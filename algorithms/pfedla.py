@@ -190,7 +190,10 @@ class Server:
 
 
 class Client:
-    """Loads its own local model, then the personalised downlink; uploads trained - received per parameter."""
+    """Loads its own local model, then the personalised downlink; uploads trained - received per parameter.
+    Predictions on the device use its model after local training (``inference_after_training``)."""
+
+    inference_after_training = True
 
     def __init__(self, config: Config, client_index: int) -> None:
         self.config = config

@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedge import __version__
+from fedge.codec import PROTOCOL_VERSION
 from fedge.coordinator.config import ConfigError
 
 
@@ -52,6 +54,8 @@ def add_start(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coordinator", description="Fedge coordinator")
+    parser.add_argument("--version", action="version",
+                        version=f"coordinator {__version__} (wire format {PROTOCOL_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True)
     add_start(sub)
     status = sub.add_parser("status", help="show a run's round, connected agents and ETA")
@@ -59,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
     keygen = sub.add_parser("keygen", help="write the coordinator's CurveZMQ key pair and an empty allow-list")
     keygen.add_argument("--keys-dir", required=True)
+    keygen.add_argument("--force", action="store_true", help="replace an existing key pair")
     models = sub.add_parser("models", help="list the models and their parameter counts")
     models.add_argument("--json", action="store_true")
     report = sub.add_parser("report", help="a markdown report with plots of a run (and its reduction against another)")
@@ -109,7 +114,7 @@ def command_status(args: argparse.Namespace) -> int:
 def command_keygen(args: argparse.Namespace) -> int:
     from fedge.coordinator.transport import ALLOWED_DIR, COORDINATOR_KEY, generate_keys
 
-    public, secret = generate_keys(args.keys_dir, COORDINATOR_KEY)
+    public, secret = generate_keys(args.keys_dir, COORDINATOR_KEY, force=args.force)
     (Path(args.keys_dir) / ALLOWED_DIR).mkdir(exist_ok=True)
     print(f"wrote {public} (give it to every agent) and {secret} (keep private); "
           f"put agents' public keys in {Path(args.keys_dir) / ALLOWED_DIR}/")

@@ -19,6 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedge.coordinator.config import Config, ConfigError, load_config, to_toml
 from fedge.coordinator.fleet import AgentSpec, LocalFleet, agent_id
 from fedge.coordinator.rundir import RunDir, save_arrays
@@ -134,17 +136,20 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
     rows = run_dir.read_jsonl("metrics.jsonl")
     arrays = session.server.evaluation_arrays()
     files: dict[str, str | None] = {"model": None, "onnx": None}
+    onnx_parity: float | None = None
     if arrays is not None and outcome == "done":
         save_arrays(run_dir / "model.npz", dict(arrays), {"model": spec.name, "round": session.round})
         files["model"] = "model.npz"
         try:
-            from fedge.models import arrays_to_state, build
-            from fedge.models.export import export_onnx
+            from fedge.models import arrays_to_state, build, definition_hash
+            from fedge.models.export import export_onnx, onnx_max_abs_difference
 
             model = build(spec)
             arrays_to_state(model, dict(arrays), strict=False)
-            export_onnx(model, spec.input_shape, run_dir / "model.onnx")
+            export_onnx(model, spec.input_shape, run_dir / "model.onnx", definition_hash(spec))
             files["onnx"] = "model.onnx"
+            batch = np.random.default_rng(0).standard_normal((16, *spec.input_shape)).astype(np.float32)
+            onnx_parity = onnx_max_abs_difference(model, run_dir / "model.onnx", batch)
         except Exception as exc:  # the export extra may be missing on a small device
             log.warning("no ONNX export: %s", exc)
     accuracies = [r["test_accuracy"] for r in rows if isinstance(r.get("test_accuracy"), float)]
@@ -160,6 +165,7 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
         "agent_rss_peak_mb": max((r["rss_peak_mb"] for r in rows if isinstance(r.get("rss_peak_mb"), float)),
                                  default=None),
         "files": files,
+        "onnx_max_abs_difference": onnx_parity,
     }
     run_dir.write_json("report.json", report)
     return report

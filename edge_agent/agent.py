@@ -23,7 +23,7 @@ import torch
 import fedge
 from fedge import codec
 from fedge.algorithms import make_client
-from fedge.algorithms.base import Payload
+from fedge.algorithms.base import Payload, model_arrays
 from fedge.algorithms.loop import TrainingCancelled, TrainSettings, evaluate, round_seed, train_local
 from fedge.edge_agent.config import AgentSettings
 from fedge.edge_agent.metering import mask_figures, tcp_peer
@@ -177,6 +177,8 @@ class Agent:
                 session.client.load_state_dict(self.state.committed(session.run_id))
                 payload = Payload(groups=dict(task.groups), meta=meta)
                 session.client.on_receive(task.round, payload, session.model)
+            after_training = bool(getattr(session.client, "inference_after_training", False))
+            inference = None if after_training else model_arrays(session.model)
             extra: dict[str, Any] = {}
             if meta.get("personal_eval") and self.test_labels.numel():
                 extra["personal_accuracy"], _ = evaluate(session.model, self.test_inputs, self.test_labels)
@@ -198,7 +200,10 @@ class Agent:
                 update = session.client.make_update(task.round, session.model, stats)
                 meta_up = {**dict(update.meta), **meta_up}
                 codec.encode(self.update_message(session, task.round, update, meta_up))
-            self.state.write_pending(session.run_id, task.round, session.client.state_dict())
+            if inference is None:
+                inference = model_arrays(session.model)
+            self.state.write_pending(session.run_id, task.round, session.client.state_dict(), inference,
+                                     self.inference_meta(session))
             record = self.close_meter_window(task.round)
             record["cpu_s_decode"] = decode_cpu_s
             frame = codec.encode(self.update_message(session, task.round, update, {**meta_up, "meter": record}))
@@ -211,6 +216,13 @@ class Agent:
             self.outcome = Outcome(task.round, None, f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(RuntimeError):
                 self.close_meter_window(task.round)
+
+    def inference_meta(self, session: Session) -> dict[str, Any]:
+        """What ``edge-agent predict`` needs beside the weights: the model spec and hash, the normalisation the
+        device trained with, and the algorithm."""
+        return {"model": dict(session.meta["model"]), "model_hash": session.meta["model_hash"],
+                "mean": [float(x) for x in self.shard.mean], "std": [float(x) for x in self.shard.std],
+                "algorithm": session.meta["algorithm"]["name"]}
 
     def close_meter_window(self, round_number: int) -> dict[str, Any]:
         """End the meter's window and open the next one at once: windows tile time, so every byte, joule and CPU

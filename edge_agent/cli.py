@@ -1,8 +1,10 @@
-"""The ``edge-agent`` command: ``run`` (join a coordinator and train) and ``keygen`` (a CurveZMQ key pair).
+"""The ``edge-agent`` command: ``run`` (join a coordinator and train), ``predict`` (the committed model on samples,
+with onnxruntime, no torch) and ``keygen`` (a CurveZMQ key pair).
 
     edge-agent run --coordinator tcp://HOST:5555 --client-id pi-01 --data /var/lib/fedge-agent/shard.npz
     edge-agent run --config /etc/fedge/agent.toml
     edge-agent keygen --keys-dir /var/lib/fedge-agent/keys
+    edge-agent predict --state-dir /var/lib/fedge-agent/state --input samples.npy
 
 Errors are one line on stderr and a non-zero exit. SIGTERM and Ctrl-C stop the agent cleanly (exit 0).
 """
@@ -16,9 +18,13 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from fedge import __version__
+from fedge.codec import PROTOCOL_VERSION
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-agent", description="Fedge edge agent")
+    parser.add_argument("--version", action="version", version=f"edge-agent {__version__} (wire format {PROTOCOL_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="join a coordinator and train on this device's data")
     run.add_argument("--config", help="TOML file with [agent] and [security] sections")
@@ -33,9 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--parent-pid", type=int, help="stop when this process is gone (used by the local fleet)")
     run.add_argument("--log-file", help="also write JSON-lines logs here")
     run.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
+    predict = sub.add_parser("predict", help="run this device's latest committed model on samples (no torch needed)")
+    predict.add_argument("--input", required=True, help=".npy file: samples (N, C, H, W) uint8 as in a shard, or one")
+    predict.add_argument("--state-dir", help="the agent's state directory (or give --config)")
+    predict.add_argument("--config", help="the agent's TOML file, for its state directory")
+    predict.add_argument("--onnx", help="an ONNX file of the same model definition (e.g. the coordinator's "
+                         "model.onnx) when this device cannot export its own")
+    predict.add_argument("--json", action="store_true", help="one JSON object: classes, logits and the model used")
     keygen = sub.add_parser("keygen", help="write a CurveZMQ key pair (agent.key, agent.key_secret)")
     keygen.add_argument("--keys-dir", required=True)
+    keygen.add_argument("--force", action="store_true", help="replace an existing key pair")
     return parser
+
 
 
 def run_agent(args: argparse.Namespace) -> int:
@@ -67,15 +82,45 @@ def run_agent(args: argparse.Namespace) -> int:
         return agent.run()
 
 
+def run_predict(args: argparse.Namespace) -> int:
+    import json
+
+    import numpy as np
+
+    from fedge.edge_agent.predict import PredictError, Predictor
+
+    state_dir = args.state_dir
+    if not state_dir:
+        if not args.config:
+            raise PredictError("give --state-dir or --config (the agent's TOML file)")
+        from fedge.edge_agent.config import load_settings
+
+        state_dir = load_settings(args.config, {}).state_dir
+    try:
+        samples = np.load(args.input, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise PredictError(f"{args.input}: not a readable .npy file ({exc})") from exc
+    predictor = Predictor.open(state_dir, args.onnx)
+    logits = predictor.logits(samples)
+    classes = np.argmax(logits, axis=1)
+    if args.json:
+        print(json.dumps({**predictor.describe(), "classes": classes.tolist(), "logits": logits.tolist()}))
+    else:
+        print("\n".join(str(int(c)) for c in classes))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "keygen":
             from fedge.edge_agent.transport import AGENT_KEY, generate_keys
 
-            public, secret = generate_keys(args.keys_dir, AGENT_KEY)
+            public, secret = generate_keys(args.keys_dir, AGENT_KEY, force=args.force)
             print(f"wrote {public} (public: give it to the coordinator's allow-list) and {secret} (keep private)")
             return 0
+        if args.command == "predict":
+            return run_predict(args)
         return run_agent(args)
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"edge-agent: error: {exc}", file=sys.stderr)

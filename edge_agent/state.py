@@ -5,6 +5,10 @@ the coordinator confirms that the round was checkpointed with this device's upda
 later task whose ``last_accepted_round`` names the round). A pending state the coordinator never confirmed is
 discarded, so a resumed coordinator never makes a device apply a round twice. Files are written atomically. Knows
 nothing of sockets, torch or algorithms: it stores named numpy arrays.
+
+Beside the client half's state, each round's file holds the model the device would answer predictions with (its
+``model`` arrays and their ``model_meta``: the model spec, the normalisation, the run and round), so that what
+``edge-agent predict`` uses is always the latest *committed* model, promoted in the same rename.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,8 @@ class StoredState:
     run_id: str
     round: int
     arrays: dict[str, np.ndarray]
+    model: dict[str, np.ndarray] = field(default_factory=dict)
+    model_meta: dict[str, Any] = field(default_factory=dict)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -43,31 +49,37 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def save_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-    """Named arrays plus a JSON meta object in one .npz (``a/NAME`` and ``meta``), written atomically, no pickle."""
+def save_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
+                model: Mapping[str, np.ndarray] | None = None) -> None:
+    """Named arrays plus a JSON meta object in one .npz (``a/NAME``, ``m/NAME`` for ``model``, and ``meta``), written
+    atomically, no pickle."""
     buffer = io.BytesIO()
     payload = {f"a/{k}": np.asarray(v) for k, v in arrays.items()}
+    payload.update({f"m/{k}": np.asarray(v) for k, v in (model or {}).items()})
     payload["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     np.savez(buffer, **payload)  # type: ignore[arg-type]
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def load_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def load_arrays(path: Path, prefix: str = "a/") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     with np.load(path, allow_pickle=False) as data:
         meta = json.loads(bytes(data["meta"]).decode())
-        arrays = {k[2:]: data[k] for k in data.files if k.startswith("a/")}
+        arrays = {k[len(prefix):]: data[k] for k in data.files if k.startswith(prefix)}
     return arrays, meta
 
 
 def _save(path: Path, state: StoredState) -> None:
-    save_arrays(path, state.arrays, {"run_id": state.run_id, "round": state.round})
+    meta = {"run_id": state.run_id, "round": state.round, "model_meta": state.model_meta}
+    save_arrays(path, state.arrays, meta, state.model)
 
 
-def _load(path: Path) -> StoredState | None:
+def _load(path: Path, with_model: bool = False) -> StoredState | None:
     if not path.exists():
         return None
     arrays, meta = load_arrays(path)
-    return StoredState(run_id=str(meta["run_id"]), round=int(meta["round"]), arrays=arrays)
+    model = load_arrays(path, "m/")[0] if with_model else {}
+    return StoredState(run_id=str(meta["run_id"]), round=int(meta["round"]), arrays=arrays, model=model,
+                       model_meta=dict(meta.get("model_meta") or {}))
 
 
 class DeviceState:
@@ -84,8 +96,15 @@ class DeviceState:
         state = _load(self.committed_path)
         return dict(state.arrays) if state is not None and state.run_id == run_id else {}
 
-    def write_pending(self, run_id: str, round_number: int, arrays: dict[str, np.ndarray]) -> None:
-        _save(self.pending_path, StoredState(run_id, round_number, arrays))
+    def write_pending(self, run_id: str, round_number: int, arrays: dict[str, np.ndarray],
+                      model: dict[str, np.ndarray] | None = None, model_meta: dict[str, Any] | None = None) -> None:
+        _save(self.pending_path, StoredState(run_id, round_number, arrays, dict(model or {}), dict(model_meta or {})))
+
+    def committed_model(self) -> StoredState | None:
+        """The latest committed state with its prediction model (of whatever run), or None before the first
+        commit or when that state carries no model."""
+        state = _load(self.committed_path, with_model=True)
+        return state if state is not None and state.model else None
 
     def confirm(self, run_id: str, accepted_round: int) -> bool:
         """Promote the pending state if it is this run's state of ``accepted_round``; drop it if it is older."""

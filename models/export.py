@@ -1,5 +1,10 @@
 """ONNX export of a Fedge model, and its parity check against onnxruntime.
 
+The graph is exported unoptimised, so that every float parameter and buffer stays an initializer under its
+state-dict name (``fc1.weight``, ``bn1.running_mean``, ...): any device can run the file with its own weights put
+in place of those initializers (``fedge.edge_agent.predict``), without torch. A stamp ``FILE.onnx.json`` beside it
+names the model definition (``definition_hash``) and every initializer with its shape.
+
 Needs the ``export`` extra (onnx, onnxruntime, onnxscript); imported lazily so that an agent without it still runs.
 Knows nothing of algorithms or the wire.
 """
@@ -9,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import json
 import logging
 import warnings
 from pathlib import Path
@@ -18,8 +24,15 @@ import torch
 from torch import nn
 
 
-def export_onnx(model: nn.Module, input_shape: tuple[int, int, int], path: str | Path) -> Path:
-    """Write the model (in eval mode) as ONNX with a dynamic batch axis."""
+def stamp_path(path: str | Path) -> Path:
+    """Where the stamp of an exported file lives: ``model.onnx`` -> ``model.onnx.json``."""
+    return Path(f"{path}.json")
+
+
+def export_onnx(model: nn.Module, input_shape: tuple[int, ...], path: str | Path,
+                definition_hash: str | None = None) -> Path:
+    """Write the model (in eval mode) as ONNX with a dynamic batch axis, every float tensor of its state dict an
+    initializer of the same name, and its stamp (``stamp_path``)."""
     path = Path(path)
     model = model.eval()
     example = torch.zeros(2, *input_shape)
@@ -34,10 +47,13 @@ def export_onnx(model: nn.Module, input_shape: tuple[int, int, int], path: str |
             warnings.simplefilter("ignore")
             torch.onnx.export(model, (example,), str(path), input_names=["input"], output_names=["logits"],
                               dynamic_shapes={name: {0: batch}}, dynamo=True, external_data=False,
-                              verbose=False)
+                              optimize=False, verbose=False)
     finally:
         for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
+    initializers = {key: list(value.shape) for key, value in model.state_dict().items() if value.is_floating_point()}
+    stamp = {"definition_hash": definition_hash, "input_shape": list(input_shape), "initializers": initializers}
+    stamp_path(path).write_text(json.dumps(stamp, indent=1) + "\n")
     return path
 
 

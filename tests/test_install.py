@@ -1,0 +1,98 @@
+"""scripts/install.sh resolves torch as the README says: the CPU build from PyTorch's CPU index layout, never a CUDA
+build, an unreachable index a one-line error within 30 s, and the Jetson pins kept equal to the Ansible role's.
+
+PyTorch's index cannot be reached from here, so the first test builds a file:// simple index (PEP 503) holding
+this machine's CPU wheel under the CPU index's layout and points FEDGE_TORCH_INDEX there, with the machine's own
+pip configuration (a local wheel folder and extra indexes) bypassed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PIN = next(line for line in (ROOT / "constraints" / "cpu-x86_64.txt").read_text().splitlines()
+           if line.startswith("torch=="))
+
+
+def bypassed_pip_env(**extra: str) -> dict[str, str]:
+    """The environment without any of this machine's pip settings (config files and PIP_* variables)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, **extra}
+
+
+def local_cpu_wheel() -> Path | None:
+    version = PIN.split("==", 1)[1]
+    for folder in (Path("/opt/wheels"), ROOT / ".whl"):
+        for wheel in sorted(folder.glob(f"torch-{version}-*.whl")) if folder.is_dir() else []:
+            return wheel
+    return None
+
+
+def plan(tmp_path: Path, index: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--plan", str(tmp_path / "plan.json")],
+                          cwd=ROOT, env=bypassed_pip_env(FEDGE_TORCH_INDEX=index, FEDGE_PIP_RETRIES="1",
+                                                         FEDGE_PIP_TIMEOUT="5"),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_x86_64_pin_is_a_cpu_build() -> None:
+    assert PIN.endswith("+cpu"), PIN
+
+
+def test_the_plan_from_a_cpu_index_holds_no_cuda_package(tmp_path: Path) -> None:
+    wheel = local_cpu_wheel()
+    if wheel is None:
+        pytest.fail(f"no local wheel of {PIN} on this machine to build the file:// index from")
+    files, simple = tmp_path / "whl" / "cpu" / "files", tmp_path / "whl" / "cpu" / "torch"
+    files.mkdir(parents=True)
+    simple.mkdir()
+    (files / wheel.name).symlink_to(wheel)
+    link = f"../files/{wheel.name.replace('+', '%2B')}"
+    (simple / "index.html").write_text(f'<!DOCTYPE html><html><body><a href="{link}">{wheel.name}</a></body></html>')
+    out = plan(tmp_path, (tmp_path / "whl" / "cpu").as_uri())
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "plan.json").read_text())
+    chosen = [(item["metadata"]["name"], item["metadata"]["version"]) for item in report["install"]]
+    assert chosen == [("torch", PIN.split("==", 1)[1])], chosen
+    requires = report["install"][0]["metadata"].get("requires_dist", [])
+    cuda = [r for r in requires if re.match(r"(nvidia-|triton)", r)]
+    assert not cuda, cuda  # the CUDA build requires about fifteen nvidia-* packages and triton; the CPU build none
+    assert not any("+cu" in version for _, version in chosen)
+
+
+def test_an_unreachable_index_is_one_line_and_quick(tmp_path: Path) -> None:
+    started = time.monotonic()
+    out = plan(tmp_path, "https://fedge-torch-index.invalid/whl/cpu")
+    elapsed = time.monotonic() - started
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert elapsed < 30, elapsed
+    assert out.stderr.strip().splitlines()[-1].startswith("install.sh: could not resolve torch=="), out.stderr
+    assert "FEDGE_TORCH_INDEX" in out.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_an_unknown_option_is_refused() -> None:
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--everything"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "install.sh: unknown option --everything (use --agent, --dev or --plan FILE)")
+
+
+def test_the_jetson_pins_are_the_ansible_roles() -> None:
+    pins = [line for line in (ROOT / "constraints" / "jetson.txt").read_text().splitlines()
+            if line and not line.startswith("#")]
+    defaults = (ROOT / "deploy" / "ansible" / "roles" / "common" / "defaults" / "main.yml").read_text()
+    block = defaults.split("\nfedge_jetson_constraints:\n", 1)[1]
+    role = []
+    for line in block.splitlines():
+        if not line.startswith("  - "):
+            break
+        role.append(line[4:].strip())
+    assert pins == role and "numpy<2" in pins

@@ -1,0 +1,94 @@
+"""On-device inference: after a real local-fleet session, ``edge-agent predict`` runs each device's committed model
+with onnxruntime in a process where torch cannot be imported, and gives the classes torch gives on that device's
+test split; a device without its own ONNX file uses the coordinator's; what pFedLA keeps is its trained model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedge.edge_agent.state import DeviceState
+from fedge.fldata import normalize, read_shard
+from fedge.models import ModelSpec, arrays_to_state, build
+from tests.e2e import Processes, finished
+
+NO_TORCH = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['edge-agent', *sys.argv[1:]]; "
+            "runpy.run_module('fedge.edge_agent', run_name='__main__')")
+SMALL = ["--set", "data.train_limit=200", "--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=6.0",
+         "--quiet"]
+
+
+def predict_without_torch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", NO_TORCH, "predict", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def torch_classes(state_dir: Path, samples: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
+    stored = DeviceState(state_dir).committed_model()
+    assert stored is not None
+    meta = stored.model_meta["model"]
+    model = build(ModelSpec(meta["name"], tuple(meta["input_shape"]), meta["num_classes"], meta["pan"],
+                            meta["pan_a"], meta["pan_t"]))
+    arrays_to_state(model, stored.model)
+    with torch.no_grad():
+        return model.eval()(torch.from_numpy(normalize(samples, mean, std))).argmax(dim=1).numpy()
+
+
+def session(procs: Processes, run_dir: Path, *args: str) -> None:
+    coordinator = procs.coordinator("--rounds", "2", "--local-fleet", "2", "--run-dir", str(run_dir), "--seed", "3",
+                                    *args, *SMALL)
+    assert finished(coordinator, 240) == 0, procs.output("coordinator")
+
+
+def test_predict_runs_the_committed_model_without_torch(procs: Processes, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    session(procs, run_dir, "--model", "cnn-bn", "--algorithm", "fedavg")
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["onnx_max_abs_difference"] is not None and report["onnx_max_abs_difference"] <= 1e-4
+    for index, state_dir in enumerate(sorted((run_dir / "agents").iterdir())):
+        shard = read_shard(run_dir / "data" / f"client-{index:03d}.npz")
+        samples = tmp_path / f"test-{index}.npy"
+        np.save(samples, shard.test_x)
+        expected = torch_classes(state_dir, shard.test_x, shard.mean, shard.std)
+        assert not (state_dir / "model.onnx").exists()  # the agent never exports: a predicting process does
+        if index == 0:  # a device with torch and the export extra: its first prediction exports its model.onnx
+            first = subprocess.run([sys.executable, "-m", "fedge.edge_agent", "predict", "--state-dir",
+                                    str(state_dir), "--input", str(samples)], capture_output=True, text=True,
+                                   timeout=240)
+            assert first.returncode == 0 and (state_dir / "model.onnx").is_file(), first.stderr
+            extra = []
+        else:  # a device that cannot export: the coordinator's file, this device's weights
+            refused = predict_without_torch("--state-dir", str(state_dir), "--input", str(samples))
+            assert refused.returncode == 2 and "--onnx" in refused.stderr, refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+            extra = ["--onnx", str(run_dir / "model.onnx")]
+        out = predict_without_torch("--state-dir", str(state_dir), "--input", str(samples), "--json", *extra)
+        assert out.returncode == 0, out.stderr
+        answer = json.loads(out.stdout)
+        assert answer["round"] == 2 and answer["algorithm"] == "fedavg" and len(answer["classes"]) == len(expected)
+        np.testing.assert_array_equal(np.array(answer["classes"]), expected)
+    bad = predict_without_torch("--state-dir", str(tmp_path / "nowhere"), "--input", str(samples))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a state directory" in bad.stderr
+
+
+def test_pfedla_devices_predict_with_their_trained_model(procs: Processes, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    session(procs, run_dir, "--model", "mlp", "--algorithm", "pfedla")
+    for state_dir in sorted((run_dir / "agents").iterdir()):
+        stored = DeviceState(state_dir).committed_model()
+        assert stored is not None and stored.round == 2
+        assert set(stored.model) == set(stored.arrays)  # pFedLA's device state is its model after training
+        for name, value in stored.arrays.items():
+            np.testing.assert_array_equal(stored.model[name], value)
+        shard = read_shard(run_dir / "data" / f"client-{int(state_dir.name[-2:]):03d}.npz")
+        np.save(tmp_path / "test.npy", shard.test_x)
+        out = subprocess.run([sys.executable, "-m", "fedge.edge_agent", "predict", "--state-dir", str(state_dir),
+                              "--input", str(tmp_path / "test.npy")], capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0, out.stderr
+        got = np.array([int(line) for line in out.stdout.split()])
+        np.testing.assert_array_equal(got, torch_classes(state_dir, shard.test_x, shard.mean, shard.std))
