@@ -29,7 +29,18 @@ MB = 2**20
 
 
 def agents_of(coordinator: psutil.Process) -> list[psutil.Process]:
-    return [p for p in coordinator.children(recursive=True) if "fedge.edge_agent" in " ".join(p.cmdline())]
+    found = []
+    try:
+        children = coordinator.children(recursive=True)
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            if "fedge.edge_agent" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:  # gone, or a zombie at the end of the session
+            continue
+    return found
 
 
 def rounds_done(run_dir: Path) -> int:

@@ -37,7 +37,7 @@ METRICS_FIELDS = (
 # Per-round totals over the agents' meter records (docs/meter.md), also in every metrics.jsonl line.
 METER_FIELDS = (
     "flops_train", "flops_fwd_bwd", "flops_opt_executed", "flops_opt_updated", "flops_theoretical_sparse",
-    "energy_j", "energy_kind", "energy_source", "energy_scope", "energy_note", "cpu_s", "rss_peak_mb",
+    "energy_j", "energy_kind", "energy_source", "energy_scope", "energy_hosts", "energy_note", "cpu_s", "rss_peak_mb",
     "bytes_payload_down", "bytes_payload_up", "bytes_zmtp_down", "bytes_zmtp_up", "bytes_tcp_down", "bytes_tcp_up",
     "temp_c_max", "cpu_freq_mhz_min",
 )

@@ -36,6 +36,7 @@ from fedge.coordinator.records import (
 )
 from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir
 from fedge.coordinator.transport import RouterTransport
+from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, build, definition_hash, state_to_arrays
 
 log = logging.getLogger("fedge.coordinator")
@@ -207,17 +208,16 @@ class Session(Messaging):
         self.evaluate_into(row, number)
         row.update(update_summary(updates))
         row.update(extra)
-        records = []
-        for index, (update, size) in ordered:
+        records = [agent_record(update.meta.get("meter"), size, self.transport.curve) for _, (update, size) in ordered]
+        shares = attribute_energy(records)
+        for (index, (update, size)), record, share in zip(ordered, records, shares, strict=True):
             agent = self.registry.by_index(index)
             agent.last_accepted_round = number
-            record = agent_record(update.meta.get("meter"), size, self.transport.curve)
-            records.append(record)
             self.run_dir.append_jsonl("clients.jsonl", {
                 **record, "round": number, "client_id": agent.client_id, "client_index": index,
                 "num_samples": update.meta["num_samples"], "bytes_down": current.bytes_down.get(index, 0),
                 "bytes_up": size, "train_loss": update.meta.get("train_loss"),
-                "train_s": update.meta.get("train_s")})
+                "train_s": update.meta.get("train_s"), "energy_j_share": share})
         row.update(meter_totals(records))
         self.round = number
         row["wall_s"] = time.monotonic() - started

@@ -26,7 +26,7 @@ from fedge.meter.net import (
     wire_bytes_estimate,
 )
 from fedge.meter.pmic import PmicSource, parse_pmic_adc
-from fedge.meter.record import PHASES, round_totals
+from fedge.meter.record import PHASES, attribute_energy, round_totals
 from fedge.meter.sensors import Ina2xxSource, JetsonHwmonSource, JetsonIioSource, RaplSource
 from fedge.meter.sysfs import NoReadAccess, Root, SensorError, SensorMissing
 from fedge.meter.zmtp import connection_handshake, handshake_bytes, message_bytes, ready_bytes
@@ -37,6 +37,6 @@ __all__ = [
     "MeterLog", "NoReadAccess", "ParamSnapshot", "PmicSource", "RaplSource", "Root", "Sampler", "SensorError",
     "SensorMissing", "TcpCounters", "attach_log_energy", "connection_handshake", "densities_from_masks",
     "handshake_bytes", "interface_counters", "mask_elements", "message_bytes", "open_energy_source",
-    "optimizer_flops_per_element", "optimizer_step_flops", "parse_pmic_adc", "ready_bytes", "round_totals",
+    "optimizer_flops_per_element", "optimizer_step_flops", "parse_pmic_adc", "ready_bytes", "round_totals", "attribute_energy",
     "tcp_counters", "tcp_counters_to", "wire_bytes_estimate",
 ]

@@ -26,7 +26,7 @@ from fedge.meter import zmtp
 from fedge.meter.energy import EnergyIntegrator, EnergySource, Sampler, Tally, open_energy_source
 from fedge.meter.net import TcpCounters, interface_counters, tcp_counters_to, wire_bytes_estimate
 from fedge.meter.process import ContextWatch, CpuClock, PeakRss, cpu_clock
-from fedge.meter.record import build_record
+from fedge.meter.record import build_record, host_identity
 from fedge.meter.sysfs import Root
 
 DIRECTIONS: tuple[str, ...] = ("down", "up")
@@ -66,6 +66,7 @@ class AgentMeter:
                  mechanism: zmtp.Mechanism = "NULL", iface: str | None = None,
                  proc_self: str | Path = "/proc/self") -> None:
         self.root = Root(sysfs_root)
+        self.host = host_identity(str(self.root.path("/etc/machine-id")))
         self.mechanism = mechanism
         self.iface = iface
         self.source, self.energy_notes = open_energy_source(energy, self.root, vcgencmd, dict(estimate or {}))

@@ -4,13 +4,23 @@
 ``round_totals`` sums FLOPs, bytes, CPU seconds and energy over the agents of a round for the coordinator's
 metrics.jsonl, takes the max of peaks and temperatures and the min of frequencies. A field unknown for some agents
 totals to null with a note (a partial sum would look like a complete one), and energy is summed only when every
-agent's figure has the same kind, source and scope. Must not import torch, zmq or any Fedge package.
+agent's figure has the same kind, source and scope.
+
+Energy is counted once per host: every record names its host (``host``, and ``host_id``, a hash of
+/etc/machine-id, so that two boards both called "raspberrypi" stay apart). A figure of a whole-machine scope
+(board, cpu-package, module, pmic-rails, wall) measured by several agents of one host covers the same joules, so a
+round's total takes, per host, the largest of its agents' figures (their windows overlap; the largest comes
+closest to their union) and sums over hosts; ``attribute_energy`` splits a host's figure among its agents by their
+CPU seconds. A ``process-share`` figure is already one process's share and is summed. Must not import torch, zmq
+or any Fedge package.
 """
 
 from __future__ import annotations
 
+import hashlib
+import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fedge.meter.figure import Figure
@@ -35,14 +45,28 @@ MAX_FIELDS = ("rss_peak_mb", "temp_c_max", "wall_s", "batch_size", "params_total
               *(f"rss_peak_mb_{phase}" for phase in PHASES))
 MIN_FIELDS = ("cpu_freq_mhz_min",)
 ENERGY_FIELDS = ("energy_j", *(f"energy_j_{phase}" for phase in PHASES))
+PER_PROCESS_SCOPES = frozenset({"process-share"})
+
+
+def host_identity(machine_id: str = "/etc/machine-id") -> tuple[str, str]:
+    """(host name, host id): the id hashes /etc/machine-id (unique per installed system); the name stands in for it
+    where that file cannot be read."""
+    name = socket.gethostname()
+    try:
+        with open(machine_id, "rb") as handle:
+            text = handle.read().strip()
+    except OSError:
+        text = b""
+    return name, hashlib.sha256(text).hexdigest()[:16] if text else f"name:{name}"
 
 
 def build_record(meter: AgentMeter, current: _Round, clock: CpuClock, tally: Tally | None,
                  tcp_after: Mapping[tuple[str, int], TcpCounters] | None, iface_after: tuple[int, int] | None,
                  temp: float | None, zone: str | None, freq: float | None) -> dict[str, Any]:
     start = current.clock
+    host, host_id = meter.host
     record: dict[str, Any] = {"round": current.number, "t_start": current.t_start, "t_end": time.time(),
-                              "wall_s": clock.wall - start.wall}
+                              "wall_s": clock.wall - start.wall, "host": host, "host_id": host_id}
     train = current.training
     for name in TRAINING_FIELDS:
         record[name] = train.get(name)
@@ -130,9 +154,14 @@ def round_totals(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return totals
 
 
+def _host_of(row: Mapping[str, Any], index: int) -> str:
+    """The host key of a record; a record that names no host (an older agent) is taken as its own host."""
+    return str(row.get("host_id") or row.get("host") or f"unnamed:{index}")
+
+
 def _energy_totals(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
     empty = {name: None for name in ENERGY_FIELDS}
-    empty.update(energy_kind=None, energy_source=None, energy_scope=None)
+    empty.update(energy_kind=None, energy_source=None, energy_scope=None, energy_hosts=None)
     if not rows:
         return {**empty, "energy_note": "no agents"}
     labels = {(row.get("energy_kind"), row.get("energy_source"), row.get("energy_scope")) for row in rows}
@@ -144,9 +173,47 @@ def _energy_totals(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
         return {**empty, "energy_note": f"agents' energy figures differ in kind/source/scope ({described}); "
                                         "not summed"}
     kind, source, scope = labels.pop()
+    hosts: dict[str, list[Mapping[str, Any]]] = {}
+    for index, row in enumerate(rows):
+        hosts.setdefault(_host_of(row, index), []).append(row)
     totals: dict[str, Any] = {"energy_kind": kind, "energy_source": source, "energy_scope": scope,
-                              "energy_note": None}
+                              "energy_hosts": len(hosts), "energy_note": None}
+    shared = scope not in PER_PROCESS_SCOPES and any(len(members) > 1 for members in hosts.values())
     for name in ENERGY_FIELDS:
         values = [row.get(name) for row in rows]
-        totals[name] = sum(values) if all(value is not None for value in values) else None
+        if not all(value is not None for value in values):
+            totals[name] = None
+        elif scope in PER_PROCESS_SCOPES:
+            totals[name] = sum(values)
+        elif name == "energy_j":
+            totals[name] = sum(max(float(m["energy_j"]) for m in members) for members in hosts.values())
+        else:  # phases of agents sharing a machine overlap in no known way: no per-phase total
+            totals[name] = None if shared else sum(values)
+    if shared:
+        most = max(len(members) for members in hosts.values())
+        totals["energy_note"] = (f"up to {most} agents share a host; energy_j counts each host once (its "
+                                 "agents' largest figure), per-phase energy is not totalled")
     return totals
+
+
+def attribute_energy(rows: Sequence[Mapping[str, Any]]) -> list[float | None]:
+    """Each agent's share of its host's energy in this round: the host's figure (the largest of its agents'
+    whole-machine figures) times the agent's CPU seconds over the host's agents' CPU seconds (equal parts when none
+    used any CPU). A process-share figure is its own share. None where energy or CPU time is unknown."""
+    hosts: dict[str, list[int]] = {}
+    for index, row in enumerate(rows):
+        hosts.setdefault(_host_of(row, index), []).append(index)
+    shares: list[float | None] = [None] * len(rows)
+    for members in hosts.values():
+        if any(rows[i].get("energy_j") is None or rows[i].get("cpu_s") is None for i in members):
+            continue
+        joules = [float(rows[i]["energy_j"]) for i in members]
+        seconds = [float(rows[i]["cpu_s"]) for i in members]
+        if {rows[i].get("energy_scope") for i in members} <= PER_PROCESS_SCOPES:
+            for i, own in zip(members, joules, strict=True):
+                shares[i] = own
+            continue
+        total_cpu = sum(seconds)
+        for i, used in zip(members, seconds, strict=True):
+            shares[i] = max(joules) * (used / total_cpu if total_cpu > 0 else 1.0 / len(members))
+    return shares

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# An aarch64 (Raspberry Pi OS 64-bit class) agent proven under emulation against this machine's x86_64 coordinator:
+#
+#   sudo bash deploy/aarch64-emulation.sh            # as root; about 6-10 minutes; not part of the test suite
+#
+# 1. Builds an arm64 Debian bookworm root (debootstrap --variant=minbase, with python3 and python3-venv) under
+#    FEDGE_EMU_WORK (default /var/tmp/fedge-aarch64), using Debian's qemu-user-static through binfmt_misc. The
+#    root is kept between runs; delete it to start over.
+# 2. Copies this checkout into it (git archive of HEAD plus uncommitted changes) and runs
+#    `bash scripts/install.sh --agent` there: the agent profile with constraints/cpu-aarch64.txt (PyPI's aarch64
+#    CPU wheel of torch), exactly what a board runs. The root gets the host's CA bundle, and /proc, /sys and
+#    /dev mounted (torch reads the CPU's features there).
+# 3. Starts the x86_64 coordinator on 127.0.0.1 (an ephemeral port, 2 rounds of the `mlp`, fedavg, 64 training
+#    images) and the emulated agent in the root against it; waits for the session; checks metrics.jsonl.
+# 4. Prints each step's time; stops every process it started (by PID) and unmounts what it mounted.
+#
+# Needs: root, apt (debootstrap, qemu-user-static, binfmt-support are installed if missing), the repository's
+# .venv (bash scripts/install.sh) for the coordinator, and network access to Debian's and PyPI's package servers.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+WORK=${FEDGE_EMU_WORK:-/var/tmp/fedge-aarch64}
+ROOT=$WORK/root
+RUN=$WORK/run
+START=$SECONDS
+pids=()
+mounted=()
+
+step() { printf '== [%4ds] %s\n' $((SECONDS - START)) "$*"; }
+fail() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
+cleanup() {
+    for pid in "${pids[@]}"; do kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    for (( i=${#mounted[@]}-1; i>=0; i-- )); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+[[ $(id -u) == 0 ]] || fail "run as root (debootstrap, chroot, binfmt_misc)"
+[[ $(uname -m) == x86_64 ]] || fail "this emulates aarch64 on an x86_64 host"
+[[ -x $REPO/.venv/bin/coordinator ]] || fail "no .venv: run bash scripts/install.sh first (the coordinator runs there)"
+
+step "tools: debootstrap, qemu-user-static, binfmt-support"
+if ! command -v debootstrap >/dev/null || [[ ! -x /usr/bin/qemu-aarch64-static ]]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap qemu-user-static binfmt-support >/dev/null
+fi
+if [[ ! -e /proc/sys/fs/binfmt_misc/register ]]; then
+    mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc || fail "cannot mount binfmt_misc"
+fi
+[[ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]] || update-binfmts --enable qemu-aarch64 \
+    || fail "cannot register qemu-aarch64 with binfmt_misc"
+
+mkdir -p "$WORK"
+if [[ ! -x $ROOT/usr/bin/python3 ]]; then
+    step "debootstrap: arm64 bookworm minbase root in $ROOT"
+    rm -rf "$ROOT"
+    t=$SECONDS
+    debootstrap --arch=arm64 --variant=minbase --include=python3,python3-venv,ca-certificates \
+        bookworm "$ROOT" http://deb.debian.org/debian >"$WORK/debootstrap.log" 2>&1 \
+        || fail "debootstrap (see $WORK/debootstrap.log)"
+    echo "debootstrap_s=$((SECONDS - t))" >"$WORK/timings"
+else
+    step "reusing the arm64 root in $ROOT"
+    : >"$WORK/timings"
+fi
+for fs in proc sys dev; do
+    mkdir -p "$ROOT/$fs"
+    mount --rbind "/$fs" "$ROOT/$fs" && mounted+=("$ROOT/$fs")
+done
+cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/ca-certificates.crt"
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
+chroot "$ROOT" uname -m | grep -qx aarch64 || fail "the root does not run as aarch64"
+
+step "copy the checkout into the root"
+rm -rf "$ROOT/opt/fedge-src" && mkdir -p "$ROOT/opt/fedge-src"
+git -C "$REPO" ls-files -z --cached --others --exclude-standard \
+    | (cd "$REPO" && xargs -0 tar -cf - --no-recursion) | tar -xf - -C "$ROOT/opt/fedge-src"
+
+step "install the agent profile inside the root (scripts/install.sh --agent)"
+t=$SECONDS
+chroot "$ROOT" env -i HOME=/root PATH=/usr/bin:/bin SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt bash /opt/fedge-src/scripts/install.sh --agent \
+    >"$WORK/install.log" 2>&1 || fail "install inside the root (see $WORK/install.log)"
+echo "install_s=$((SECONDS - t))" >>"$WORK/timings"
+tail -n 1 "$WORK/install.log"
+t=$SECONDS
+chroot "$ROOT" /opt/fedge-src/.venv/bin/python -c "import torch, platform; print('torch', torch.__version__, platform.machine())"
+echo "torch_import_s=$((SECONDS - t))" >>"$WORK/timings"
+
+step "a shard for the emulated board, and the x86_64 coordinator on 127.0.0.1"
+rm -rf "$RUN" && mkdir -p "$RUN"
+"$REPO/.venv/bin/coordinator" partition --dataset fmnist-demo --partition iid --clients 8 --seed 0 \
+    --out "$RUN/shards" >/dev/null
+mkdir -p "$ROOT/var/lib/fedge-agent"
+cp "$RUN/shards/client-000.npz" "$ROOT/var/lib/fedge-agent/shard.npz"
+rm -rf "$ROOT/var/lib/fedge-agent/state"
+port=$("$REPO/.venv/bin/python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+t=$SECONDS
+setsid "$REPO/.venv/bin/coordinator" start --bind "tcp://127.0.0.1:$port" --expect 1 --rounds 2 --model mlp \
+    --algorithm fedavg --run-dir "$RUN/session" --set data.train_limit=64 --set train.batch_size=32 \
+    --set round.deadline_s=900 --set fleet.liveness_s=120 --quiet >"$RUN/coordinator.out" 2>&1 &
+pids+=($!)
+coordinator_pid=$!
+
+step "the emulated aarch64 agent joins (tcp://127.0.0.1:$port)"
+setsid chroot "$ROOT" /opt/fedge-src/.venv/bin/edge-agent run --coordinator "tcp://127.0.0.1:$port" \
+    --client-id pi-emulated --data /var/lib/fedge-agent/shard.npz --state-dir /var/lib/fedge-agent/state \
+    --device cpu >"$RUN/agent.out" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 1800); do
+    kill -0 "$coordinator_pid" 2>/dev/null || break
+    sleep 1
+done
+kill -0 "$coordinator_pid" 2>/dev/null && fail "the session did not end within 30 minutes (see $RUN)"
+wait "$coordinator_pid" || fail "the coordinator failed (see $RUN/coordinator.out)"
+echo "session_s=$((SECONDS - t))" >>"$WORK/timings"
+
+step "check: two rounds, one aarch64 agent, every round reported"
+"$REPO/.venv/bin/python" - "$RUN/session" <<'EOF'
+import json, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+clients = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
+assert [r["round"] for r in rows] == [1, 2] and all(r["reported"] == 1 for r in rows), rows
+assert {c["client_id"] for c in clients} == {"pi-emulated"}
+print("rounds:", ", ".join(f"{r['round']}: acc {r['test_accuracy']:.3f}, {r['wall_s']:.1f} s, "
+                           f"train {r['train_s_max']:.1f} s" for r in rows))
+EOF
+grep -h "joined run" "$ROOT/var/lib/fedge-agent/state/agent.log" "$RUN/agent.out" 2>/dev/null | tail -n 1 || true
+step "done"
+cat "$WORK/timings"
