@@ -69,7 +69,11 @@ def export_template(state_dir: str | Path, state: StoredState) -> Path:
     model = build(spec)
     arrays_to_state(model, state.model, strict=False)
     path = Path(state_dir) / ONNX_NAME
-    return export_onnx(model, spec.input_shape, path, state.model_meta["model_hash"])
+    try:  # torch.onnx imports onnx and onnxscript only when it exports
+        return export_onnx(model, spec.input_shape, path, state.model_meta["model_hash"])
+    except ImportError as exc:
+        raise PredictError(f"cannot export {ONNX_NAME} here ({exc}); install the export extra, or pass the "
+                           f"coordinator's {ONNX_NAME} with --onnx") from exc
 
 
 def template(state_dir: str | Path, state: StoredState, onnx: str | Path | None = None) -> Path:
@@ -81,7 +85,10 @@ def template(state_dir: str | Path, state: StoredState, onnx: str | Path | None 
         if not path.is_file():
             raise PredictError(f"{path}: no such ONNX file")
         stamp = stamp_of(path)
-        if stamp is not None and stamp.get("definition_hash") not in (None, expected):
+        if stamp is None:  # without it, initializer names that miss the graph would be ignored without a word
+            raise PredictError(f"{path} has no stamp {path}.json (written beside every export of Fedge's); copy it "
+                               "along with the file")
+        if stamp.get("definition_hash") not in (None, expected):
             raise PredictError(f"{path} is of another model definition ({stamp['definition_hash']}) than this "
                                f"device's committed model ({expected})")
         return path
@@ -112,7 +119,12 @@ class Predictor:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.log_severity_level = 3
         stamp = stamp_of(path)
-        names = set(stamp["initializers"]) if stamp else {k for k, v in state.model.items() if v.dtype.kind == "f"}
+        if stamp is None:
+            raise PredictError(f"{path} has no stamp {path}.json")
+        names = set(stamp["initializers"])
+        floats = {k for k, v in state.model.items() if v.dtype.kind == "f"}
+        if floats - names:
+            raise PredictError(f"{path} lacks initializer(s) {sorted(floats - names)[:3]} of this device's model")
         values = []
         for name in sorted(names):
             if name not in state.model:

@@ -62,10 +62,20 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str,
 
 
 def load_arrays(path: Path, prefix: str = "a/") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    arrays, meta, _ = load_arrays_and_model(path, prefix)
+    return arrays, meta
+
+
+def load_arrays_and_model(path: Path, prefix: str = "a/", model_prefix: str | None = None) -> tuple[
+        dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
+    """The ``prefix`` arrays, the meta and (with ``model_prefix``) the model arrays, all from one open of the
+    file, so that a file replaced meanwhile cannot pair one round's meta with another's model."""
     with np.load(path, allow_pickle=False) as data:
         meta = json.loads(bytes(data["meta"]).decode())
         arrays = {k[len(prefix):]: data[k] for k in data.files if k.startswith(prefix)}
-    return arrays, meta
+        model = ({k[len(model_prefix):]: data[k] for k in data.files if k.startswith(model_prefix)}
+                 if model_prefix else {})
+    return arrays, meta, model
 
 
 def _save(path: Path, state: StoredState) -> None:
@@ -76,8 +86,7 @@ def _save(path: Path, state: StoredState) -> None:
 def _load(path: Path, with_model: bool = False) -> StoredState | None:
     if not path.exists():
         return None
-    arrays, meta = load_arrays(path)
-    model = load_arrays(path, "m/")[0] if with_model else {}
+    arrays, meta, model = load_arrays_and_model(path, "a/", "m/" if with_model else None)
     return StoredState(run_id=str(meta["run_id"]), round=int(meta["round"]), arrays=arrays, model=model,
                        model_meta=dict(meta.get("model_meta") or {}))
 

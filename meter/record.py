@@ -7,7 +7,7 @@ totals to null with a note (a partial sum would look like a complete one), and e
 agent's figure has the same kind, source and scope.
 
 Energy is counted once per host: every record names its host (``host``, and ``host_id``, a hash of
-/etc/machine-id, so that two boards both called "raspberrypi" stay apart). A figure of a whole-machine scope
+/etc/machine-id, so that two boards both called "raspberrypi" stay apart; the two together are the key). A figure of a whole-machine scope
 (board, cpu-package, module, pmic-rails, wall) measured by several agents of one host covers the same joules, so a
 round's total takes, per host, the largest of its agents' figures (their windows overlap; the largest comes
 closest to their union) and sums over hosts; ``attribute_energy`` splits a host's figure among its agents by their
@@ -155,8 +155,11 @@ def round_totals(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _host_of(row: Mapping[str, Any], index: int) -> str:
-    """The host key of a record; a record that names no host (an older agent) is taken as its own host."""
-    return str(row.get("host_id") or row.get("host") or f"unnamed:{index}")
+    """The host key of a record: its machine id and host name together (boards flashed from one image share a
+    machine id until it is regenerated); a record that names no host (an older agent) is its own host."""
+    if not row.get("host_id") and not row.get("host"):
+        return f"unnamed:{index}"
+    return f"{row.get('host_id')}/{row.get('host')}"
 
 
 def _energy_totals(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -206,6 +209,8 @@ def attribute_energy(rows: Sequence[Mapping[str, Any]]) -> list[float | None]:
     shares: list[float | None] = [None] * len(rows)
     for members in hosts.values():
         if any(rows[i].get("energy_j") is None or rows[i].get("cpu_s") is None for i in members):
+            continue
+        if len({rows[i].get("energy_scope") for i in members}) > 1:  # not one kind of figure: no share
             continue
         joules = [float(rows[i]["energy_j"]) for i in members]
         seconds = [float(rows[i]["cpu_s"]) for i in members]

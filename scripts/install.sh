@@ -5,6 +5,7 @@
 #   bash scripts/install.sh --agent       # a device: the agent and on-device inference, nothing else
 #   bash scripts/install.sh --dev         # everything the test suite needs
 #   bash scripts/install.sh --plan FILE   # only resolve torch (pip --dry-run --report FILE); installs nothing
+#                                         # (it creates .venv, whose pip resolves)
 #
 # torch is installed first, pinned by the constraints file of this machine's architecture, so that pip never
 # resolves an unpinned `torch`:
@@ -14,7 +15,8 @@
 #   error, never a fallback. A wheel that pip's own configuration offers (find-links) is taken as well.
 # - aarch64 (Raspberry Pi, 64-bit OS): PyPI's aarch64 wheel, a CPU build.
 # - Jetson: FEDGE_TORCH_WHEEL=NVIDIA's wheel (a path or URL), with constraints/jetson.txt (numpy<2, as the
-#   Ansible role); NVIDIA's wheel links OpenBLAS, which is checked first.
+#   Ansible role); NVIDIA's wheel links OpenBLAS, which is checked first. On x86_64 FEDGE_TORCH_WHEEL installs the
+#   given wheel with no pin of Fedge's.
 # Downloads retry FEDGE_PIP_RETRIES times (default 2) with a FEDGE_PIP_TIMEOUT-second timeout (default 15).
 # Idempotent: a second run installs nothing new.
 set -euo pipefail
@@ -37,10 +39,11 @@ case "$profile" in
   plan) extras="" ;;
 esac
 
-case "$(uname -m)" in
-  x86_64|amd64) constraints="constraints/cpu-x86_64.txt" index="${FEDGE_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" ;;
-  aarch64|arm64) constraints="constraints/cpu-aarch64.txt" index="${FEDGE_TORCH_INDEX:-}" ;;
-  *) fail "no torch wheel is known for $(uname -m); install torch yourself, then pip install -e ." ;;
+machine="$(uname -m)"
+case "$machine" in
+  x86_64) constraints="constraints/cpu-x86_64.txt" index="${FEDGE_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" ;;
+  aarch64) constraints="constraints/cpu-aarch64.txt" index="${FEDGE_TORCH_INDEX:-}" ;;
+  *) fail "no torch wheel is known for $machine; install torch yourself, then pip install -e ." ;;
 esac
 retries="${FEDGE_PIP_RETRIES:-2}" timeout="${FEDGE_PIP_TIMEOUT:-15}"
 
@@ -51,9 +54,14 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q --retries "$retries"
 
 if [[ -n "${FEDGE_TORCH_WHEEL:-}" ]]; then
   [[ -z "$plan" ]] || fail "--plan resolves the CPU wheel; with FEDGE_TORCH_WHEEL there is nothing to resolve"
-  ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so' \
-    || fail "NVIDIA's torch wheel links OpenBLAS, which this machine lacks: apt-get install libopenblas-dev"
-  constraints="constraints/jetson.txt"
+  if [[ "$machine" == aarch64 ]]; then  # a Jetson: NVIDIA's wheel
+    libraries="$( (ldconfig -p || /sbin/ldconfig -p) 2>/dev/null || true)"
+    [[ "$libraries" == *libopenblas.so* ]] \
+      || fail "NVIDIA's torch wheel links OpenBLAS, which this machine lacks: apt-get install libopenblas-dev"
+    constraints="constraints/jetson.txt"
+  else  # a wheel of your own choosing: no pin of ours applies
+    constraints="/dev/null"
+  fi
   "${pip[@]}" install -c "$constraints" "$FEDGE_TORCH_WHEEL" || fail "could not install $FEDGE_TORCH_WHEEL"
 else
   torch_pin="$(grep -E '^torch==' "$constraints")"

@@ -68,7 +68,7 @@ def test_inventory_example_names_the_groups_the_playbook_targets() -> None:
         assert re.search(rf"^\[{group}(:children)?\]$", inventory, re.M), group
 
 
-@pytest.mark.parametrize("name", ["ci-check.sh", "systemd-smoke.sh"])
+@pytest.mark.parametrize("name", ["ci-check.sh", "systemd-smoke.sh", "aarch64-emulation.sh"])
 def test_scripts_are_executable_bash(name: str) -> None:
     script = ROOT / "deploy" / name
     assert script.stat().st_mode & 0o111, f"deploy/{name} must be executable"

@@ -52,6 +52,19 @@ def test_unknown_energy_or_cpu_gives_no_share() -> None:
     assert round_totals(rows)["energy_j"] is None
 
 
+def test_records_without_a_host_are_each_their_own_host() -> None:
+    rows = [row("x", 10.0, 1.0), row("x", 12.0, 1.0)]
+    for record in rows:
+        del record["host"], record["host_id"]
+    assert round_totals(rows)["energy_j"] == 22.0 and round_totals(rows)["energy_hosts"] == 2
+    assert attribute_energy(rows) == [10.0, 12.0]
+
+
+def test_cloned_images_with_one_machine_id_but_two_names_stay_apart() -> None:
+    rows = [row("pi-01", 10.0, 1.0, host_id="same"), row("pi-02", 12.0, 1.0, host_id="same")]
+    assert round_totals(rows)["energy_j"] == 22.0
+
+
 def test_same_host_names_on_different_machines_stay_apart(tmp_path: Path) -> None:
     (tmp_path / "a").write_text("0123456789abcdef0123456789abcdef\n")
     (tmp_path / "b").write_text("fedcba9876543210fedcba9876543210\n")

@@ -19,6 +19,7 @@ from tests.e2e import Processes, finished
 
 NO_TORCH = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['edge-agent', *sys.argv[1:]]; "
             "runpy.run_module('fedge.edge_agent', run_name='__main__')")
+NO_EXPORT_EXTRA = NO_TORCH.replace("sys.modules['torch']", "sys.modules['onnxscript']")  # torch, but no onnxscript
 SMALL = ["--set", "data.train_limit=200", "--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=6.0",
          "--quiet"]
 
@@ -66,6 +67,16 @@ def test_predict_runs_the_committed_model_without_torch(procs: Processes, tmp_pa
             refused = predict_without_torch("--state-dir", str(state_dir), "--input", str(samples))
             assert refused.returncode == 2 and "--onnx" in refused.stderr, refused.stderr
             assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+            agent_profile = subprocess.run([sys.executable, "-c", NO_EXPORT_EXTRA, "predict", "--state-dir",
+                                            str(state_dir), "--input", str(samples)], capture_output=True,
+                                           text=True, timeout=240)  # torch installed, the export extra not
+            assert agent_profile.returncode == 2 and "--onnx" in agent_profile.stderr, agent_profile.stderr
+            assert len(agent_profile.stderr.strip().splitlines()) == 1, agent_profile.stderr
+            unstamped = tmp_path / "unstamped.onnx"
+            unstamped.write_bytes((run_dir / "model.onnx").read_bytes())
+            no_stamp = predict_without_torch("--state-dir", str(state_dir), "--input", str(samples), "--onnx",
+                                             str(unstamped))
+            assert no_stamp.returncode == 2 and "no stamp" in no_stamp.stderr, no_stamp.stderr
             extra = ["--onnx", str(run_dir / "model.onnx")]
         out = predict_without_torch("--state-dir", str(state_dir), "--input", str(samples), "--json", *extra)
         assert out.returncode == 0, out.stderr
