@@ -112,7 +112,7 @@ def test_the_guard_bounds_each_step_and_is_off_by_default() -> None:
         network = HyperNetwork(8, 3, seed=2)
         before = normalise(network(), 0).detach()
         scale = descend(network, normalise(network(), 0), grad_alpha, 1.0, max_alpha_change=cap, self_index=0)
-        return scale, float((normalise(network(), 0) - before).abs().max()), network
+        return scale, float((normalise(network(), 0).detach() - before).abs().max()), network
 
     free_scale, free_change, free = step(0.0)
     guarded_scale, guarded_change, _ = step(0.01)
