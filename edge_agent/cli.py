@@ -63,9 +63,12 @@ def run_agent(args: argparse.Namespace) -> int:
         "state_dir": args.state_dir, "device": args.device, "curve": args.curve, "keys_dir": args.keys_dir,
         "coordinator_public_key": args.coordinator_key,
     })
-    if os.environ.get("OMP_NUM_THREADS"):
-        import torch
+    import torch
 
+    from fedge.edge_agent.lightdynamo import install
+
+    install()  # before torch.optim or the FLOP counter import torch._dynamo: about 60-70 MB less resident
+    if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     from fedge.edge_agent.agent import Agent
     from fedge.edge_agent.service import ServiceNotifier
