@@ -86,9 +86,7 @@ def welcome_meta(c: Config, spec: ModelSpec, run_id: str, model_hash: str, index
     return {
         "run_id": run_id, "client_index": index, "num_clients": capacity,
         "seed": c.run.seed, "model_hash": model_hash,
-        "model": {"name": spec.name, "input_shape": list(spec.input_shape),
-                  "num_classes": spec.num_classes, "pan": spec.pan, "pan_a": spec.pan_a,
-                  "pan_t": spec.pan_t},
+        "model": spec.as_dict(),
         "algorithm": dict(c.algorithm),
         "train": {"epochs": c.train.epochs, "batch_size": c.train.batch_size, "lr": c.train.lr,
                   "optimizer": c.train.optimizer, "momentum": c.train.momentum,

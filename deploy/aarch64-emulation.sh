@@ -145,9 +145,7 @@ from fedge.models import ModelSpec, arrays_to_state, build
 shard, stored = read_shard(sys.argv[1]), DeviceState(sys.argv[2]).committed_model()
 samples = shard.test_x[:100]
 np.save(sys.argv[3], samples)
-meta = stored.model_meta["model"]
-model = build(ModelSpec(meta["name"], tuple(meta["input_shape"]), meta["num_classes"], meta["pan"], meta["pan_a"],
-                        meta["pan_t"]))
+model = build(ModelSpec.from_dict(stored.model_meta["model"]))
 arrays_to_state(model, stored.model)
 with torch.no_grad():
     expected = model.eval()(torch.from_numpy(normalize(samples, shard.mean, shard.std))).argmax(dim=1).numpy()

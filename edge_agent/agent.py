@@ -121,10 +121,7 @@ class Agent:
                 self.session.index == meta["client_index"]:
             log.info("coordinator welcomed us back (run %s, round %d)", welcome.run_id, welcome.round)
             return
-        model_meta = meta["model"]
-        spec = ModelSpec(name=model_meta["name"], input_shape=tuple(model_meta["input_shape"]),
-                         num_classes=int(model_meta["num_classes"]), pan=model_meta["pan"],
-                         pan_a=float(model_meta["pan_a"]), pan_t=float(model_meta["pan_t"]))
+        spec = ModelSpec.from_dict(meta["model"])
         shape = tuple(self.shard.train_x.shape[1:])
         if shape != spec.input_shape or self.shard.num_classes != spec.num_classes:
             self.fail(transport, "data-mismatch", f"this device's data is {shape} with {self.shard.num_classes} "

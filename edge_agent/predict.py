@@ -63,9 +63,7 @@ def export_template(state_dir: str | Path, state: StoredState) -> Path:
     except ImportError as exc:
         raise PredictError(f"cannot export {ONNX_NAME} here ({exc}); install the export extra, or pass the "
                            f"coordinator's {ONNX_NAME} with --onnx") from exc
-    meta = state.model_meta["model"]
-    spec = ModelSpec(name=meta["name"], input_shape=tuple(meta["input_shape"]), num_classes=int(meta["num_classes"]),
-                     pan=meta["pan"], pan_a=float(meta["pan_a"]), pan_t=float(meta["pan_t"]))
+    spec = ModelSpec.from_dict(state.model_meta["model"])
     model = build(spec)
     arrays_to_state(model, state.model, strict=False)
     path = Path(state_dir) / ONNX_NAME

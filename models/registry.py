@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -33,6 +34,18 @@ class ModelSpec:
     @property
     def pan_spec(self) -> PanSpec:
         return PanSpec(self.pan, self.pan_a, self.pan_t)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON-ready form the welcome and the device's committed model carry."""
+        return {"name": self.name, "input_shape": list(self.input_shape), "num_classes": self.num_classes,
+                "pan": self.pan, "pan_a": self.pan_a, "pan_t": self.pan_t}
+
+    @classmethod
+    def from_dict(cls, meta: Mapping[str, Any]) -> ModelSpec:
+        """The inverse of ``as_dict``."""
+        shape = cast("tuple[int, int, int]", tuple(int(d) for d in meta["input_shape"]))
+        return cls(name=str(meta["name"]), input_shape=shape, num_classes=int(meta["num_classes"]),
+                   pan=str(meta["pan"]), pan_a=float(meta["pan_a"]), pan_t=float(meta["pan_t"]))
 
 
 Builder = Callable[[tuple[int, int, int], int, PanSpec], nn.Module]

@@ -136,3 +136,11 @@ def test_onnx_export_matches_torch(tmp_path, spec: ModelSpec) -> None:
     path = export_onnx(model, spec.input_shape, tmp_path / "m.onnx")
     batch = np.random.default_rng(0).standard_normal((5, *spec.input_shape)).astype(np.float32)
     assert onnx_max_abs_difference(model, path, batch) <= 1e-4
+
+
+def test_a_model_spec_survives_its_json_form() -> None:
+    import json
+
+    spec = ModelSpec("cnn-bn", (3, 32, 32), num_classes=7, pan="mul", pan_a=0.2, pan_t=2.0)
+    again = ModelSpec.from_dict(json.loads(json.dumps(spec.as_dict())))
+    assert again == spec and models.definition_hash(again) == models.definition_hash(spec)

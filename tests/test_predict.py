@@ -32,9 +32,7 @@ def predict_without_torch(*args: str) -> subprocess.CompletedProcess[str]:
 def torch_classes(state_dir: Path, samples: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
     stored = DeviceState(state_dir).committed_model()
     assert stored is not None
-    meta = stored.model_meta["model"]
-    model = build(ModelSpec(meta["name"], tuple(meta["input_shape"]), meta["num_classes"], meta["pan"],
-                            meta["pan_a"], meta["pan_t"]))
+    model = build(ModelSpec.from_dict(stored.model_meta["model"]))
     arrays_to_state(model, stored.model)
     with torch.no_grad():
         return model.eval()(torch.from_numpy(normalize(samples, mean, std))).argmax(dim=1).numpy()
