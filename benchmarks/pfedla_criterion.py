@@ -114,6 +114,14 @@ def overlap_structure(alpha: np.ndarray, overlap: np.ndarray) -> dict[str, Any]:
     return {"rho": rho, "D": observed, "p": p, "most_shared": most, "passed": passed}
 
 
+def relation_means(matrix: np.ndarray, overlap: np.ndarray) -> list[float]:
+    """Mean alpha over pairs sharing 3, 2, 1 and 0 classes (off the diagonal), and the mean self weight (a
+    description of the matrix; not a criterion)."""
+    off = ~np.eye(matrix.shape[0], dtype=bool)
+    return [float(matrix[off & (overlap == shared)].mean()) for shared in (3, 2, 1, 0)] + [
+        mean_self_weight(matrix)]
+
+
 def one_hot(row: np.ndarray) -> bool:
     return bool(np.count_nonzero(row) == 1)
 

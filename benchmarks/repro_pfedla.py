@@ -52,12 +52,12 @@ from _repro_common import (  # noqa: E402
     markdown_table,
     next_round_accuracy,
     parse_args,
-    pyplot,
     setup_torch,
     text_table,
     write_csv,
     write_json,
 )
+from pfedla_figure import plot  # noqa: E402
 
 from fedge.algorithms.hypernetwork import HyperNetwork, descend, normalise  # noqa: E402
 from fedge.algorithms.inprocess import Fleet, make_fleet, run_round  # noqa: E402
@@ -190,13 +190,6 @@ def judge(trace: Trace, overlap: np.ndarray) -> None:
     trace.verdict = criterion.judge(trace.alpha[index + 1], overlap)
 
 
-def relation_means(matrix: np.ndarray, overlap: np.ndarray) -> list[float]:
-    """Mean alpha over pairs sharing 3, 2, 1 and 0 classes (off the diagonal), and the mean self weight."""
-    off = ~np.eye(CLIENTS, dtype=bool)
-    return [float(matrix[off & (overlap == shared)].mean()) for shared in (3, 2, 1, 0)] + [
-        criterion.mean_self_weight(matrix)]
-
-
 def summary_row(trace: Trace) -> list[str | int | float]:
     v = trace.verdict
     c1, c2, c3 = v["C1"], v["C2"], v["C3"]
@@ -211,52 +204,6 @@ def summary_row(trace: Trace) -> list[str | int | float]:
 SUMMARY_HEADER = ["run", "eta_hn", "guard", "eval round", "structure", "C1 p", "self max rows", "self > mean rows",
                   "C1", "C2 rho", "C2 D", "C2 p", "C2", "one-hot rows", "C3", "strict rows", "verdict",
                   "acc at eval", "acc final"]
-
-
-def plot(trace: Trace, others: Sequence[Trace], overlap: np.ndarray, path: Path, title: str) -> None:
-    plt = pyplot()
-    columns = 2 + len(trace.layers)
-    figure, axes = plt.subplots(1, columns, figsize=(3.3 * columns, 3.4),
-                                gridspec_kw={"width_ratios": [1.3] + [1.0] * len(trace.layers) + [1.4]})
-    at = trace.alpha[trace.evaluated_round]
-    panels = [("mean over layers", at.mean(axis=1))] + [(name, at[:, li]) for li, name in enumerate(trace.layers)]
-    mean = panels[0][1]
-    low, top = float(mean.min()), float(mean.max())
-    per_layer = (min(float(m.min()) for _, m in panels[1:]), max(float(m.max()) for _, m in panels[1:]))
-    for position, (ax, (name, matrix)) in enumerate(zip(axes, panels, strict=False)):
-        scale = (low, top) if position == 0 else per_layer
-        image = ax.imshow(matrix, cmap="viridis", vmin=scale[0], vmax=scale[1])
-        ax.set_title(f"α, {name}", fontsize=9)
-        ax.set_xticks(range(CLIENTS))
-        ax.set_yticks(range(CLIENTS))
-        ax.tick_params(labelsize=7)
-        ax.set_xlabel("client j (weight given to)", fontsize=8)
-        if position in (0, len(panels) - 1):
-            figure.colorbar(image, ax=ax, fraction=0.046).ax.tick_params(labelsize=7)
-    axes[0].set_ylabel("client i (row)", fontsize=8)
-    for i in range(CLIENTS):
-        for j in range(CLIENTS):
-            colour = "black" if mean[i, j] > low + 0.6 * (top - low) else "white"
-            axes[0].text(j, i, f"{mean[i, j]:.3f}", ha="center", va="center", fontsize=5, color=colour)
-    ax = axes[-1]
-    for run_trace, style in ((trace, "-"), *((t, ":") for t in others if t.guard)):
-        series = np.array([relation_means(a.mean(axis=1), overlap) for a in run_trace.alpha])
-        for column, (name, colour) in enumerate((("3 shared", "tab:orange"), ("2", "tab:olive"),
-                                                 ("1", "tab:cyan"), ("0", "tab:blue"), ("self", "tab:red"))):
-            tag = "" if run_trace is trace else " (guard)"
-            ax.plot(np.arange(len(series)), series[:, column], style, color=colour, label=f"{name}{tag}",
-                    linewidth=1.0)
-    ax.axhline(criterion.FORMED_SELF_FACTOR / CLIENTS, color="grey", linewidth=0.7, linestyle="--")
-    ax.axvline(trace.evaluated_round, color="grey", linewidth=0.7)
-    ax.set_title("mean α by classes shared", fontsize=9)
-    ax.set_xlabel("round", fontsize=8)
-    ax.tick_params(labelsize=7)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=5, ncol=2)
-    figure.suptitle(title, fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -334,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for trace in runs:
         for r in range(1, settings.rounds + 1):
             layer_mean = trace.alpha[r].mean(axis=1)
-            three, two, one, none, own = relation_means(layer_mean, overlap)
+            three, two, one, none, own = criterion.relation_means(layer_mean, overlap)
             round_rows.append([trace.label, r, own, three, two, one, none, criterion.strict_rows(layer_mean),
                                float(np.median(trace.gradient_norms[r])), float(trace.step_scales[r].min()),
                                float(np.nanmean(trace.accuracy[r]))])
