@@ -47,6 +47,19 @@ def is_loopback(bind: str) -> bool:
     return bind.startswith(("ipc://", "inproc://")) or host.startswith(LOOPBACK_HOSTS)
 
 
+def check_algorithm(config: Config) -> Config:
+    """Build the algorithm's Config from [algorithm] now, so that a bad option is refused in one line before any
+    run directory, shard or key exists (the session builds the same Config again)."""
+    from fedge.algorithms.registry import make_config
+
+    options = {key: value for key, value in config.algorithm.items() if key != "name"}
+    try:
+        make_config(config.algorithm_name, options)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"[algorithm] {config.algorithm_name}: {exc}") from None
+    return config
+
+
 def resolve_run(args: argparse.Namespace, flags: dict[str, Any]) -> tuple[Config, RunDir, bool]:
     """(config, run directory, resuming?) from --resume, --service or a fresh start."""
     if args.resume:
@@ -55,7 +68,7 @@ def resolve_run(args: argparse.Namespace, flags: dict[str, Any]) -> tuple[Config
             raise ConfigError(f"{args.resume} has no checkpoint.npz to resume from")
         extend = {"run.rounds": args.rounds} if args.rounds else {}
         return load_config(run_dir / "config.toml", args.set, extend), run_dir, True
-    config = load_config(args.config, args.set, flags)
+    config = check_algorithm(load_config(args.config, args.set, flags))
     if args.service:
         if not config.run.run_dir and not args.run_dir:
             raise ConfigError("--service needs --run-dir or run.run_dir")

@@ -61,6 +61,11 @@ def test_start_refuses_an_existing_run_and_a_bad_key(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--set", "train.nope=1"],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert bad.returncode == 2 and "unknown key" in bad.stderr and "Traceback" not in bad.stderr
+    option = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--algorithm", "pfedla",
+                             "--set", "algorithm.max_alpha_change=5", "--run-dir", str(tmp_path / "never")],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert option.returncode == 2 and option.stderr.count("\n") == 1, option.stderr
+    assert "max_alpha_change" in option.stderr and not (tmp_path / "never").exists()
     missing = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--resume", str(tmp_path)],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr
