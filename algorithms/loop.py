@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedge.algorithms.base import LocalStats
+from fedge.algorithms.task import Task, make_task
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
@@ -32,8 +33,11 @@ class TrainSettings:
     optimizer: str = "adam"
     momentum: float = 0.0
     weight_decay: float = 0.0
+    loss: str = "cross_entropy"
+    class_weights: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "class_weights", tuple(float(w) for w in self.class_weights))
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"train.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
@@ -66,10 +70,18 @@ class TrainingCancelled(Exception):
     """Local training was asked to stop between two steps (the agent is shutting down)."""
 
 
+def task_of(settings: TrainSettings, labels: torch.Tensor) -> Task:
+    """The task ``settings.loss`` names, for labels of this dtype."""
+    return make_task(settings.loss, settings.class_weights, targets_are_classes=labels.dtype == torch.int64)
+
+
 def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, labels: torch.Tensor,
-                settings: TrainSettings, seed: int, cancelled: Callable[[], bool] | None = None) -> LocalStats:
+                settings: TrainSettings, seed: int, cancelled: Callable[[], bool] | None = None,
+                task: Task | None = None) -> LocalStats:
     """Run ``settings.epochs`` epochs of minibatch training with the hooks; return what was done. ``cancelled`` is
-    polled between steps: when it returns True, ``TrainingCancelled`` is raised."""
+    polled between steps: when it returns True, ``TrainingCancelled`` is raised. The loss is ``task``'s (default:
+    the one ``settings.loss`` names)."""
+    task = task or task_of(settings, labels)
     prepare = getattr(hooks, "before_training", None)
     if prepare is not None:
         prepare(model, inputs, labels, settings)
@@ -88,7 +100,7 @@ def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, la
             if cancelled is not None and cancelled():
                 raise TrainingCancelled(f"stopped after {steps} steps")
             optimizer.zero_grad(set_to_none=False)
-            loss = F.cross_entropy(model(inputs[batch]), labels[batch])
+            loss = task.loss(model(inputs[batch]), labels[batch])
             extra = hooks.extra_loss(model)
             total = loss if extra is None else loss + extra
             total.backward()

@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fedge.algorithms import fedavg
@@ -48,7 +47,8 @@ from fedge.algorithms.base import (
     model_arrays,
 )
 from fedge.algorithms.base import weights_of as base_weights
-from fedge.algorithms.loop import TrainSettings
+from fedge.algorithms.loop import TrainSettings, task_of
+from fedge.algorithms.task import Task, make_task
 from fedge.codec import TensorGroup
 
 OPTIONS = ("II", "I")
@@ -137,8 +137,10 @@ class Server:
         self.lr = meta.get("lr")
 
 
-def full_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int) -> Arrays:
-    """The gradient of the mean cross-entropy over all local samples at the model's current weights (Option I).
+def full_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int,
+                  task: Task | None = None) -> Arrays:
+    """The gradient of the mean loss over all local samples at the model's current weights (Option I): each batch's
+    mean loss (the task's; default cross-entropy) weighted by its share of the samples.
 
     Runs in training mode like the loop does, and restores every buffer (BatchNorm statistics) afterwards.
     """
@@ -147,9 +149,11 @@ def full_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
     model.train()
     model.zero_grad(set_to_none=True)
     count = int(labels.shape[0])
+    task = task or make_task()
     for start in range(0, count, batch_size):
         logits = model(inputs[start:start + batch_size])
-        (F.cross_entropy(logits, labels[start:start + batch_size], reduction="sum") / max(count, 1)).backward()
+        target = labels[start:start + batch_size]
+        (task.loss(logits, target) * (int(target.shape[0]) / max(count, 1))).backward()
     grads = {name: (p.grad.detach().cpu().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape)))
              for name, p in params.items()}
     model.zero_grad(set_to_none=True)
@@ -194,7 +198,8 @@ class Client(fedavg.Client):
         """Learn this round's eta_l and, for Option I, take the full local gradient at the received x."""
         self.settings_lr = settings.lr
         if self.config.option == "I":
-            self.gradient_at_x = full_gradient(model, inputs, labels, settings.batch_size)
+            self.gradient_at_x = full_gradient(model, inputs, labels, settings.batch_size,
+                                               task_of(settings, labels) if hasattr(settings, "loss") else None)
 
     def freeze(self, frozen: Mapping[str, np.ndarray]) -> None:
         """Coordinates (True) whose c_i stays unchanged this round; called after ``on_receive``."""

@@ -53,6 +53,9 @@ class DataSection:
     classes_per_client: int = 4
     classes_layout: str = "random"
     train_limit: int = 0
+    min_size: int = 10
+    mean: list[float] = field(default_factory=list)
+    std: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,10 @@ class ModelSection:
     pan: str = "off"
     pan_a: float = 0.1
     pan_t: float = 1.0
+    input_shape: list[int] = field(default_factory=list)
+    outputs: int = 0
+    init: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,8 @@ class TrainSection:
     momentum: float = 0.0
     weight_decay: float = 0.0
     device: str = "auto"
+    loss: str = "cross_entropy"
+    class_weights: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,15 @@ def _coerce(section: str, key: str, expected: Any, value: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{section}.{key} must be a string, got {value!r}")
         return value
+    if isinstance(expected, dict):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{section}.{key} must be a table, got {value!r}")
+        return dict(value)
+    if isinstance(expected, list):
+        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                                              for v in value):
+            raise ConfigError(f"{section}.{key} must be a list of numbers, got {value!r}")
+        return list(value)
     return value
 
 
@@ -233,6 +251,19 @@ def validate(config: Config) -> None:
         raise ConfigError("train.device must be auto, cpu or cuda")
     if config.eval.every < 0 or config.eval.personal_every < 0:
         raise ConfigError("eval.every and eval.personal_every must be >= 0")
+    if any(not isinstance(d, int) or d < 1 for d in config.model.input_shape):
+        raise ConfigError(f"model.input_shape must be positive integers, got {config.model.input_shape}")
+    if config.model.outputs < 0:
+        raise ConfigError("model.outputs must be >= 1 (0: taken from the data)")
+    if len(config.data.mean) != len(config.data.std):
+        raise ConfigError("data.mean and data.std need the same number of values (one per channel)")
+    if any(s <= 0 for s in config.data.std):
+        raise ConfigError("data.std values must be > 0")
+    if config.data.min_size < 0:
+        raise ConfigError("data.min_size must be >= 0")
+    if not config.data.dataset and not config.fleet.bind:
+        raise ConfigError("a local fleet trains on a data set: set data.dataset (only a session bound for real "
+                          "devices, fleet.bind, may have none)")
 
 
 def to_toml(config: Config) -> str:

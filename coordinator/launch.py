@@ -1,7 +1,7 @@
 """``coordinator start``: turn a configuration into a running session, and finish it.
 
-Resolves the run directory (new, resumed, or service mode), loads the dataset for evaluation, writes the local
-fleet's shards and keys, binds the transport (CurveZMQ on by default for non-loopback binds), starts the local
+Checks the whole configuration first (``coordinator.plan``: nothing is written before it passes), resolves the run
+directory (new, resumed, or service mode), writes the local fleet's shards and keys, binds the transport (CurveZMQ on by default for non-loopback binds), starts the local
 agents, plays the session, and writes the final model, its ONNX export and report.json. Ctrl-C or SIGTERM finishes
 cleanly: the last completed round is already checkpointed. Knows no algorithm by name.
 """
@@ -23,6 +23,7 @@ import numpy as np
 
 from fedge.coordinator.config import Config, ConfigError, load_config, to_toml
 from fedge.coordinator.fleet import AgentSpec, LocalFleet, agent_id
+from fedge.coordinator.plan import SessionPlan, plan_session
 from fedge.coordinator.rundir import RunDir, save_arrays
 from fedge.coordinator.session import Session
 from fedge.coordinator.transport import (
@@ -47,51 +48,34 @@ def is_loopback(bind: str) -> bool:
     return bind.startswith(("ipc://", "inproc://")) or host.startswith(LOOPBACK_HOSTS)
 
 
-def check_algorithm(config: Config) -> Config:
-    """Build the algorithm's Config from [algorithm] now, so that a bad option is refused in one line before any
-    run directory, shard or key exists (the session builds the same Config again)."""
-    from fedge.algorithms.registry import make_config
-
-    options = {key: value for key, value in config.algorithm.items() if key != "name"}
-    try:
-        make_config(config.algorithm_name, options)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ConfigError(f"[algorithm] {config.algorithm_name}: {exc}") from None
-    return config
-
-
-def resolve_run(args: argparse.Namespace, flags: dict[str, Any]) -> tuple[Config, RunDir, bool]:
-    """(config, run directory, resuming?) from --resume, --service or a fresh start."""
+def resolve_run(args: argparse.Namespace, flags: dict[str, Any]) -> tuple[SessionPlan, Path, bool]:
+    """(checked plan, run directory path, resuming?) from --resume, --service or a fresh start; nothing is written."""
     if args.resume:
-        run_dir = RunDir(args.resume)
-        if not run_dir.checkpoint.exists():
+        path = Path(args.resume)
+        if not (path / "checkpoint.npz").exists():
             raise ConfigError(f"{args.resume} has no checkpoint.npz to resume from")
         extend = {"run.rounds": args.rounds} if args.rounds else {}
-        return load_config(run_dir / "config.toml", args.set, extend), run_dir, True
-    config = check_algorithm(load_config(args.config, args.set, flags))
+        return plan_session(load_config(path / "config.toml", args.set, extend)), path, True
+    config = load_config(args.config, args.set, flags)
     if args.service:
         if not config.run.run_dir and not args.run_dir:
             raise ConfigError("--service needs --run-dir or run.run_dir")
-        run_dir = RunDir(args.run_dir or config.run.run_dir)
-        if run_dir.checkpoint.exists():
-            return load_config(run_dir / "config.toml", args.set, flags), run_dir, True
-        return config, run_dir, False
-    path = config.run.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.algorithm_name}"
-    if (Path(path) / "checkpoint.npz").exists():
+        path = Path(args.run_dir or config.run.run_dir)
+        if (path / "checkpoint.npz").exists():
+            return plan_session(load_config(path / "config.toml", args.set, flags)), path, True
+        return plan_session(config), path, False
+    plan = plan_session(config)
+    path = Path(config.run.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.algorithm_name}")
+    if (path / "checkpoint.npz").exists():
         raise ConfigError(f"{path} already holds a run: use --resume {path} or another --run-dir")
-    return config, RunDir(path), False
+    return plan, path, False
 
 
-def load_dataset_for(config: Config) -> Any:
-    from fedge.fldata import load_dataset
-
-    return load_dataset(config.data.dataset, config.data.path or None)
-
-
-def prepare_local_fleet(config: Config, run_dir: RunDir, dataset: Any) -> list[AgentSpec]:
+def prepare_local_fleet(plan: SessionPlan, run_dir: RunDir) -> list[AgentSpec]:
     """Write one shard per agent (once; a resumed run reuses them) and return the agents to start."""
-    from fedge.fldata import partition, write_shard
+    from fedge.fldata import write_shard
 
+    config = plan.config
     count = config.fleet.local_agents
     clients = config.data.clients or count
     if clients != count:
@@ -100,10 +84,7 @@ def prepare_local_fleet(config: Config, run_dir: RunDir, dataset: Any) -> list[A
     shards = [data_dir / f"client-{i:03d}.npz" for i in range(count)]
     if not all(s.exists() for s in shards):
         data_dir.mkdir(parents=True, exist_ok=True)
-        parts = partition(dataset, config.data.partition, clients, seed=config.run.seed, alpha=config.data.alpha,
-                          classes_per_client=config.data.classes_per_client,
-                          classes_layout=config.data.classes_layout)
-        for shard, path in zip(parts, shards, strict=True):
+        for shard, path in zip(plan.shards, shards, strict=True):
             write_shard(path, shard)
     return [AgentSpec(agent_id(i), shards[i], run_dir.path / "agents" / agent_id(i)) for i in range(count)]
 
@@ -185,58 +166,70 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
 
 
 def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
-    config, run_dir, resuming = resolve_run(args, flags)
+    plan, path, resuming = resolve_run(args, flags)
+    run_dir = RunDir(path)
     setup_logging(json_lines=args.log_json, log_file=str(run_dir / "coordinator.log"),
                   quiet=not getattr(args, "verbose", False))  # the progress lines are the live display
+    report = play(plan, run_dir, resuming, quiet=args.quiet, service=args.service)
+    if report["status"] == "done":
+        acc = report["final_test_accuracy"]
+        written = ", ".join(["metrics.jsonl", "clients.jsonl", "report.json",
+                             *[name for name in report["files"].values() if name]])
+        print(f"done: {report['rounds_completed']} rounds, final test accuracy "
+              f"{'n/a' if acc is None else f'{100 * acc:.2f}%'}; results in {run_dir.path}/ ({written})", flush=True)
+        return 0
+    print(f"stopped at round {report['rounds_completed']}; resume with: coordinator start --resume {run_dir.path}",
+          flush=True)
+    return 0 if report["status"] == "stopped" else 1
+
+
+def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
+         service: bool = False) -> dict[str, Any]:
+    """Run a checked session to its end (or until stopped) and return its report (report.json's content)."""
+    config = plan.config
     if not resuming:
         run_dir.write_text("config.toml", to_toml(config))
-    if not args.quiet:
+    if not quiet:
         print(f"# effective configuration ({run_dir / 'config.toml'})\n{to_toml(config)}", flush=True)
-    local = not config.fleet.bind
-    try:
-        dataset = load_dataset_for(config)
-    except Exception as exc:
-        if local:
-            raise
-        log.warning("no test set on the coordinator (%s): test accuracy will be null", exc)
-        dataset = None
-    if dataset is None:
-        raise ConfigError("serving real devices without the dataset is not supported yet: set data.dataset/path")
-    spec = ModelSpec(name=config.model.name, input_shape=tuple(dataset.input_shape),  # type: ignore[arg-type]
-                     num_classes=dataset.num_classes, pan=config.model.pan, pan_a=config.model.pan_a,
-                     pan_t=config.model.pan_t)
+    local = plan.local
+    spec = plan.spec
     bind = config.fleet.bind or "tcp://127.0.0.1:0"
-    agents = prepare_local_fleet(config, run_dir, dataset) if local else []
+    agents = prepare_local_fleet(plan, run_dir) if local else []
     curve, agents = curve_keys(config, run_dir, bind, agents)
     num_clients = len(agents) if local else (config.data.clients or config.fleet.expect)
     if num_clients < 1:
         raise ConfigError("serving real devices needs fleet.expect (or data.clients) >= 1")
     from fedge.coordinator.evaluation import GlobalEvaluator
 
+    evaluator = GlobalEvaluator(plan) if plan.dataset is not None and len(plan.dataset.test_y) else None
     transport = RouterTransport(bind, curve)
     run_dir.write_provenance(config.run.seed, transport.endpoint, {"curve": curve is not None})
-    session = Session(config, run_dir, transport, spec, num_clients, GlobalEvaluator(spec, dataset),
+    session = Session(config, run_dir, transport, spec, num_clients, evaluator,
                       run_id=uuid.uuid4().hex[:12], reserved_ids=[a.client_id for a in agents],
-                      on_round=progress_printer(config, args.quiet))
+                      on_round=progress_printer(config, quiet), initial=plan.initial,
+                      welcome_extra=plan.welcome_extra())
     if resuming:
         session.load_checkpoint()
     else:
         session.save_checkpoint()
     fleet = LocalFleet(transport.endpoint, agents,
                        (Path(config.security.keys_dir or run_dir.path / "keys") / f"{COORDINATOR_KEY}.key")
-                       if curve else None)
+                       if curve else None, allow_plugins=[ref.name for ref in plan.plugins.values()])
 
     def stop(signum: int, _frame: object) -> None:
         log.warning("signal %d: stopping after checkpointing the last completed round", signum)
         session.stopping = True
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
     log.info("coordinator listening on %s (CurveZMQ %s)", transport.endpoint, "on" if curve else "off")
     started = time.monotonic()
     from fedge.edge_agent.service import ServiceNotifier
 
-    with ServiceNotifier(lambda: session.progress) if args.service else contextlib.nullcontext():
+    with ServiceNotifier(lambda: session.progress) if service else contextlib.nullcontext():
         fleet.start()
         outcome = "stopped"
         try:
@@ -250,12 +243,4 @@ def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
         finally:
             fleet.stop(grace_s=10.0 if outcome == "done" else 0.5)  # local agents end with their coordinator
             transport.close()
-    if outcome == "done":
-        acc = report["final_test_accuracy"]
-        written = ", ".join(["metrics.jsonl", "clients.jsonl", "report.json",
-                             *[name for name in report["files"].values() if name]])
-        print(f"done: {session.round} rounds, final test accuracy "
-              f"{'n/a' if acc is None else f'{100 * acc:.2f}%'}; results in {run_dir.path}/ ({written})", flush=True)
-        return 0
-    print(f"stopped at round {session.round}; resume with: coordinator start --resume {run_dir.path}", flush=True)
-    return 0 if outcome == "stopped" else 1
+    return report

@@ -15,6 +15,7 @@ import numpy as np
 
 from fedge import codec
 from fedge.algorithms.base import ClientUpdate
+from fedge.algorithms.task import METRIC_NAMES as EVAL_METRICS
 from fedge.coordinator.config import Config
 from fedge.coordinator.rundir import METER_FIELDS, load_arrays, save_arrays
 from fedge.meter import round_totals, zmtp
@@ -80,6 +81,34 @@ def update_summary(updates: Sequence[ClientUpdate]) -> dict[str, Any]:
     return row
 
 
+def client_evaluation(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """An agent's own evaluation of the model it received, as clients.jsonl fields ``test_*`` (all null when it
+    sent none or sent something malformed)."""
+    found = meta.get("eval")
+    fields: dict[str, Any] = {f"test_{name}": None for name in EVAL_METRICS}
+    if isinstance(found, dict) and isinstance(meta.get("eval_samples"), int):
+        for name in EVAL_METRICS:
+            value = found.get(name)
+            if isinstance(value, float) and np.isfinite(value):
+                fields[f"test_{name}"] = value
+    return fields
+
+
+def agents_evaluation(updates: Sequence[ClientUpdate]) -> tuple[dict[str, float | None], int]:
+    """The sample-weighted mean of the agents' evaluations (weights: their test-split sizes) and the samples."""
+    rows = [(client_evaluation(u.payload.meta), u.payload.meta.get("eval_samples")) for u in updates]
+    rows = [(fields, n) for fields, n in rows if isinstance(n, int) and n > 0 and any(
+        v is not None for v in fields.values())]
+    if not rows:
+        return {}, 0
+    total = sum(n for _, n in rows)
+    means: dict[str, float | None] = {}
+    for name in EVAL_METRICS:
+        values = [(fields[f"test_{name}"], n) for fields, n in rows if fields[f"test_{name}"] is not None]
+        means[name] = (sum(v * n for v, n in values) / sum(n for _, n in values)) if values else None
+    return means, total
+
+
 def welcome_meta(c: Config, spec: ModelSpec, run_id: str, model_hash: str, index: int,
                  capacity: int) -> dict[str, Any]:
     """The session settings a welcome carries: everything an agent needs to build its model and client half."""
@@ -90,7 +119,8 @@ def welcome_meta(c: Config, spec: ModelSpec, run_id: str, model_hash: str, index
         "algorithm": dict(c.algorithm),
         "train": {"epochs": c.train.epochs, "batch_size": c.train.batch_size, "lr": c.train.lr,
                   "optimizer": c.train.optimizer, "momentum": c.train.momentum,
-                  "weight_decay": c.train.weight_decay},
+                  "weight_decay": c.train.weight_decay, "loss": c.train.loss,
+                  "class_weights": list(c.train.class_weights)},
         "data": {"train_limit": c.data.train_limit},
         "heartbeat_s": c.fleet.heartbeat_s, "liveness_s": c.fleet.liveness_s,
     }

@@ -28,6 +28,8 @@ from fedge.coordinator.config import Config
 from fedge.coordinator.messaging import SENDER, Messaging
 from fedge.coordinator.records import (
     agent_record,
+    agents_evaluation,
+    client_evaluation,
     load_checkpoint,
     meter_totals,
     save_checkpoint,
@@ -37,7 +39,7 @@ from fedge.coordinator.records import (
 from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir
 from fedge.coordinator.transport import RouterTransport
 from fedge.meter import attribute_energy
-from fedge.models import ModelSpec, build, definition_hash, state_to_arrays
+from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays
 
 log = logging.getLogger("fedge.coordinator")
 
@@ -59,9 +61,11 @@ class Session(Messaging):
     """One federated session over a transport; ``run()`` plays rounds until done or asked to stop."""
 
     def __init__(self, config: Config, run_dir: RunDir, transport: RouterTransport, spec: ModelSpec,
-                 num_clients: int, evaluator: Callable[[dict[str, np.ndarray]], tuple[float, float]] | None,
+                 num_clients: int, evaluator: Callable[[dict[str, np.ndarray]], dict[str, float | None]] | None,
                  run_id: str, reserved_ids: list[str] | None = None,
-                 on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_round: Callable[[dict[str, Any]], None] | None = None,
+                 initial: dict[str, np.ndarray] | None = None,
+                 welcome_extra: dict[str, Any] | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.transport = transport
@@ -69,6 +73,7 @@ class Session(Messaging):
         self.evaluator = evaluator
         self.run_id = run_id
         self.on_round = on_round
+        self.welcome_extra = dict(welcome_extra or {})
         self.stopping = False
         self.progress = 0
         self.round = 0
@@ -76,6 +81,8 @@ class Session(Messaging):
         self.registry = AgentRegistry(num_clients, config.fleet.liveness_s)
         self.registry.reserve(reserved_ids or [])
         model = build(spec, seed=config.run.seed)
+        if initial is not None:  # model.init: the session starts from saved weights (checked by the plan)
+            arrays_to_state(model, dict(initial), strict=False)
         self.model_hash = definition_hash(spec)
         self.layout = ModelLayout.of(model)
         self.shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -103,7 +110,8 @@ class Session(Messaging):
         log.info("resumed %s at round %d", self.run_dir.path, self.round)
 
     def session_meta(self, index: int) -> dict[str, Any]:
-        return welcome_meta(self.config, self.spec, self.run_id, self.model_hash, index, self.registry.capacity)
+        return {**welcome_meta(self.config, self.spec, self.run_id, self.model_hash, index, self.registry.capacity),
+                **self.welcome_extra}
 
     def pump(self, timeout_ms: int) -> None:
         self.progress += 1
@@ -140,6 +148,7 @@ class Session(Messaging):
             "last_accepted_round": agent.last_accepted_round,
             "deadline_s": max(0.0, current.deadline - time.monotonic()),
             "personal_eval": bool(personal and current.number % personal == 0),
+            "evaluate": self.evaluator is None and self.evaluation_due(current.number),
         }
         task = codec.Task(run_id=self.run_id, round=current.number, sender=SENDER, groups=dict(payload.groups),
                           meta=meta)
@@ -205,7 +214,7 @@ class Session(Messaging):
         row.update(round=number, algorithm=self.config.algorithm_name, selected=len(current.selected),
                    reported=len(updates), dropped=len(missing),
                    bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()))
-        self.evaluate_into(row, number)
+        self.evaluate_into(row, number, updates)
         row.update(update_summary(updates))
         row.update(extra)
         records = [agent_record(update.meta.get("meter"), size, self.transport.curve) for _, (update, size) in ordered]
@@ -217,7 +226,8 @@ class Session(Messaging):
                 **record, "round": number, "client_id": agent.client_id, "client_index": index,
                 "num_samples": update.meta["num_samples"], "bytes_down": current.bytes_down.get(index, 0),
                 "bytes_up": size, "train_loss": update.meta.get("train_loss"),
-                "train_s": update.meta.get("train_s"), "energy_j_share": share})
+                "train_s": update.meta.get("train_s"), "energy_j_share": share,
+                **client_evaluation(update.meta)})
         row.update(meter_totals(records))
         self.round = number
         row["wall_s"] = time.monotonic() - started
@@ -229,18 +239,29 @@ class Session(Messaging):
         self.round_walls.append(row["wall_s"])
         return row
 
-    def evaluate_into(self, row: dict[str, Any], number: int) -> None:
+    def evaluation_due(self, number: int) -> bool:
         every = self.config.eval.every
-        due = every > 0 and (number % every == 0 or number == self.config.run.rounds)
-        if self.evaluator is None or not due:
+        return every > 0 and (number % every == 0 or number == self.config.run.rounds)
+
+    def evaluate_into(self, row: dict[str, Any], number: int, updates: list[ClientUpdate]) -> None:
+        """The round's test metrics: the coordinator's own test set when it has one, else the sample-weighted mean
+        of the agents' evaluations of the model they received this round (``eval_source`` says which)."""
+        if not self.evaluation_due(number):
+            return
+        if self.evaluator is None:
+            metrics, samples = agents_evaluation(updates)
+            if metrics:
+                row.update({f"test_{name}": value for name, value in metrics.items()}, eval_source="agents",
+                           eval_samples=samples)
             return
         arrays = self.server.evaluation_arrays()
         if arrays is not None:
-            row["test_accuracy"], row["test_loss"] = self.evaluator(dict(arrays))
+            row.update({f"test_{name}": value for name, value in self.evaluator(dict(arrays)).items()},
+                       eval_source="coordinator")
         pruned = getattr(self.server, "pruned_evaluation_arrays", None)
         pruned_arrays = pruned() if pruned is not None else None
         if pruned_arrays is not None:
-            row["test_accuracy_pruned"], _ = self.evaluator(dict(pruned_arrays))
+            row["test_accuracy_pruned"] = self.evaluator(dict(pruned_arrays))["accuracy"]
 
     # ----------------------------------------------------------------------------------------- driving
     def write_status(self, phase: str, force: bool = False) -> None:

@@ -2,9 +2,10 @@
 
 The main thread owns the DEALER socket: it says hello (again, whenever the coordinator seems to have gone), sends
 heartbeats, receives tasks, commits and byes. Local training runs in a worker thread so that heartbeats continue
-during a long step. The agent reads only its own shard. Its algorithm's client half is built from the session
-settings in the coordinator's welcome, and its device state is committed in two phases (``edge_agent.state``).
-Must not know any algorithm by name.
+during a long step. The agent reads only its own data (``edge_agent.data``). Its algorithm's client half, model and
+task are built from the session settings in the coordinator's welcome, after the welcome's plugin names have passed
+this device's rule (``fedge.plugins.check_allowed``: nothing the network names is imported otherwise). Its device
+state is committed in two phases (``edge_agent.state``). Must not know any algorithm by name.
 """
 
 from __future__ import annotations
@@ -25,14 +26,17 @@ import fedge
 from fedge import codec
 from fedge.algorithms import make_client
 from fedge.algorithms.base import Payload, model_arrays
-from fedge.algorithms.loop import TrainingCancelled, TrainSettings, evaluate, round_seed, train_local
+from fedge.algorithms.loop import TrainingCancelled, TrainSettings, round_seed, task_of, train_local
+from fedge.algorithms.task import BUILTIN_LOSSES, Task, evaluate_task
 from fedge.edge_agent.config import AgentSettings
+from fedge.edge_agent.data import DeviceData
 from fedge.edge_agent.metering import mask_figures, tcp_peer
 from fedge.edge_agent.state import DeviceState
 from fedge.edge_agent.transport import CurveClientKeys, DealerTransport
-from fedge.fldata import ClientShard, normalize, read_shard
+from fedge.fldata import DataError, normalize
 from fedge.meter import AgentMeter, ParamSnapshot
-from fedge.models import ModelSpec, build, definition_hash
+from fedge.models import MODELS, ModelSpec, build, definition_hash
+from fedge.plugins import PluginError, PluginRef, check_allowed, describe, version_mismatch
 
 log = logging.getLogger("fedge.agent")
 
@@ -60,8 +64,19 @@ class Session:
     model: torch.nn.Module
     client: Any
     train: TrainSettings
+    task: Task
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
     heartbeat_s: float
     liveness_s: float
+
+
+class Refused(Exception):
+    """The welcome asks for something this device will not or cannot do: (code, one-line reason)."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 @dataclass
@@ -79,7 +94,7 @@ class Agent:
         self.parent_pid = parent_pid
         self.stop_requested = threading.Event()
         self.state = DeviceState(settings.state_dir)
-        self.shard: ClientShard = read_shard(settings.data)
+        self.data = DeviceData.open(settings.data)
         self.device = self.pick_device(settings.device)
         self.session: Session | None = None
         self.worker: threading.Thread | None = None
@@ -111,48 +126,108 @@ class Agent:
             run_id=self.session.run_id if self.session else "", round=0, sender=self.settings.client_id,
             fedge_version=fedge.__version__, protocol_version=codec.PROTOCOL_VERSION,
             torch_version=torch.__version__, model_hash="", capabilities=CAPABILITIES,
-            dataset_size=int(self.shard.train_y.shape[0]),
-            meta={"device": str(self.device), "input_shape": list(self.shard.train_x.shape[1:]),
-                  "num_classes": self.shard.num_classes}))
+            dataset_size=int(self.data.train_y.shape[0]),
+            meta={"device": str(self.device), "input_shape": list(self.data.sample_shape),
+                  "num_classes": self.data.num_outputs}))
 
     def on_welcome(self, transport: DealerTransport, welcome: codec.Welcome) -> None:
         meta = dict(welcome.meta)
-        if self.session is not None and self.session.run_id == meta["run_id"] and \
-                self.session.index == meta["client_index"]:
+        if self.session is not None and self.session.run_id == meta.get("run_id") and \
+                self.session.index == meta.get("client_index"):
             log.info("coordinator welcomed us back (run %s, round %d)", welcome.run_id, welcome.round)
             return
+        try:
+            self.session = self.join(meta)
+        except Refused as refusal:
+            self.fail(transport, refusal.code, str(refusal))
+            return
+        except (KeyError, TypeError, ValueError) as exc:
+            self.fail(transport, "bad-welcome", f"the welcome is incomplete or malformed: {type(exc).__name__}: {exc}")
+            return
+        self.begin_session(self.session)
+
+    def check_plugins(self, meta: dict[str, Any], spec: ModelSpec, loss: str) -> None:
+        """Every plugin the welcome names must pass this device's rule before anything is imported, and match the
+        coordinator's distribution and version unless the device allows a mismatch."""
+        described = meta.get("plugins") or {}
+        named = [(kind, name) for kind, name in (("model", spec.name), ("loss", loss))
+                 if name not in (MODELS if kind == "model" else BUILTIN_LOSSES)]
+        for kind, name in named:
+            try:
+                check_allowed(kind, name, self.settings.allow_plugins)
+                here = describe(kind, name)
+            except PluginError as exc:
+                raise Refused("plugin-refused", str(exc)) from None
+            if self.settings.allow_plugin_mismatch:
+                continue
+            if kind not in described:
+                raise Refused("plugin-mismatch", f"the welcome does not describe the {kind} plugin {name!r}")
+            problem = version_mismatch(PluginRef.from_dict(described[kind]), here)
+            if problem:
+                raise Refused("plugin-mismatch", problem)
+
+    def join(self, meta: dict[str, Any]) -> Session:
+        """The session the welcome describes, built after every check; Refused naming what does not fit."""
         spec = ModelSpec.from_dict(meta["model"])
-        shape = tuple(self.shard.train_x.shape[1:])
-        if shape != spec.input_shape or self.shard.num_classes != spec.num_classes:
-            self.fail(transport, "data-mismatch", f"this device's data is {shape} with {self.shard.num_classes} "
-                      f"classes; the session's model wants {spec.input_shape} with {spec.num_classes}")
-            return
-        if definition_hash(spec) != meta["model_hash"]:
-            self.fail(transport, "model-mismatch", "this agent builds the model differently from the coordinator "
-                      "(different Fedge or torch versions?)")
-            return
-        model = build(spec, seed=int(meta["seed"])).to(self.device)
+        train = TrainSettings(**meta["train"])
+        self.check_plugins(meta, spec, train.loss)
+        data = self.data
+        if data.sample_shape != spec.input_shape or data.num_outputs != spec.num_classes:
+            kind = "targets" if data.has_targets else "classes"
+            raise Refused("data-mismatch", f"this device's data is {data.sample_shape} with {data.num_outputs} "
+                          f"{kind}; the session's model wants {spec.input_shape} with {spec.num_classes} outputs")
+        normalization = meta.get("normalization") or {}
+        mean = tuple(normalization.get("mean") or data.mean or ())
+        std = tuple(normalization.get("std") or data.std or ())
+        if not mean:
+            raise Refused("no-normalization", "this device's data comes from a callable and the session carries "
+                          "no normalisation: set data.mean and data.std on the coordinator")
+        try:
+            if definition_hash(spec) != meta["model_hash"]:
+                raise Refused("model-mismatch", "this agent builds the model differently from the coordinator "
+                              "(different Fedge, torch or plugin versions?)")
+            model = build(spec, seed=int(meta["seed"])).to(self.device)
+            task = task_of(train, torch.from_numpy(data.train_y[:1]))
+        except (PluginError, ValueError) as exc:
+            raise Refused("model-failed", f"cannot build the session's model or loss here: {exc}") from None
         algorithm = dict(meta["algorithm"])
         name = algorithm.pop("name")
         client = make_client(name, algorithm, int(meta["client_index"]))
-        train = TrainSettings(**meta["train"])
-        self.session = Session(run_id=meta["run_id"], index=int(meta["client_index"]), meta=meta, model=model,
-                               client=client, train=train, heartbeat_s=float(meta["heartbeat_s"]),
-                               liveness_s=float(meta["liveness_s"]))
-        limit = int(meta.get("data", {}).get("train_limit", 0))
-        count = self.shard.train_y.shape[0] if limit <= 0 else min(limit, self.shard.train_y.shape[0])
-        self.inputs = torch.from_numpy(normalize(self.shard.train_x[:count], self.shard.mean,
-                                                 self.shard.std)).to(self.device)
-        self.labels = torch.from_numpy(self.shard.train_y[:count].astype(np.int64)).to(self.device)
-        self.test_inputs = torch.from_numpy(normalize(self.shard.test_x, self.shard.mean,
-                                                      self.shard.std)).to(self.device)
-        self.test_labels = torch.from_numpy(self.shard.test_y.astype(np.int64)).to(self.device)
-        sizes = [train.batch_size] + ([count % train.batch_size] if count % train.batch_size else [])
-        self.meter.prepare_training(model, spec.input_shape, sizes)
+        session = Session(run_id=meta["run_id"], index=int(meta["client_index"]), meta=meta, model=model,
+                          client=client, train=train, task=task, mean=tuple(float(v) for v in mean),
+                          std=tuple(float(v) for v in std), heartbeat_s=float(meta["heartbeat_s"]),
+                          liveness_s=float(meta["liveness_s"]))
+        self.load_tensors(session, data)
+        batch = min(2, int(self.labels.shape[0]))
+        try:
+            with torch.no_grad():
+                model.eval()
+                task.check(model(self.inputs[:batch]), self.labels[:batch])
+        except ValueError as exc:
+            raise Refused("data-mismatch", str(exc)) from None
+        return session
+
+    def load_tensors(self, session: Session, data: DeviceData) -> None:
+        """The device's arrays as normalised tensors (the session's statistics), on the training device."""
+        limit = int(session.meta.get("data", {}).get("train_limit", 0))
+        count = data.train_y.shape[0] if limit <= 0 else min(limit, data.train_y.shape[0])
+        try:
+            self.inputs = torch.from_numpy(normalize(data.train_x[:count], session.mean, session.std)).to(self.device)
+            self.test_inputs = torch.from_numpy(normalize(data.test_x, session.mean, session.std)).to(self.device)
+        except DataError as exc:
+            raise Refused("data-mismatch", f"cannot normalise this device's data: {exc}") from None
+        self.labels = torch.from_numpy(np.ascontiguousarray(data.train_y[:count])).to(self.device)
+        self.test_labels = torch.from_numpy(np.ascontiguousarray(data.test_y)).to(self.device)
+
+    def begin_session(self, session: Session) -> None:
+        count = int(self.labels.shape[0])
+        batch_size = session.train.batch_size
+        sizes = [batch_size] + ([count % batch_size] if count % batch_size else [])
+        self.meter.prepare_training(session.model, tuple(self.inputs.shape[1:]), sizes)
         with contextlib.suppress(RuntimeError):  # a window is already open after a re-welcome
             self.meter.begin_round(0)
-        log.info("joined run %s as client %d: %s with %s, %d samples on %s", meta["run_id"], self.session.index,
-                 spec.name, name, count, self.device)
+        log.info("joined run %s as client %d: %s with %s, %d samples on %s", session.run_id, session.index,
+                 session.meta["model"]["name"], session.meta["algorithm"]["name"], count, self.device)
 
     def fail(self, transport: DealerTransport, code: str, reason: str) -> None:
         log.error("%s: %s", code, reason)
@@ -180,6 +255,11 @@ class Agent:
         meter = self.meter
         try:
             meta = dict(task.meta)
+            if self.settings.data_refresh == "every-task" and self.data.from_callable:
+                self.data = self.data.refresh()
+                if self.data.sample_shape != tuple(self.inputs.shape[1:]):
+                    raise ValueError(f"the data callable now returns samples shaped {self.data.sample_shape}")
+                self.load_tensors(session, self.data)
             with meter.phase("receive"):
                 self.state.discard_unconfirmed(session.run_id, int(meta.get("last_accepted_round", 0)))
                 session.client.load_state_dict(self.state.committed(session.run_id))
@@ -188,14 +268,18 @@ class Agent:
             after_training = bool(getattr(session.client, "inference_after_training", False))
             inference = None if after_training else model_arrays(session.model)
             extra: dict[str, Any] = {}
-            if meta.get("personal_eval") and self.test_labels.numel():
-                extra["personal_accuracy"], _ = evaluate(session.model, self.test_inputs, self.test_labels)
+            if (meta.get("personal_eval") or meta.get("evaluate")) and self.test_labels.numel():
+                metrics = evaluate_task(session.model, self.test_inputs, self.test_labels, session.task)
+                if meta.get("evaluate"):  # the session has no test set of its own: the agents' evaluations stand in
+                    extra["eval"], extra["eval_samples"] = metrics, int(self.test_labels.shape[0])
+                if meta.get("personal_eval") and metrics["accuracy"] is not None:
+                    extra["personal_accuracy"] = metrics["accuracy"]
             started = time.monotonic()
             seed = round_seed(int(session.meta["seed"]), task.round, session.index)
             with meter.phase("train"):
                 snapshot = ParamSnapshot(session.model)
                 stats = train_local(session.model, session.client, self.inputs, self.labels, session.train, seed,
-                                    cancelled=self.stop_requested.is_set)
+                                    cancelled=self.stop_requested.is_set, task=session.task)
             train_s = time.monotonic() - started
             t = session.train
             claim, densities = mask_figures(session.client, session.model)
@@ -231,7 +315,7 @@ class Agent:
         """What ``edge-agent predict`` needs beside the weights: the model spec and hash, the normalisation the
         device trained with, and the algorithm."""
         return {"model": dict(session.meta["model"]), "model_hash": session.meta["model_hash"],
-                "mean": [float(x) for x in self.shard.mean], "std": [float(x) for x in self.shard.std],
+                "mean": list(session.mean), "std": list(session.std),
                 "algorithm": session.meta["algorithm"]["name"]}
 
     def close_meter_window(self, round_number: int) -> dict[str, Any]:

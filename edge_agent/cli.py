@@ -30,7 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="TOML file with [agent] and [security] sections")
     run.add_argument("--coordinator", help="the coordinator's address, e.g. tcp://192.0.2.10:5555")
     run.add_argument("--client-id", help="this device's stable id")
-    run.add_argument("--data", help="this device's shard (.npz written by `coordinator partition --out`)")
+    run.add_argument("--data", help="this device's shard (.npz written by `coordinator partition --out`) or a data "
+                     "callable package.module:callable")
+    run.add_argument("--allow-plugin", action="append", default=None, metavar="NAME",
+                     help="a plugin name the coordinator may name that this agent will import (repeatable; "
+                     "adds to agent.allow_plugins)")
     run.add_argument("--state-dir", help="where device state is kept (default ~/.local/state/fedge-agent/ID)")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"))
     run.add_argument("--curve", choices=("on", "off"), help="CurveZMQ encryption and authentication")
@@ -62,7 +66,7 @@ def run_agent(args: argparse.Namespace) -> int:
         "coordinator": args.coordinator, "client_id": args.client_id, "data": args.data,
         "state_dir": args.state_dir, "device": args.device, "curve": args.curve, "keys_dir": args.keys_dir,
         "coordinator_public_key": args.coordinator_key,
-    })
+    }, extra_plugins=args.allow_plugin or [])
     import torch
 
     from fedge.edge_agent.lightdynamo import install

@@ -1,7 +1,8 @@
 """The agent's settings: where the coordinator is, who this device is, where its data and state live, its keys.
 
-Read from a TOML file (``[agent]`` and ``[security]``; unknown keys are an error) and overridden by command-line
-flags. Must not import torch, transports or algorithms.
+Read from a TOML file (``[agent]``, ``[data]`` and ``[security]``; unknown keys are an error) and overridden by
+command-line flags. ``agent.data`` is a shard path or a data callable ``package.module:callable``;
+``agent.allow_plugins`` lists the plugin names the coordinator's welcome may name that this device will import. Must not import torch, transports or algorithms.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class AgentSettings:
     coordinator_public_key: str = ""
     hello_interval_s: float = 3.0
     energy: str = "auto"
+    allow_plugins: tuple[str, ...] = ()
+    allow_plugin_mismatch: bool = False
+    data_refresh: str = "once"
 
     def validate(self) -> None:
         if not self.coordinator:
@@ -39,17 +43,25 @@ class AgentSettings:
             raise ValueError("agent.data is required: the path of this device's shard (.npz)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError("agent.device must be auto, cpu or cuda")
+        if self.data_refresh not in ("once", "every-task"):
+            raise ValueError(f"data.refresh must be once or every-task, got {self.data_refresh!r}")
+        if not isinstance(self.allow_plugins, tuple) or not all(isinstance(n, str) for n in self.allow_plugins):
+            raise ValueError("agent.allow_plugins must be a list of plugin names")
+        if not isinstance(self.allow_plugin_mismatch, bool):
+            raise ValueError("agent.allow_plugin_mismatch must be true or false")
         if self.curve not in ("on", "off"):
             raise ValueError("security.curve must be on or off")
         if self.curve == "on" and not (self.keys_dir and self.coordinator_public_key):
             raise ValueError("with security.curve = on, set security.keys_dir and security.coordinator_public_key")
 
 
-AGENT_KEYS = {"coordinator", "client_id", "data", "state_dir", "device", "hello_interval_s", "energy"}
+AGENT_KEYS = {"coordinator", "client_id", "data", "state_dir", "device", "hello_interval_s", "energy",
+              "allow_plugins", "allow_plugin_mismatch"}
+DATA_KEYS = {"refresh"}
 SECURITY_KEYS = {"curve", "keys_dir", "coordinator_public_key"}
 
 
-def load_settings(path: str | None, overrides: dict[str, Any]) -> AgentSettings:
+def load_settings(path: str | None, overrides: dict[str, Any], extra_plugins: list[str] | None = None) -> AgentSettings:
     values: dict[str, Any] = {}
     if path:
         try:
@@ -58,16 +70,18 @@ def load_settings(path: str | None, overrides: dict[str, Any]) -> AgentSettings:
             raise ValueError(f"config file not found: {path}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{path} is not valid TOML: {exc}") from exc
-        unknown_sections = set(raw) - {"agent", "security"}
+        unknown_sections = set(raw) - {"agent", "data", "security"}
         if unknown_sections:
-            raise ValueError(f"unknown section(s) {sorted(unknown_sections)} in {path}; known: agent, security")
-        for section, allowed in (("agent", AGENT_KEYS), ("security", SECURITY_KEYS)):
+            raise ValueError(f"unknown section(s) {sorted(unknown_sections)} in {path}; known: agent, data, security")
+        for section, allowed in (("agent", AGENT_KEYS), ("data", DATA_KEYS), ("security", SECURITY_KEYS)):
             table = raw.get(section, {})
             bad = set(table) - allowed
             if bad:
                 raise ValueError(f"unknown key(s) {sorted(bad)} in [{section}] of {path}; known: {sorted(allowed)}")
-            values.update(table)
+            values.update({f"data_{k}" if section == "data" else k: v for k, v in table.items()})
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if isinstance(values.get("allow_plugins", []), list):
+        values["allow_plugins"] = tuple([*values.get("allow_plugins", []), *(extra_plugins or [])])
     known = {f.name for f in fields(AgentSettings)}
     settings = replace(AgentSettings(), **{k: v for k, v in values.items() if k in known})
     if not settings.state_dir:

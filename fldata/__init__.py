@@ -9,8 +9,8 @@ numpy only (scipy for SVHN, imported when needed). This package must not import 
 Fedge package; a test checks it. docs/data.md describes the datasets, the partitions and the file format.
 """
 
-from fedge.fldata.dataset import DataError, Dataset, normalize
-from fedge.fldata.loaders import DATASETS, load_dataset
+from fedge.fldata.dataset import DataError, Dataset, channel_stats, normalize
+from fedge.fldata.loaders import DATASETS, USER_SHARDS, dataset_from_arrays, load_dataset
 from fedge.fldata.partition import PARTITIONERS, partition
 from fedge.fldata.shard import ClientShard, read_shard, summary, write_shard
 
@@ -18,8 +18,11 @@ __all__ = [
     "DATASETS",
     "PARTITIONERS",
     "ClientShard",
+    "USER_SHARDS",
     "DataError",
     "Dataset",
+    "channel_stats",
+    "dataset_from_arrays",
     "load_dataset",
     "normalize",
     "partition",

@@ -3,8 +3,10 @@
 Holds `DataError`, `Dataset`, `channel_stats` and `normalize`. Everything else in `fldata` builds on these.
 It must not know about file formats, partitioning or any other Fedge package; numpy only.
 
-Conventions: images are uint8 arrays shaped N x C x H x W, labels are int64 arrays shaped N, and the
-per-channel mean and std are in [0, 1] pixel units (a pixel p counts as p / 255).
+Conventions: features are uint8 or float32 arrays shaped N x (per-sample shape): images N x C x H x W, sensor
+windows N x C x L, tabular rows N x F. Labels are int64 classes shaped N, or float32 targets shaped N x K
+(regression, multi-label). Statistics are per channel, the first per-sample axis (a tabular row's features are its
+channels); for uint8 features they are in [0, 1] units (a value p counts as p / 255).
 """
 
 from __future__ import annotations
@@ -44,23 +46,42 @@ class Dataset:
         check_stats(self.name, self.mean, self.std, self.train_x.shape[1])
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of one image."""
-        c, h, w = self.train_x.shape[1:]
-        return (int(c), int(h), int(w))
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one sample: (C, H, W) for images, (C, L) for sensor windows, (F,) for tabular rows."""
+        return tuple(int(d) for d in self.train_x.shape[1:])
+
+    @property
+    def has_targets(self) -> bool:
+        """True when labels are float32 targets (N x K) rather than int64 classes."""
+        return bool(self.train_y.dtype == np.float32)
+
+    @property
+    def num_outputs(self) -> int:
+        """What a model must output per sample: one score per class, or one value per target."""
+        return int(self.train_y.shape[1]) if self.has_targets else self.num_classes
 
 
 def check_arrays(where: str, x: np.ndarray, y: np.ndarray, num_classes: int, part: str) -> None:
-    """Raise DataError unless x is uint8 N x C x H x W and y is int64 N with labels in [0, num_classes)."""
-    if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 4:
-        raise DataError(f"{where}: {part} images must be a uint8 array N x C x H x W, got {_describe(x)}")
-    if not isinstance(y, np.ndarray) or y.dtype != np.int64 or y.ndim != 1:
-        raise DataError(f"{where}: {part} labels must be an int64 array of length N, got {_describe(y)}")
-    if len(x) != len(y):
-        raise DataError(f"{where}: {len(x)} {part} images but {len(y)} {part} labels")
+    """Raise DataError unless x is uint8 or float32 N x ... (at least one axis per sample, float32 finite) and y is
+    int64 N with labels in [0, num_classes), or float32 N x num_classes finite targets."""
+    if not isinstance(x, np.ndarray) or x.dtype not in (np.uint8, np.float32) or x.ndim < 2:
+        raise DataError(f"{where}: {part} features must be a uint8 or float32 array N x (sample shape), "
+                        f"got {_describe(x)}")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise DataError(f"{where}: num_classes must be a positive integer, got {num_classes!r}")
-    if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+    if x.dtype == np.float32 and not np.isfinite(x).all():
+        raise DataError(f"{where}: {part} features hold NaN or infinite values")
+    if isinstance(y, np.ndarray) and y.dtype == np.float32:
+        if y.ndim != 2 or y.shape[1] != num_classes:
+            raise DataError(f"{where}: {part} targets must be a float32 array N x {num_classes}, got {_describe(y)}")
+        if not np.isfinite(y).all():
+            raise DataError(f"{where}: {part} targets hold NaN or infinite values")
+    elif not isinstance(y, np.ndarray) or y.dtype != np.int64 or y.ndim != 1:
+        raise DataError(f"{where}: {part} labels must be int64 classes of length N or float32 targets N x K, "
+                        f"got {_describe(y)}")
+    if len(x) != len(y):
+        raise DataError(f"{where}: {len(x)} {part} samples but {len(y)} {part} labels")
+    if y.dtype == np.int64 and len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
         raise DataError(
             f"{where}: {part} labels must lie in [0, {num_classes}), found {int(y.min())}..{int(y.max())}"
         )
@@ -76,11 +97,13 @@ def check_stats(where: str, mean: Sequence[float], std: Sequence[float], channel
 
 
 def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Exact per-channel mean and std of uint8 images N x C x H x W, in [0, 1] pixel units.
+    """Exact per-channel (axis 1) mean and std of N x C x ... features: uint8 in [0, 1] units, float32 as stored.
 
-    Counts pixel values with a histogram, so it needs no float copy of the data. A channel with no
-    spread (or an empty array) gets std 1.0, so that normalising never divides by zero.
+    uint8 values are counted with a histogram, so no float copy of the data is made; float32 channels are summed in
+    float64. A channel with no spread (or an empty array) gets std 1.0, so that normalising never divides by zero.
     """
+    if x.dtype == np.float32:
+        return _float_stats(x)
     values = np.arange(256, dtype=np.float64) / 255.0
     means: list[float] = []
     stds: list[float] = []
@@ -98,19 +121,38 @@ def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(means), tuple(stds)
 
 
-def normalize(x_uint8: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
-    """(x / 255 - mean) / std per channel, as float32; x is C x H x W or N x C x H x W uint8."""
-    x = np.asarray(x_uint8)
-    if x.dtype != np.uint8:
-        raise DataError(f"normalize expects uint8 pixels, got {x.dtype}")
+def _float_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    means: list[float] = []
+    stds: list[float] = []
+    for c in range(x.shape[1]):
+        values = x[:, c].astype(np.float64).reshape(-1)
+        if values.size == 0:
+            means.append(0.0)
+            stds.append(1.0)
+            continue
+        mean = float(values.mean())
+        std = float(values.std())
+        means.append(mean)
+        stds.append(std if std > 0 else 1.0)
+    return tuple(means), tuple(stds)
+
+
+def normalize(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """Features N x C x ... as float32: uint8 divided by 255, then (x - mean) / std per channel (axis 1); float32
+    standardised as stored. The session's statistics, never a device's own."""
+    x = np.asarray(x)
+    if x.dtype not in (np.uint8, np.float32):
+        raise DataError(f"normalize expects uint8 or float32 features, got {x.dtype}")
     channels = len(mean)
-    if x.ndim not in (3, 4) or x.shape[-3] != channels:
-        raise DataError(f"normalize: array {x.shape} does not have {channels} channels in axis -3")
+    if x.ndim < 2 or x.shape[1] != channels:
+        raise DataError(f"normalize: array {x.shape} does not have {channels} channels in axis 1")
     check_stats("normalize", mean, std, channels)
-    m = np.asarray(mean, dtype=np.float32).reshape(channels, 1, 1)
-    s = np.asarray(std, dtype=np.float32).reshape(channels, 1, 1)
-    out = x.astype(np.float32)
-    out /= np.float32(255.0)
+    shape = (channels, *([1] * (x.ndim - 2)))
+    m = np.asarray(mean, dtype=np.float32).reshape(shape)
+    s = np.asarray(std, dtype=np.float32).reshape(shape)
+    out = x.astype(np.float32)  # always a copy
+    if x.dtype == np.uint8:
+        out /= np.float32(255.0)
     out -= m
     out /= s
     return out

@@ -97,10 +97,10 @@ def load_shard_dir(path: str | None) -> Dataset:
     shards = [read_shard(f) for f in files]
     first = shards[0]
     for f, s in zip(files, shards, strict=True):
-        if s.num_classes != first.num_classes or s.train_x.shape[1:] != first.train_x.shape[1:]:
+        if s.num_classes != first.num_classes or s.train_x.shape[1:] != first.train_x.shape[1:] or \
+                s.train_x.dtype != first.train_x.dtype or s.train_y.dtype != first.train_y.dtype:
             raise DataError(
-                f"{f}: {s.num_classes} classes of {s.train_x.shape[1:]} images, but {files[0]} has "
-                f"{first.num_classes} classes of {first.train_x.shape[1:]} images"
+                f"{f}: {_kind(s)}, but {files[0]} has {_kind(first)}: the shards of one data set must agree"
             )
     train_x = np.concatenate([s.train_x for s in shards])
     if all(s.mean == first.mean and s.std == first.std for s in shards):
@@ -119,5 +119,64 @@ def load_shard_dir(path: str | None) -> Dataset:
     )
 
 
+def _kind(shard: ClientShard) -> str:
+    labels = f"{shard.num_classes} float32 targets" if shard.has_targets else f"{shard.num_classes} classes"
+    return f"{labels} of {shard.train_x.dtype} samples shaped {shard.train_x.shape[1:]}"
+
+
 def _join(shards: list[ClientShard], part: str) -> np.ndarray:
     return np.concatenate([getattr(s, part) for s in shards])
+
+
+ARRAY_KEYS = ("train_x", "train_y", "test_x", "test_y")
+
+
+def dataset_from_arrays(name: str, arrays: object, num_classes: int = 0) -> Dataset:
+    """A Dataset from what a data callable returned: a mapping with ``train_x``, ``train_y`` and optionally
+    ``test_x``, ``test_y`` and ``num_classes``, or a tuple (train_x, train_y[, test_x, test_y]). Statistics are
+    computed from the training part; labels are int64 classes or float32 targets N x K (a float vector N becomes
+    N x 1). DataError naming the problem otherwise."""
+    if isinstance(arrays, tuple) and len(arrays) in (2, 4):
+        arrays = dict(zip(ARRAY_KEYS, arrays, strict=False))
+    if not isinstance(arrays, dict):
+        raise DataError(f"{name}: a data callable must return a dict with train_x and train_y (and optionally "
+                        f"test_x, test_y, num_classes) or a tuple of 2 or 4 arrays, got {type(arrays).__name__}")
+    unknown = set(arrays) - {*ARRAY_KEYS, "num_classes"}
+    if unknown or "train_x" not in arrays or "train_y" not in arrays:
+        raise DataError(f"{name}: a data callable's dict needs train_x and train_y (optional: test_x, test_y, "
+                        f"num_classes); got {sorted(arrays)}")
+    train_x, train_y = _features(name, arrays["train_x"]), _labels(name, arrays["train_y"])
+    if "test_x" in arrays:
+        test_x, test_y = _features(name, arrays["test_x"]), _labels(name, arrays.get("test_y"))
+    else:
+        test_x, test_y = train_x[:0], train_y[:0]
+    classes = int(arrays.get("num_classes", num_classes) or 0)
+    if train_y.dtype == np.float32:
+        classes = int(train_y.shape[1])
+    elif classes <= 0:
+        classes = int(max(train_y.max(initial=-1), test_y.max(initial=-1))) + 1
+    if len(train_x) == 0:
+        raise DataError(f"{name}: the data callable returned no training samples")
+    mean, std = channel_stats(train_x)
+    return Dataset(name=name, train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y,
+                   num_classes=max(classes, 1), mean=mean, std=std)
+
+
+def _features(name: str, x: object) -> np.ndarray:
+    array = np.asarray(x)
+    if array.dtype == np.float64:
+        array = array.astype(np.float32)
+    if array.dtype not in (np.uint8, np.float32) or array.ndim < 2:
+        raise DataError(f"{name}: features must be uint8 or float32 N x (sample shape), got {array.dtype} "
+                        f"{array.shape}")
+    return np.ascontiguousarray(array)
+
+
+def _labels(name: str, y: object) -> np.ndarray:
+    array = np.asarray(y)
+    if array.dtype.kind in "iu":
+        return np.ascontiguousarray(array.astype(np.int64))
+    if array.dtype.kind == "f":
+        array = array.astype(np.float32)
+        return np.ascontiguousarray(array.reshape(-1, 1) if array.ndim == 1 else array)
+    raise DataError(f"{name}: labels must be integer classes or float targets, got {array.dtype}")

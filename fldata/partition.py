@@ -8,6 +8,11 @@ topped up with replacement only beyond that. Feature-shift clients get their tra
 too. The global test set stays the official one (`Dataset.test_x`). This module must not know about files,
 the CLI or any other Fedge package.
 
+Float targets (regression, multi-label): ``iid`` splits them as any data; the label-based schemes (``dirichlet``,
+``classes``, ``dominant``) use as a sample's class the decile of its first target value (`target_strata`: at most
+TARGET_STRATA bins of equal count over the training set, fewer where values repeat), and the personal test splits
+follow the same strata. ``feature-shift`` needs uint8 images.
+
 Random streams: one seed feeds independent numpy streams keyed (seed, STREAM_*, ...), so the assignment,
 the test splits and the transforms never disturb each other.
 """
@@ -25,6 +30,7 @@ from fedge.fldata.shift import apply_shift, draw_shift
 
 PARTITIONERS = ("iid", "dirichlet", "classes", "dominant", "feature-shift")
 MIN_TEST_SIZE = 20
+TARGET_STRATA = 10
 STREAM_ASSIGN, STREAM_TEST, STREAM_SHIFT, STREAM_NOISE = 0, 1, 2, 3
 
 
@@ -45,19 +51,23 @@ def partition(
     clients, seed, min_size = int(clients), int(seed), int(min_size)
     if len(dataset.train_y) == 0:
         raise DataError(f"{dataset.name}: no training samples to partition")
+    if scheme == "feature-shift" and (dataset.train_x.dtype != np.uint8 or len(dataset.input_shape) != 3):
+        raise DataError(f"feature-shift transforms uint8 images (C, H, W); {dataset.name} has "
+                        f"{dataset.train_x.dtype} samples shaped {dataset.input_shape}")
+    train_classes, test_classes, strata = _classes_of(dataset)
     indices, metas = split_indices(
-        dataset.train_y, dataset.num_classes, scheme, clients, np.random.default_rng([seed, STREAM_ASSIGN]),
+        train_classes, strata, scheme, clients, np.random.default_rng([seed, STREAM_ASSIGN]),
         alpha=alpha, classes_per_client=classes_per_client, dominant_classes=dominant_classes,
         classes_layout=classes_layout, min_size=min_size,
     )
     test_rng = np.random.default_rng([seed, STREAM_TEST])
-    test_by_class = [np.flatnonzero(dataset.test_y == c) for c in range(dataset.num_classes)]
+    test_by_class = [np.flatnonzero(test_classes == c) for c in range(strata)]
     total = len(dataset.train_y)
     shards = []
     for i, (idx, meta) in enumerate(zip(indices, metas, strict=True)):
         train_x, train_y = dataset.train_x[idx], dataset.train_y[idx]
         test_idx = personal_test_indices(
-            np.bincount(train_y, minlength=dataset.num_classes), total, len(dataset.test_y), test_by_class, test_rng,
+            np.bincount(train_classes[idx], minlength=strata), total, len(dataset.test_y), test_by_class, test_rng,
         )
         test_x, test_y = dataset.test_x[test_idx], dataset.test_y[test_idx]
         if scheme == "feature-shift":
@@ -72,6 +82,22 @@ def partition(
             partition=scheme, seed=seed, meta={**meta, "min_size": min_size},
         ))
     return shards
+
+
+def _classes_of(dataset: Dataset) -> tuple[np.ndarray, np.ndarray, int]:
+    """(train classes, test classes, count): the labels themselves, or the strata of float targets."""
+    if not dataset.has_targets:
+        return dataset.train_y, dataset.test_y, dataset.num_classes
+    edges = target_strata(dataset.train_y[:, 0])
+    train = np.searchsorted(edges, dataset.train_y[:, 0], side="right").astype(np.int64)
+    test = np.searchsorted(edges, dataset.test_y[:, 0], side="right").astype(np.int64)
+    return train, test, len(edges) + 1
+
+
+def target_strata(values: np.ndarray) -> np.ndarray:
+    """The inner edges of at most TARGET_STRATA equal-count bins of values (duplicates merged)."""
+    quantiles = np.quantile(values.astype(np.float64), np.linspace(0, 1, TARGET_STRATA + 1)[1:-1])
+    return np.unique(quantiles)
 
 
 def personal_test_indices(

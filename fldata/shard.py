@@ -1,8 +1,9 @@
 """One client's data (`ClientShard`), its file format, and the partition summary.
 
 A shard file is an uncompressed .npz (a zip of .npy files, as `np.savez` writes it) holding exactly
-`train_x.npy` (uint8 N x C x H x W), `train_y.npy` (little-endian int64 N), `test_x.npy`, `test_y.npy`,
-and `meta.npy`: a 0-d unicode array holding one JSON object with the keys in `META_KEYS`. docs/data.md
+`train_x.npy` (uint8 or little-endian float32, N x sample shape), `train_y.npy` (little-endian int64 N classes, or
+float32 N x K targets), `test_x.npy`, `test_y.npy`, and `meta.npy`: a 0-d unicode array holding one JSON object with
+the keys in `META_KEYS`. Version 1 is the uint8 / int64 shard; a shard with float32 features or targets is version 2. docs/data.md
 spells the bytes out. `read_shard` checks everything and never unpickles. This module must not know about
 loaders, partitioners or any other Fedge package.
 """
@@ -22,7 +23,8 @@ import numpy as np
 
 from fedge.fldata.dataset import DataError, check_arrays, check_stats
 
-SHARD_FORMAT_VERSION = 1
+SHARD_FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 ARRAY_NAMES = ("train_x", "train_y", "test_x", "test_y")
 META_KEYS = ("format_version", "index", "dataset", "partition", "seed", "num_classes", "mean", "std", "meta")
 
@@ -44,16 +46,26 @@ class ClientShard:
     seed: int
     meta: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def has_targets(self) -> bool:
+        """True when labels are float32 targets N x K (``num_classes`` is then K)."""
+        return bool(self.train_y.dtype == np.float32)
+
     def label_counts(self) -> list[int]:
-        """Training samples per class, one int per class."""
+        """Training samples per class, one int per class (empty for float targets)."""
+        if self.has_targets:
+            return []
         return [int(c) for c in np.bincount(self.train_y, minlength=self.num_classes)]
 
 
 def write_shard(path: str | os.PathLike[str], shard: ClientShard) -> None:
     """Write shard to path as a shard .npz, atomically (a temporary file, then a rename)."""
     target = Path(path)
+    classic = shard.train_x.dtype == np.uint8 and shard.train_y.dtype == np.int64
+    x_dtype = np.dtype(np.uint8) if shard.train_x.dtype == np.uint8 else np.dtype("<f4")
+    y_dtype = np.dtype("<i8") if shard.train_y.dtype == np.int64 else np.dtype("<f4")
     meta = {
-        "format_version": SHARD_FORMAT_VERSION,
+        "format_version": 1 if classic else SHARD_FORMAT_VERSION,
         "index": int(shard.index),
         "dataset": str(shard.dataset),
         "partition": str(shard.partition),
@@ -72,10 +84,10 @@ def write_shard(path: str | os.PathLike[str], shard: ClientShard) -> None:
         with open(tmp, "wb") as f:
             np.savez(
                 f,
-                train_x=np.ascontiguousarray(shard.train_x, dtype=np.uint8),
-                train_y=np.ascontiguousarray(shard.train_y, dtype="<i8"),
-                test_x=np.ascontiguousarray(shard.test_x, dtype=np.uint8),
-                test_y=np.ascontiguousarray(shard.test_y, dtype="<i8"),
+                train_x=np.ascontiguousarray(shard.train_x, dtype=x_dtype),
+                train_y=np.ascontiguousarray(shard.train_y, dtype=y_dtype),
+                test_x=np.ascontiguousarray(shard.test_x, dtype=x_dtype),
+                test_y=np.ascontiguousarray(shard.test_y, dtype=y_dtype),
                 meta=np.array(text),
             )
             f.flush()
@@ -105,14 +117,20 @@ def read_shard(path: str | os.PathLike[str]) -> ClientShard:
         raise DataError(f"{source}: not a readable shard file: {exc}") from None
     meta = _parse_meta(source, meta_array)
     for name in ARRAY_NAMES:
-        want = np.dtype(np.uint8) if name.endswith("_x") else np.dtype("<i8")
-        if arrays[name].dtype != want:
-            raise DataError(f"{source}: {name} must have dtype {want.str}, found {arrays[name].dtype.str}")
+        allowed = ("|u1", "<f4") if name.endswith("_x") else ("<i8", "<f4")
+        if meta["format_version"] == 1:
+            allowed = allowed[:1]
+        if arrays[name].dtype.str not in allowed:
+            raise DataError(f"{source}: {name} must have dtype {' or '.join(allowed)}, found {arrays[name].dtype.str}")
+    for part in ("x", "y"):
+        if arrays[f"train_{part}"].dtype != arrays[f"test_{part}"].dtype:
+            raise DataError(f"{source}: train_{part} is {arrays[f'train_{part}'].dtype} but test_{part} is "
+                            f"{arrays[f'test_{part}'].dtype}")
     where = str(source)
     check_arrays(where, arrays["train_x"], arrays["train_y"], meta["num_classes"], "train")
     check_arrays(where, arrays["test_x"], arrays["test_y"], meta["num_classes"], "test")
     if arrays["test_x"].shape[1:] != arrays["train_x"].shape[1:]:
-        raise DataError(f"{source}: test images {arrays['test_x'].shape[1:]} differ from train images "
+        raise DataError(f"{source}: test samples {arrays['test_x'].shape[1:]} differ from train samples "
                         f"{arrays['train_x'].shape[1:]}")
     check_stats(where, meta["mean"], meta["std"], arrays["train_x"].shape[1])
     return ClientShard(
@@ -143,9 +161,9 @@ def _parse_meta(source: Path, array: np.ndarray) -> dict[str, Any]:
     meta.setdefault("meta", {})
     if sorted(meta) != sorted(META_KEYS):
         raise DataError(f"{source}: meta keys must be {', '.join(META_KEYS)}; found {', '.join(sorted(meta))}")
-    if meta["format_version"] != SHARD_FORMAT_VERSION:
+    if meta["format_version"] not in READABLE_VERSIONS or isinstance(meta["format_version"], bool):
         raise DataError(f"{source}: shard format version {meta['format_version']!r} is not supported "
-                        f"(this reader knows version {SHARD_FORMAT_VERSION})")
+                        f"(this reader knows versions {', '.join(map(str, READABLE_VERSIONS))})")
     kinds: dict[str, type] = {"index": int, "seed": int, "num_classes": int, "dataset": str,
                               "partition": str, "mean": list, "std": list, "meta": dict}
     for key, kind in kinds.items():

@@ -51,18 +51,30 @@ def check_period(spec: PanSpec, width: int) -> None:
 
 
 class PositionEncoding(nn.Module):
-    """e_j = A sin(2 pi T j / J) added (PAN+) or 1 + A sin(...) multiplied (PAN∘), per neuron or channel."""
+    """e_j = A sin(2 pi T j / J) added (PAN+) or 1 + A sin(...) multiplied (PAN∘), per neuron or channel.
 
-    def __init__(self, width: int, spec: PanSpec) -> None:
+    A plugin model opts into PANs by placing ``PositionEncoding(width)`` after a hidden layer's normalisation and
+    before its activation; built without a spec it is off (the identity), and ``models.build`` configures every one
+    from ``model.pan``/``pan_a``/``pan_t``.
+    """
+
+    def __init__(self, width: int, spec: PanSpec | None = None) -> None:
         super().__init__()
-        check_period(spec, width)
+        self.width = int(width)
+        self.configure(spec or PanSpec())
+
+    def configure(self, spec: PanSpec) -> None:
+        """Set the mode and wave (idempotent); a degenerate period for this width is a ValueError."""
+        check_period(spec, self.width)
         self.mode = spec.mode
-        j = torch.arange(width, dtype=torch.float64)
-        wave = spec.a * torch.sin(2 * math.pi * spec.t * j / width)
+        j = torch.arange(self.width, dtype=torch.float64)
+        wave = spec.a * torch.sin(2 * math.pi * spec.t * j / self.width)
         encoding = wave + 1.0 if spec.mode == "mul" else wave
         self.register_buffer("encoding", encoding.to(torch.float32), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "off":
+            return x
         encoding: torch.Tensor = self.encoding  # type: ignore[assignment]  # a registered buffer
         e = encoding.view(1, -1, *([1] * (x.dim() - 2)))
         if self.mode == "add":

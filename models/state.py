@@ -37,10 +37,12 @@ def arrays_to_state(model: nn.Module, arrays: dict[str, np.ndarray], strict: boo
 
 
 def prunable_names(model: nn.Module) -> list[str]:
-    """Weight tensors of Conv and Linear layers (dim >= 2), in module registration order."""
+    """The ``weight`` of every Linear and Conv{1,2,3}d module, in registration order, except modules that set
+    ``fedge_prunable = False``."""
     names = []
     for module_name, module in model.named_modules():
-        if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
+        if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)) and \
+                getattr(module, "fedge_prunable", True) is not False:
             names.append(f"{module_name}.weight" if module_name else "weight")
     return names
 
@@ -50,15 +52,21 @@ def batch_norm_names(model: nn.Module) -> list[str]:
     names: list[str] = []
     for module_name, module in model.named_modules():
         if isinstance(module, _BatchNorm):
-            names.extend(f"{module_name}.{key}" for key in module.state_dict())
+            prefix = f"{module_name}." if module_name else ""
+            names.extend(f"{prefix}{key}" for key in module.state_dict() if "." not in key)
     return names
 
 
 def layer_groups(model: nn.Module) -> dict[str, list[str]]:
-    """State tensors grouped by the module that owns them (a 'layer' for layer-wise aggregation)."""
+    """State tensors grouped by the module that owns them (a 'layer' for layer-wise aggregation): one group per
+    module with parameters of its own, holding its parameters and its own buffers. A buffer of a module without
+    parameters belongs to no layer."""
     groups: dict[str, list[str]] = {}
     for module_name, module in model.named_modules():
-        own = [f"{module_name}.{key}" for key in module.state_dict(keep_vars=True) if "." not in key]
+        if not any(True for _ in module.parameters(recurse=False)):
+            continue
+        prefix = f"{module_name}." if module_name else ""
+        own = [f"{prefix}{key}" for key in module.state_dict(keep_vars=True) if "." not in key]
         if own:
             groups[module_name] = own
     return groups

@@ -16,6 +16,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "fedge": set(PACKAGES) | {"torch", "zmq"},
     "codec": (PACKAGES - {"codec"}) | {"torch", "zmq"},
     "fldata": (PACKAGES - {"fldata"}) | {"torch", "zmq"},
+    "plugins": (PACKAGES - {"plugins"}) | {"torch", "zmq"},
     "models": {"codec", "algorithms", "coordinator", "edge_agent", "meter", "zmq"},
     "algorithms": {"zmq", "coordinator", "edge_agent"},
     "meter": {"codec", "algorithms", "coordinator", "edge_agent"},

@@ -1,0 +1,238 @@
+"""The session plan: every check a configuration must pass, done before anything is written.
+
+``plan_session`` turns a ``Config`` into a ``SessionPlan``: the algorithm's options validated, the data set loaded
+(or none, for a session bound for real devices), the model spec (input shape and outputs from ``[model]`` or the
+data), the plugins the session uses resolved (and, for processes, importable by path), the model built and one
+batch passed through it and the loss, the session's normalisation, and the initial weights of ``model.init``.
+Every problem is a one-line ``ConfigError``; no run directory, shard, key or port exists yet. Knows no algorithm
+by name and imports no transport.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedge.coordinator.config import Config, ConfigError
+from fedge.plugins import PluginError, PluginRef, describe, is_path, load, registered
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """What a checked configuration resolves to; ``Session`` and the local fleet are built from it."""
+
+    config: Config
+    spec: Any                                   # fedge.models.ModelSpec
+    dataset: Any | None                         # fedge.fldata.Dataset, or None: a session without data
+    plugins: dict[str, PluginRef] = field(default_factory=dict)
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    initial: dict[str, np.ndarray] | None = None
+    shards: list[Any] = field(default_factory=list)  # a local fleet's client shards, partitioned in memory
+
+    @property
+    def local(self) -> bool:
+        return not self.config.fleet.bind
+
+    @property
+    def normalization(self) -> dict[str, list[float]] | None:
+        """What the welcome carries, or None (agents then use their shards' partition statistics)."""
+        if self.mean is None or self.std is None:
+            return None
+        return {"mean": list(self.mean), "std": list(self.std)}
+
+    def welcome_extra(self) -> dict[str, Any]:
+        return {"plugins": {kind: ref.as_dict() for kind, ref in self.plugins.items()},
+                "normalization": self.normalization}
+
+
+def check_algorithm(config: Config) -> Config:
+    """Build the algorithm's Config from [algorithm] now, so that a bad option is refused in one line before any
+    run directory, shard or key exists (the session builds the same Config again)."""
+    from fedge.algorithms.registry import make_config
+
+    options = {key: value for key, value in config.algorithm.items() if key != "name"}
+    try:
+        make_config(config.algorithm_name, options)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"[algorithm] {config.algorithm_name}: {exc}") from None
+    return config
+
+
+def is_plugin_data(name: str) -> bool:
+    """True when data.dataset names a data callable rather than a built-in loader."""
+    return is_path(name) or name in registered("data")
+
+
+def load_data(config: Config) -> tuple[Any | None, PluginRef | None]:
+    """The coordinator's data set (None without one) and the data plugin it came from."""
+    from fedge.fldata import DataError, dataset_from_arrays, load_dataset
+
+    name = config.data.dataset
+    if not name:
+        return None, None
+    try:
+        if is_plugin_data(name):
+            ref = describe("data", name, for_processes=False)
+            fn = load(ref)
+            try:
+                arrays = fn()
+            except Exception as exc:
+                raise ConfigError(f"data.dataset {name!r} raised {type(exc).__name__}: {exc}") from None
+            return dataset_from_arrays(name, arrays), ref
+        return load_dataset(name, config.data.path or None), None
+    except (DataError, PluginError) as exc:
+        raise ConfigError(f"data.dataset {name!r}: {exc}") from None
+
+
+def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
+    """Check everything; see the module docstring."""
+    check_algorithm(config)
+    plugins: dict[str, PluginRef] = {}
+    if dataset is None:
+        dataset, data_ref = load_data(config)
+        if data_ref is not None:
+            plugins["data"] = data_ref
+    spec = model_spec(config, dataset)
+    local = not config.fleet.bind
+    try:
+        model_ref = spec.plugin(for_processes=local)
+        if model_ref is not None:
+            plugins["model"] = model_ref
+        if config.train.loss not in ("cross_entropy", "mse", "bce"):
+            plugins["loss"] = describe("loss", config.train.loss, for_processes=local)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from None
+    mean, std = statistics(config, dataset, spec)
+    model = build_checked(config, spec)
+    check_batch(config, spec, model, dataset, mean, std)
+    initial = initial_weights(config, model) if config.model.init else None
+    shards = local_shards(config, dataset) if local else []
+    return SessionPlan(config, spec, dataset, plugins, mean, std, initial, shards)
+
+
+def local_shards(config: Config, dataset: Any) -> list[Any]:
+    """The local fleet's shards, one per agent (checked here; ``launch`` writes them into the run directory)."""
+    from fedge.fldata import DataError, partition
+
+    count = config.fleet.local_agents
+    clients = config.data.clients or count
+    if clients != count:
+        raise ConfigError(f"a local fleet runs one agent per client: data.clients ({clients}) != agents ({count})")
+    try:
+        return partition(dataset, config.data.partition, clients, seed=config.run.seed, alpha=config.data.alpha,
+                         classes_per_client=config.data.classes_per_client,
+                         classes_layout=config.data.classes_layout, min_size=config.data.min_size)
+    except DataError as exc:
+        raise ConfigError(f"data.partition {config.data.partition!r}: {exc}") from None
+
+
+def model_spec(config: Config, dataset: Any | None) -> Any:
+    from fedge.models import ModelSpec
+
+    m = config.model
+    shape = tuple(m.input_shape) or (tuple(dataset.input_shape) if dataset is not None else ())
+    outputs = m.outputs or (dataset.num_outputs if dataset is not None else 0)
+    if not shape or not outputs:
+        raise ConfigError("a session without data (data.dataset = \"\") needs model.input_shape and model.outputs")
+    if dataset is not None:
+        if m.input_shape and tuple(m.input_shape) != tuple(dataset.input_shape):
+            raise ConfigError(f"model.input_shape {list(m.input_shape)} does not match the data's samples "
+                              f"{list(dataset.input_shape)}")
+        if m.outputs and m.outputs != dataset.num_outputs:
+            raise ConfigError(f"model.outputs = {m.outputs}, but the data has {dataset.num_outputs} "
+                              f"{'targets' if dataset.has_targets else 'classes'}")
+    return ModelSpec(name=m.name, input_shape=tuple(int(d) for d in shape), num_classes=int(outputs), pan=m.pan,
+                     pan_a=m.pan_a, pan_t=m.pan_t, options=dict(m.options))
+
+
+def statistics(config: Config, dataset: Any | None, spec: Any) -> tuple[tuple[float, ...] | None,
+                                                                         tuple[float, ...] | None]:
+    channels = spec.input_shape[0]
+    if config.data.mean:
+        if len(config.data.mean) != channels:
+            raise ConfigError(f"data.mean has {len(config.data.mean)} values; the samples have {channels} channels")
+        return tuple(float(v) for v in config.data.mean), tuple(float(v) for v in config.data.std)
+    if dataset is None:
+        return None, None
+    return tuple(dataset.mean), tuple(dataset.std)
+
+
+def build_checked(config: Config, spec: Any) -> Any:
+    from fedge.models import build
+
+    try:
+        return build(spec, seed=config.run.seed)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"model {spec.name!r}: {exc}") from None
+
+
+def check_batch(config: Config, spec: Any, model: Any, dataset: Any | None, mean: Any, std: Any) -> None:
+    """One batch through the model and the loss: the output must fit the labels."""
+    import torch
+
+    from fedge.algorithms.task import make_task
+    from fedge.fldata import normalize
+
+    classes = dataset is None or not dataset.has_targets
+    if dataset is None:
+        classes = config.train.loss == "cross_entropy"
+    try:
+        task = make_task(config.train.loss, config.train.class_weights, targets_are_classes=classes)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if dataset is not None:
+        count = min(len(dataset.train_y), 8)
+        x = normalize(dataset.train_x[:count], mean, std)
+        y = torch.from_numpy(np.ascontiguousarray(dataset.train_y[:count]))
+    else:
+        count = 2
+        x = np.zeros((count, *spec.input_shape), np.float32)
+        y = (torch.zeros(count, dtype=torch.int64) if task.kind == "classification"
+             else torch.zeros((count, spec.num_classes), dtype=torch.float32))
+    try:
+        with torch.no_grad():
+            model.eval()
+            outputs = model(torch.from_numpy(x))
+    except Exception as exc:
+        raise ConfigError(f"model {spec.name!r} fails on a batch of {list(x.shape)}: {type(exc).__name__}: {exc}") \
+            from None
+    if not isinstance(outputs, torch.Tensor) or tuple(outputs.shape) not in ((count, spec.num_classes),):
+        shape = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
+        raise ConfigError(f"model {spec.name!r} outputs {shape} for a batch of {count}; the session needs "
+                          f"({count}, {spec.num_classes}) ({spec.num_classes} outputs)")
+    try:
+        task.check(outputs, y)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if config.train.class_weights and len(config.train.class_weights) != spec.num_classes:
+        raise ConfigError(f"train.class_weights has {len(config.train.class_weights)} values for "
+                          f"{spec.num_classes} classes")
+
+
+def initial_weights(config: Config, model: Any) -> dict[str, np.ndarray]:
+    """``model.init``: a .npz in Fedge's layout (model.npz, checkpoint-style) or a run directory's model.npz,
+    checked against the model's names and shapes."""
+    from fedge.coordinator.rundir import load_arrays
+
+    path = Path(config.model.init)
+    if path.is_dir():
+        path = path / "model.npz"
+    try:
+        arrays, _ = load_arrays(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"model.init {config.model.init}: not a readable Fedge model file ({exc})") from None
+    state = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    float_names = {name for name, t in model.state_dict().items() if t.is_floating_point()}
+    missing = sorted(float_names - set(arrays))
+    unknown = sorted(set(arrays) - set(state))
+    if missing or unknown:
+        raise ConfigError(f"model.init {path}: does not fit the model: "
+                          + (f"missing {missing[:3]}" if missing else f"unknown tensors {unknown[:3]}"))
+    for name, array in arrays.items():
+        if tuple(array.shape) != state[name]:
+            raise ConfigError(f"model.init {path}: {name} has shape {tuple(array.shape)}, the model {state[name]}")
+    return arrays
