@@ -10,6 +10,7 @@ by name and imports no transport.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,21 @@ def check_algorithm(config: Config) -> Config:
     return config
 
 
+def by_import_path(config: Config) -> Config:
+    """Names registered in code replaced by their import paths, so that agents in other processes (and the saved
+    config.toml, for a resume) name what they can import; a lambda or closure is a one-line error here."""
+    model, loss = config.model.name, config.train.loss
+    try:
+        if model in registered("model"):
+            model = describe("model", model, for_processes=True).target
+        if loss in registered("loss"):
+            loss = describe("loss", loss, for_processes=True).target
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from None
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, name=model),
+                               train=dataclasses.replace(config.train, loss=loss))
+
+
 def is_plugin_data(name: str) -> bool:
     """True when data.dataset names a data callable rather than a built-in loader."""
     return is_path(name) or name in registered("data")
@@ -91,6 +107,7 @@ def load_data(config: Config) -> tuple[Any | None, PluginRef | None]:
 def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     """Check everything; see the module docstring."""
     check_algorithm(config)
+    config = by_import_path(config)
     plugins: dict[str, PluginRef] = {}
     if dataset is None:
         dataset, data_ref = load_data(config)
@@ -166,6 +183,8 @@ def build_checked(config: Config, spec: Any) -> Any:
 
     try:
         return build(spec, seed=config.run.seed)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from None
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"model {spec.name!r}: {exc}") from None
 

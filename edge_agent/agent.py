@@ -89,12 +89,12 @@ class Outcome:
 class Agent:
     """One edge agent; ``run()`` returns a process exit code."""
 
-    def __init__(self, settings: AgentSettings, parent_pid: int | None = None) -> None:
+    def __init__(self, settings: AgentSettings, parent_pid: int | None = None, data: DeviceData | None = None) -> None:
         self.settings = settings
         self.parent_pid = parent_pid
         self.stop_requested = threading.Event()
         self.state = DeviceState(settings.state_dir)
-        self.data = DeviceData.open(settings.data)
+        self.data = data or DeviceData.open(settings.data)
         self.device = self.pick_device(settings.device)
         self.session: Session | None = None
         self.worker: threading.Thread | None = None

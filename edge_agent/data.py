@@ -9,8 +9,10 @@ import torch, transports or algorithms.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +32,11 @@ class DeviceData:
     num_classes: int
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
-    from_callable: bool = False
+    function: Callable[[], Any] | None = None
+
+    @property
+    def from_callable(self) -> bool:
+        return self.function is not None
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -62,6 +68,11 @@ class DeviceData:
             fn = load(describe("data", source))
         except PluginError as exc:
             raise ValueError(f"agent.data: {exc}") from None
+        return cls.from_function(fn, source)
+
+    @classmethod
+    def from_function(cls, fn: Callable[[], Any], source: str) -> DeviceData:
+        """What ``fn()`` returns (a dict or tuple of arrays, ``fldata.dataset_from_arrays``), remembering ``fn``."""
         try:
             returned = fn()
         except Exception as exc:
@@ -70,9 +81,8 @@ class DeviceData:
             data = dataset_from_arrays(source, returned)
         except DataError as exc:
             raise ValueError(f"agent.data: {exc}") from None
-        return cls(source, data.train_x, data.train_y, data.test_x, data.test_y, data.num_classes,
-                   from_callable=True)
+        return cls(source, data.train_x, data.train_y, data.test_x, data.test_y, data.num_classes, function=fn)
 
     def refresh(self) -> DeviceData:
         """The data again (a callable is called again; a shard is what it was)."""
-        return DeviceData.call(self.source) if self.from_callable else self
+        return DeviceData.from_function(self.function, self.source) if self.function is not None else self

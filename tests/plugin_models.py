@@ -102,3 +102,8 @@ def tabular_mlp(input_shape: tuple[int, ...], num_outputs: int, options: dict[st
     for d in input_shape:
         features *= d
     return nn.Sequential(nn.Flatten(), nn.Linear(features, 16), nn.ReLU(), nn.Linear(16, num_outputs))
+
+
+def broken_windows() -> dict[str, Any]:
+    """A data callable that fails, as a sensor reader does when its bus is down."""
+    raise OSError("no I2C device at 0x68")

@@ -17,12 +17,13 @@ FORBIDDEN: dict[str, set[str]] = {
     "codec": (PACKAGES - {"codec"}) | {"torch", "zmq"},
     "fldata": (PACKAGES - {"fldata"}) | {"torch", "zmq"},
     "plugins": (PACKAGES - {"plugins"}) | {"torch", "zmq"},
-    "models": {"codec", "algorithms", "coordinator", "edge_agent", "meter", "zmq"},
-    "algorithms": {"zmq", "coordinator", "edge_agent"},
-    "meter": {"codec", "algorithms", "coordinator", "edge_agent"},
+    "models": {"codec", "algorithms", "coordinator", "edge_agent", "meter", "zmq", "api"},
+    "algorithms": {"zmq", "coordinator", "edge_agent", "api"},
+    "meter": {"codec", "algorithms", "coordinator", "edge_agent", "api"},
+    "coordinator": {"api"},
     "coordinator/transport.py": {"torch", "codec", "algorithms", "models", "fldata", "meter"},
     "edge_agent/transport.py": {"torch", "codec", "algorithms", "models", "fldata", "meter"},
-    "edge_agent": {"coordinator"},
+    "edge_agent": {"coordinator", "api"},
 }
 
 

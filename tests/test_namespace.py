@@ -98,7 +98,7 @@ def test_every_package_folder_is_in_the_package_table() -> None:
         sys.path.remove(str(ROOT / "scripts"))
     mapping = package_dirs()
     folders = {str(p.parent.relative_to(ROOT)) for p in ROOT.glob("*/**/__init__.py")
-               if not {".venv", "build", "tests", ".git"} & set(p.relative_to(ROOT).parts)}
+               if not {".venv", "build", "tests", ".git", "examples"} & set(p.relative_to(ROOT).parts)}
     assert set(mapping.values()) == folders
     assert all(name == "fedge" or name == f"fedge.{folder.replace('/', '.')}" for name, folder in mapping.items())
 

@@ -1,0 +1,127 @@
+"""The functions behind ``fedge.api``: sessions, agents, registrations and loading a run's model.
+
+Each is a thin composition of the runtime's own pieces (``coordinator.plan`` and ``coordinator.launch`` for a
+session, ``edge_agent.agent`` for an agent, ``fedge.plugins`` for registrations), so that the CLI and the API run
+the same code. Must not hold protocol or algorithm logic of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from fedge.coordinator.config import Config, ConfigError, from_dict
+from fedge.coordinator.plan import SessionPlan, plan_session
+from fedge.plugins import register
+
+ModelFactory = Callable[[tuple[int, ...], int, dict[str, Any]], nn.Module]
+
+
+def session_config(**sections: Mapping[str, Any]) -> Config:
+    """A checked session configuration from keyword sections, as in a TOML file: ``run={"rounds": 3}``,
+    ``model={"name": "pkg.mod:factory", "options": {...}}``, ``algorithm={"name": "fedavg"}``; unknown sections or
+    keys are a ``ConfigError`` naming them."""
+    return from_dict({name: dict(values) for name, values in sections.items()})
+
+
+def check_session(config: Config) -> SessionPlan:
+    """Every check ``coordinator start`` makes before writing anything; ``ConfigError`` in one line."""
+    return plan_session(config)
+
+
+def run_session(config: Config, run_dir: str | Path | None = None, quiet: bool = True,
+                resume: bool = False) -> dict[str, Any]:
+    """Run a session (a local fleet of agent processes, or bound for real devices with ``fleet.bind``) to its end
+    and return its report (report.json). ``resume``: continue the run in ``run_dir`` from its checkpoint."""
+    from fedge.coordinator.config import load_config
+    from fedge.coordinator.launch import play
+    from fedge.coordinator.rundir import RunDir
+
+    path = Path(run_dir or config.run.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.algorithm_name}")
+    if resume:
+        if not (path / "checkpoint.npz").exists():
+            raise ConfigError(f"{path} has no checkpoint.npz to resume from")
+        config = load_config(path / "config.toml")
+    elif (path / "checkpoint.npz").exists():
+        raise ConfigError(f"{path} already holds a run: resume it or choose another run_dir")
+    plan = plan_session(config)
+    return play(plan, RunDir(path), resuming=resume, quiet=quiet)
+
+
+def run_agent(coordinator: str, client_id: str, data: str | Callable[[], Any] | Mapping[str, Any],
+              state_dir: str | Path, *, allow_plugins: Sequence[str] = (), allow_plugin_mismatch: bool = False,
+              refresh: str = "once", **settings: Any) -> int:
+    """Run an edge agent in this process until its session ends; returns its exit code (0: done). ``data`` is a
+    shard path, a ``package.module:callable`` name, a callable returning arrays, or the arrays themselves (a dict
+    with train_x, train_y and optionally test_x, test_y, num_classes). Other settings as in the agent's TOML
+    (``curve``, ``keys_dir``, ``coordinator_public_key``, ``device``, ``energy``)."""
+    from dataclasses import replace
+
+    from fedge.edge_agent.agent import Agent
+    from fedge.edge_agent.config import AgentSettings
+    from fedge.edge_agent.data import DeviceData
+
+    source = data if isinstance(data, str) else f"in-process data of {client_id}"
+    agent_settings = replace(AgentSettings(), coordinator=coordinator, client_id=client_id, data=source,
+                             state_dir=str(state_dir), allow_plugins=tuple(allow_plugins),
+                             allow_plugin_mismatch=allow_plugin_mismatch, data_refresh=refresh, **settings)
+    agent_settings.validate()
+    if isinstance(data, str):
+        device_data = DeviceData.open(data)
+    elif callable(data):
+        device_data = DeviceData.from_function(data, source)
+    else:
+        arrays = dict(data)
+        device_data = DeviceData.from_function(lambda: arrays, source)
+    return Agent(agent_settings, data=device_data).run()
+
+
+def register_model(name: str, factory: ModelFactory) -> str:
+    """``model.name = name`` builds ``factory(input_shape, num_outputs, options)``. Returns the import path that
+    agents in other processes will import ("" for a lambda or closure: then a session with processes refuses it)."""
+    return register("model", name, factory)
+
+
+def register_dataset(name: str, loader: Callable[[], Any]) -> str:
+    """``data.dataset = name`` calls ``loader()``, which returns arrays (``fldata.dataset_from_arrays``)."""
+    return register("data", name, loader)
+
+
+def register_loss(name: str, loss: Callable[..., Any]) -> str:
+    """``train.loss = name`` trains with ``loss(outputs, targets)``, a scalar tensor."""
+    return register("loss", name, loss)
+
+
+def load_model(source: str | Path, module: nn.Module) -> nn.Module:
+    """Load a run's final model (a run directory or its model.npz) into ``module``, your own instance of the same
+    architecture; names and shapes must match (ValueError naming the first that does not). Returns ``module`` in
+    eval mode."""
+    import torch
+
+    from fedge.coordinator.rundir import load_arrays
+
+    path = Path(source)
+    if path.is_dir():
+        path = path / "model.npz"
+    try:
+        arrays, _ = load_arrays(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"{path}: not a readable Fedge model file ({exc})") from None
+    state = module.state_dict()
+    unknown = sorted(set(arrays) - set(state))
+    missing = sorted(name for name, t in state.items() if t.is_floating_point() and name not in arrays)
+    if unknown or missing:
+        raise ValueError(f"{path} does not fit this module: "
+                         + (f"unknown tensors {unknown[:3]}" if unknown else f"missing {missing[:3]}"))
+    with torch.no_grad():
+        for name, array in arrays.items():
+            if tuple(state[name].shape) != tuple(array.shape):
+                raise ValueError(f"{path}: {name} has shape {tuple(array.shape)}, the module "
+                                 f"{tuple(state[name].shape)}")
+            state[name].copy_(torch.as_tensor(np.array(array, copy=True)).to(state[name].dtype))
+    return module.eval()

@@ -1,0 +1,206 @@
+"""Bring your own model and data as real processes: the worked example, a bound session whose coordinator has no
+data, agents reading a data callable, the refusals of the no-remote-code rule, and every one-line error."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedge import api
+from fedge.coordinator.config import ConfigError
+from fedge.edge_agent.agent import Agent, Refused
+from fedge.edge_agent.config import AgentSettings
+from fedge.fldata import ClientShard, write_shard
+from tests.e2e import Processes, finished, metrics, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "tabular"
+PLUGIN = "tests.plugin_models:sensor_cnn"
+FAST = ["--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=6.0", "--quiet"]
+
+
+def test_the_worked_example_runs_as_the_readme_says(tmp_path: Path) -> None:
+    pytest.importorskip("sklearn", reason="the examples extra (scikit-learn) is part of the dev install")
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE), str(ROOT)]), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--config",
+                          str(EXAMPLE / "session.toml"), "--set", f"run.run_dir={run_dir}", "--quiet"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads((run_dir / "report.json").read_text())
+    rows = metrics(run_dir)
+    assert report["status"] == "done" and len(rows) == 3 and report["files"]["onnx"] == "model.onnx"
+    assert all(r["eval_source"] == "coordinator" and 0 <= r["test_f1_macro"] <= 1 and r["test_mse"] is None
+               for r in rows)
+    assert rows[-1]["test_accuracy"] > 0.8, rows[-1]
+    clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
+    assert len(clients) == 9 and all("test_accuracy" in c for c in clients)
+    from tests.plugin_models import tabular_mlp  # any module with the same names would do: load into the team's own
+
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from acme_tabular.model import tabular_net
+
+        net = api.load_model(run_dir, tabular_net((30,), 2, {"hidden": 32}))
+        assert not net.training
+        with pytest.raises(ValueError, match="does not fit this module"):
+            api.load_model(run_dir, tabular_mlp((30,), 2, {}))
+    finally:
+        sys.path.remove(str(EXAMPLE))
+
+
+def test_a_bound_session_whose_coordinator_has_no_data(procs: Processes, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the plugin module lives in tests/
+    run_dir = tmp_path / "run"
+    coordinator = procs.coordinator(
+        "--bind", "tcp://127.0.0.1:0", "--expect", "2", "--rounds", "2", "--run-dir", str(run_dir),
+        "--model", PLUGIN, "--algorithm", "fedavg", "--set", "data.dataset=\"\"", "--set", "model.input_shape=[3, 32]",
+        "--set", "model.outputs=3", "--set", "data.mean=[3.0, 3.0, 3.0]", "--set", "data.std=[1.5, 1.5, 1.5]",
+        "--set", "data.clients=2", "--set", "train.lr=0.005", "--set", "security.curve=\"off\"", *FAST)
+    address = wait_for(lambda: (run_dir / "endpoint").exists() and (run_dir / "endpoint").read_text().strip(),
+                       60, "the endpoint file")
+    for i in range(2):
+        procs.agent("--coordinator", address, "--client-id", f"pi-{i}", "--data", "tests.plugin_models:device_windows",
+                    "--state-dir", str(tmp_path / f"state-{i}"), "--allow-plugin", PLUGIN, name=f"agent-{i}")
+    assert finished(coordinator, 180) == 0, procs.output("coordinator") + procs.output("agent-0")
+    rows = metrics(run_dir)
+    assert [r["eval_source"] for r in rows] == ["agents", "agents"], rows
+    assert all(0 <= r["test_accuracy"] <= 1 and r["eval_samples"] == 40 for r in rows)
+    assert not (run_dir / "data").exists(), "the coordinator wrote no data of its own"
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "done" and report["files"]["model"] == "model.npz"
+
+
+def sensor_shard(path: Path, classes: int = 3) -> Path:
+    from tests.plugin_models import sensor_windows
+
+    arrays = sensor_windows(count=60, classes=classes)
+    write_shard(path, ClientShard(index=0, train_x=arrays["train_x"], train_y=arrays["train_y"],
+                                  test_x=arrays["test_x"], test_y=arrays["test_y"], num_classes=classes,
+                                  mean=(3.0,) * 3, std=(1.5,) * 3, dataset="sensor", partition="iid", seed=0))
+    return path
+
+
+def welcome(model: str = PLUGIN, plugins: dict[str, Any] | None = None, loss: str = "cross_entropy") -> dict[str, Any]:
+    from fedge.models import ModelSpec, definition_hash
+
+    spec = ModelSpec(name=model, input_shape=(3, 32), num_classes=3)
+    described = {"model": spec.plugin().as_dict()} if plugins is None and not spec.builtin else (plugins or {})
+    return {"run_id": "r1", "client_index": 0, "num_clients": 1, "seed": 0, "model": spec.as_dict(),
+            "model_hash": definition_hash(spec) if model == PLUGIN else "x", "algorithm": {"name": "fedavg"},
+            "train": {"epochs": 1, "batch_size": 16, "lr": 0.01, "optimizer": "adam", "momentum": 0.0,
+                      "weight_decay": 0.0, "loss": loss, "class_weights": []},
+            "data": {"train_limit": 0}, "heartbeat_s": 1.0, "liveness_s": 5.0, "plugins": described,
+            "normalization": None}
+
+
+def agent(tmp_path: Path, **settings: Any) -> Agent:
+    base = AgentSettings(coordinator="tcp://127.0.0.1:9", client_id="pi", data=str(sensor_shard(tmp_path / "s.npz")),
+                         state_dir=str(tmp_path / "state"))
+    return Agent(AgentSettings(**{**base.__dict__, **settings}))
+
+
+def test_an_agent_imports_only_what_its_own_toml_allows(tmp_path: Path) -> None:
+    sys.modules.pop("tests.plugin_models_unimported", None)
+    with pytest.raises(Refused, match="not in agent.allow_plugins") as info:
+        agent(tmp_path).join(welcome(model="tests.plugin_models_unimported:net", plugins={}))
+    assert info.value.code == "plugin-refused" and "tests.plugin_models_unimported" not in sys.modules
+    with pytest.raises(Refused, match="'os:system' is not installed"):
+        agent(tmp_path, allow_plugins=(PLUGIN,)).join(welcome(loss="os:system"))
+    session = agent(tmp_path, allow_plugins=(PLUGIN,)).join(welcome())
+    assert session.spec_name if hasattr(session, "spec_name") else session.meta["model"]["name"] == PLUGIN
+
+
+def test_a_plugin_version_mismatch_is_refused_unless_allowed(tmp_path: Path) -> None:
+    other = {"model": {"kind": "model", "name": PLUGIN, "target": PLUGIN, "distribution": "acme-sensors",
+                       "version": "2.0"}}
+    with pytest.raises(Refused, match="acme-sensors 2.0 on the coordinator") as info:
+        agent(tmp_path, allow_plugins=(PLUGIN,)).join(welcome(plugins=other))
+    assert info.value.code == "plugin-mismatch"
+    agent(tmp_path, allow_plugins=(PLUGIN,), allow_plugin_mismatch=True).join(welcome(plugins=other))
+
+
+def test_an_entry_point_installed_on_the_device_is_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dist = tmp_path / "site" / "acme_sensors-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-sensors\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[fedge.models]\nsensor-cnn = {PLUGIN}\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    from fedge.plugins import allowed, describe
+
+    assert allowed("model", "sensor-cnn", ()) and allowed("model", PLUGIN, ())
+    ref = describe("model", "sensor-cnn")
+    assert (ref.target, ref.distribution, ref.version) == (PLUGIN, "acme-sensors", "1.0")
+    assert not allowed("model", "tests.plugin_models:raises", ())
+
+
+def test_data_that_does_not_fit_the_session_is_refused(tmp_path: Path) -> None:
+    a = agent(tmp_path, allow_plugins=(PLUGIN,))
+    meta = welcome()
+    meta["model"]["num_classes"] = 4
+    with pytest.raises(Refused, match="3 classes; the session's model wants"):
+        a.join(meta)
+    with pytest.raises(Refused, match="takes float32 targets"):
+        a.join(welcome(loss="mse"))
+
+
+def no_run_dir(tmp_path: Path, *args: str) -> str:
+    run_dir = tmp_path / "never"
+    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--run-dir", str(run_dir),
+                          "--quiet", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and not run_dir.exists(), out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--model", "tests.plugin_models:nothing"], "has no nothing"),
+    (["--model", "tests.no_module:f"], "cannot import tests.no_module"),
+    (["--model", "not-a-plugin"], "unknown model 'not-a-plugin'"),
+    (["--model", "tests.plugin_models:raises"], "needs options.width"),
+    (["--model", "tests.plugin_models:bad_output", "--set", "data.dataset=\"tests.plugin_models:sensor_windows\""],
+     "outputs (8, 4) for a batch of 8"),
+    (["--set", "train.loss=\"mse\""], "takes float32 targets"),
+    (["--set", "train.loss=\"tests.plugin_models:nothing\""], "has no nothing"),
+    (["--set", "data.dataset=\"tests.plugin_models:broken_windows\""], "raised OSError: no I2C device at 0x68"),
+    (["--model", PLUGIN, "--set", "data.dataset=\"tests.plugin_models:sensor_windows\"", "--set", "model.pan=\"add\"",
+      "--set", "model.input_shape=[3, 33]"], "does not match the data's samples"),
+])
+def test_bad_plugins_and_misfits_are_one_line_before_anything_is_written(tmp_path: Path, args: list[str],
+                                                                        message: str) -> None:
+    assert message in no_run_dir(tmp_path, "--set", "fleet.local_agents=2", *args)
+
+
+def test_shards_that_disagree_are_one_line(tmp_path: Path) -> None:
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    sensor_shard(shards / "a.npz")
+    sensor_shard(shards / "b.npz", classes=4)
+    line = no_run_dir(tmp_path, "--set", "fleet.local_agents=2", "--model", PLUGIN, "--set", "data.dataset=\"npz\"",
+                      "--set", f"data.path=\"{shards}\"")
+    assert "the shards of one data set must agree" in line
+
+
+def test_the_api_refuses_a_lambda_for_processes_and_runs_a_registered_model(tmp_path: Path) -> None:
+    from tests import plugin_models
+
+    api.register_model("lambda-net", lambda shape, outputs, options: plugin_models.sensor_cnn(shape, outputs, {}))
+    api.register_dataset("sensor-windows", plugin_models.sensor_windows)
+    config = api.session_config(model={"name": "lambda-net"}, data={"dataset": "sensor-windows"},
+                                fleet={"local_agents": 2})
+    with pytest.raises(ConfigError, match="which another process cannot import"):
+        api.check_session(config)
+    assert api.register_model("sensor-net", plugin_models.sensor_cnn) == PLUGIN
+    plan = api.check_session(api.session_config(model={"name": "sensor-net"}, data={"dataset": "sensor-windows"},
+                                                fleet={"local_agents": 2}))
+    assert plan.spec.name == PLUGIN and plan.config.model.name == PLUGIN and len(plan.shards) == 2
+    assert np.isclose(plan.mean[0], 3.0, atol=0.2)
