@@ -19,7 +19,7 @@ from fedge.coordinator.config import (
 from fedge.edge_agent.config import AgentSettings, load_settings
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
-TYPES = {int: "int", float: "float", str: "str", bool: "bool"}
+TYPES = {int: "int", float: "float", str: "str", bool: "bool", list: "list", dict: "table"}
 
 
 def documented() -> dict[str, dict[str, tuple[str, str]]]:
@@ -46,9 +46,9 @@ def test_every_key_is_documented_with_its_type_and_default() -> None:
         assert set(docs[name]) == set(fields), name
         for key, field in fields.items():
             kind, default = docs[name][key]
-            assert kind == TYPES[type(field.default)], f"{name}.{key}"
-            assert default == (f'"{field.default}"' if isinstance(field.default, str) else str(field.default)), \
-                f"{name}.{key}"
+            value = field.default_factory() if field.default is dataclasses.MISSING else field.default  # type: ignore[misc]
+            assert kind == TYPES[type(value)], f"{name}.{key}"
+            assert default == (f'"{value}"' if isinstance(value, str) else str(value)), f"{name}.{key}"
     assert set(docs["algorithm"]) == {"name"}
 
 
