@@ -120,6 +120,8 @@ def test_defaults_are_read_from_the_roles() -> None:
     assert defaults["fedge_user"] == "fedge"
     assert defaults["fedge_config_dir"] == "/etc/fedge"
     assert "fedge_agent_data" not in defaults  # a templated default is not a literal
+    for name in SENSOR_ACCESS:
+        assert defaults[name] == [], f"{name} must default to an empty list"
 
 
 def test_agent_command_line(units: dict[str, Unit]) -> None:
@@ -208,6 +210,92 @@ def test_agent_keeps_device_access(units: dict[str, Unit]) -> None:
         assert values(agent, "Service", key) == [], f"{key} would cut the agent off its sensors or GPU"
 
 
+# A Raspberry Pi whose data callable reads an I2C accelerometer and a serial GPS, and a CAN bus.
+SENSOR_ACCESS: dict[str, list[str]] = {
+    "fedge_agent_read_only_paths": ["/var/log/acme-sensors", "-/run/acme-gps"],
+    "fedge_agent_read_write_paths": ["/var/lib/acme-sensors/cursor"],
+    "fedge_agent_supplementary_groups": ["i2c", "dialout"],
+    "fedge_agent_device_allow": ["/dev/i2c-1 rw", "/dev/vcio rw", "char-ttyUSB rw"],
+    "fedge_agent_address_families": ["AF_CAN"],
+}
+# What each list sets: (section, key) -> the values expected with SENSOR_ACCESS.
+SENSOR_DIRECTIVES: dict[str, dict[str, list[str]]] = {
+    "fedge_agent_read_only_paths": {"ReadOnlyPaths": ["/var/log/acme-sensors -/run/acme-gps"]},
+    "fedge_agent_read_write_paths": {"ReadWritePaths": ["/var/lib/acme-sensors/cursor"]},
+    "fedge_agent_supplementary_groups": {"SupplementaryGroups": ["video i2c dialout"]},
+    "fedge_agent_device_allow": {
+        "DevicePolicy": ["closed"],
+        "DeviceAllow": ["/dev/i2c-1 rw", "/dev/vcio rw", "char-ttyUSB rw"],
+    },
+    "fedge_agent_address_families": {"RestrictAddressFamilies": ["AF_UNIX AF_INET AF_INET6 AF_CAN"]},
+}
+
+
+def service_without(unit: Unit, keys: set[str]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in unit["Service"] if k not in keys]
+
+
+def test_empty_sensor_lists_leave_the_agent_unit_unchanged() -> None:
+    plain = (SYSTEMD / AGENT).read_text()
+    assert render.render_all({name: [] for name in SENSOR_ACCESS})[AGENT] == plain
+    assert render.render_all()[AGENT] == plain
+    agent = parse_unit(plain)
+    for key in ("ReadOnlyPaths", "ReadWritePaths", "DevicePolicy", "DeviceAllow"):
+        assert values(agent, "Service", key) == [], key
+
+
+def test_sensor_access_renders_its_directives() -> None:
+    default = parse_unit(render.render_all()[AGENT])
+    agent = parse_unit(render.render_all(SENSOR_ACCESS)[AGENT])
+    touched: set[str] = set()
+    for directives in SENSOR_DIRECTIVES.values():
+        for key, expected in directives.items():
+            assert values(agent, "Service", key) == expected, key
+            touched.add(key)
+    # Nothing else moves: the rest of [Service], and the other sections, are as without the lists.
+    assert service_without(agent, touched) == service_without(default, touched)
+    assert {k: v for k, v in agent.items() if k != "Service"} == {
+        k: v for k, v in default.items() if k != "Service"
+    }
+    # A device allow-list, never PrivateDevices=, which would hide the sensor's node.
+    assert values(agent, "Service", "PrivateDevices") == []
+
+
+@pytest.mark.parametrize("name", sorted(SENSOR_ACCESS))
+def test_each_sensor_list_sets_only_its_own_directives(name: str) -> None:
+    default = parse_unit(render.render_all()[AGENT])
+    agent = parse_unit(render.render_all({name: SENSOR_ACCESS[name]})[AGENT])
+    expected = SENSOR_DIRECTIVES[name]
+    for key, wanted in expected.items():
+        assert values(agent, "Service", key) == wanted, key
+    assert service_without(agent, set(expected)) == service_without(default, set(expected))
+
+
+def test_sensor_groups_and_families_are_not_repeated() -> None:
+    agent = parse_unit(
+        render.render_all(
+            {
+                "fedge_agent_supplementary_groups": ["video", "i2c"],
+                "fedge_agent_address_families": ["AF_INET"],
+            }
+        )[AGENT]
+    )
+    assert one(agent, "Service", "SupplementaryGroups") == "video i2c"
+    assert one(agent, "Service", "RestrictAddressFamilies") == "AF_UNIX AF_INET AF_INET6"
+
+
+def test_render_set_takes_a_json_list(tmp_path: Path) -> None:
+    setting = 'fedge_agent_device_allow=["/dev/i2c-1 rw"]'
+    assert render.main(["--set", setting, "--out", str(tmp_path)]) == 0
+    agent = parse_unit((tmp_path / AGENT).read_text())
+    assert values(agent, "Service", "DeviceAllow") == ["/dev/i2c-1 rw"]
+    assert one(agent, "Service", "DevicePolicy") == "closed"
+    assert render.main(["--check", "--set", setting, "--out", str(tmp_path)]) == 0
+    assert render.main(["--check", "--out", str(tmp_path)]) == 1  # the default unit has no allow-list
+    with pytest.raises(SystemExit):
+        render.main(["--set", "fedge_agent_device_allow=[/dev/i2c-1 rw]", "--out", str(tmp_path)])
+
+
 def test_coordinator_has_no_devices(units: dict[str, Unit]) -> None:
     coordinator = units[COORDINATOR]
     assert one(coordinator, "Service", "PrivateDevices") == "yes"
@@ -226,6 +314,9 @@ def test_systemd_analyze_verify_accepts_both_units(tmp_path: Path) -> None:
     out.mkdir()
     for name, text in render.render_all({"fedge_prefix": str(prefix)}).items():
         (out / name).write_text(text)
+    # The agent again, with every sensor list set, as a second agent unit.
+    sensors = render.render_all({"fedge_prefix": str(prefix), **SENSOR_ACCESS})[AGENT]
+    (out / "fedge-agent-sensors.service").write_text(sensors)
     result = subprocess.run(
         [
             "systemd-analyze",
@@ -234,6 +325,7 @@ def test_systemd_analyze_verify_accepts_both_units(tmp_path: Path) -> None:
             "--generators=no",
             str(out / AGENT),
             str(out / COORDINATOR),
+            str(out / "fedge-agent-sensors.service"),
         ],
         capture_output=True,
         text=True,
