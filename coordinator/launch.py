@@ -117,8 +117,13 @@ def progress_printer(config: Config, quiet: bool) -> Any:
         done = row["round"]
         elapsed = time.monotonic() - started
         eta = elapsed / max(done, 1) * (config.run.rounds - done)
-        acc = row.get("test_accuracy")
-        acc_text = f"acc {100 * acc:5.1f}%" if isinstance(acc, float) and not math.isnan(acc) else "acc   n/a"
+        acc_text = "acc   n/a"
+        for key, label, scale, unit in (("test_accuracy", "acc", 100, "%"), ("test_exact_match", "exact", 100, "%"),
+                                        ("test_mse", "mse", 1, "")):
+            value = row.get(key)
+            if isinstance(value, float) and not math.isnan(value):
+                acc_text = f"{label} {scale * value:5.{1 if unit else 4}f}{unit}"
+                break
         print(f"round {done:>3}/{config.run.rounds} | {acc_text} | {row['reported']}/{row['selected']} agents | "
               f"down {row['bytes_down'] / 1e6:6.2f} MB up {row['bytes_up'] / 1e6:6.2f} MB | "
               f"{row['wall_s']:5.1f} s | ETA {eta / 60:4.1f} min", flush=True)

@@ -96,9 +96,11 @@ def client_evaluation(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 def agents_evaluation(updates: Sequence[ClientUpdate]) -> tuple[dict[str, float | None], int]:
     """The sample-weighted mean of the agents' evaluations (weights: their test-split sizes) and the samples."""
-    rows = [(client_evaluation(u.payload.meta), u.payload.meta.get("eval_samples")) for u in updates]
-    rows = [(fields, n) for fields, n in rows if isinstance(n, int) and n > 0 and any(
-        v is not None for v in fields.values())]
+    rows: list[tuple[dict[str, Any], int]] = []
+    for update in updates:
+        fields, samples = client_evaluation(update.payload.meta), update.payload.meta.get("eval_samples")
+        if isinstance(samples, int) and samples > 0 and any(v is not None for v in fields.values()):
+            rows.append((fields, samples))
     if not rows:
         return {}, 0
     total = sum(n for _, n in rows)

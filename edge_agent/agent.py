@@ -315,7 +315,8 @@ class Agent:
         """What ``edge-agent predict`` needs beside the weights: the model spec and hash, the normalisation the
         device trained with, and the algorithm."""
         return {"model": dict(session.meta["model"]), "model_hash": session.meta["model_hash"],
-                "mean": list(session.mean), "std": list(session.std),
+                "mean": list(session.mean), "std": list(session.std), "features": str(self.data.train_x.dtype),
+                "task": session.task.kind,
                 "algorithm": session.meta["algorithm"]["name"]}
 
     def close_meter_window(self, round_number: int) -> dict[str, Any]:

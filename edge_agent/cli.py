@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from fedge import __version__
 from fedge.codec import PROTOCOL_VERSION
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-file", help="also write JSON-lines logs here")
     run.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
     predict = sub.add_parser("predict", help="run this device's latest committed model on samples (no torch needed)")
-    predict.add_argument("--input", required=True, help=".npy file: samples (N, C, H, W) uint8 as in a shard, or one")
+    predict.add_argument("--input", required=True, help=".npy file: samples (N, sample shape) as stored in a shard, "
+                         "or one sample")
     predict.add_argument("--state-dir", help="the agent's state directory (or give --config)")
     predict.add_argument("--config", help="the agent's TOML file, for its state directory")
     predict.add_argument("--onnx", help="an ONNX file of the same model definition (e.g. the coordinator's "
@@ -109,11 +111,17 @@ def run_predict(args: argparse.Namespace) -> int:
         raise PredictError(f"{args.input}: not a readable .npy file ({exc})") from exc
     predictor = Predictor.open(state_dir, args.onnx)
     logits = predictor.logits(samples)
-    classes = np.argmax(logits, axis=1)
-    if args.json:
-        print(json.dumps({**predictor.describe(), "classes": classes.tolist(), "logits": logits.tolist()}))
+    if predictor.task == "classification":
+        answers: list[Any] = [int(c) for c in np.argmax(logits, axis=1)]
+    elif predictor.task == "multilabel":
+        answers = [[int(v) for v in row] for row in (logits > 0)]
     else:
-        print("\n".join(str(int(c)) for c in classes))
+        answers = [[float(v) for v in row] for row in logits]
+    if args.json:
+        key = "classes" if predictor.task == "classification" else "outputs"
+        print(json.dumps({**predictor.describe(), "task": predictor.task, key: answers, "logits": logits.tolist()}))
+    else:
+        print("\n".join(str(a) if not isinstance(a, list) else " ".join(map(str, a)) for a in answers))
     return 0
 
 

@@ -140,20 +140,26 @@ class Predictor:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(int(x) for x in self.state.model_meta["model"]["input_shape"])
 
+    @property
+    def task(self) -> str:
+        """classification | regression | multilabel: what the outputs are."""
+        return str(self.state.model_meta.get("task", "classification"))
+
     def prepare(self, samples: np.ndarray) -> np.ndarray:
-        """uint8 samples (one, or a batch) normalised with this device's statistics, as in training; float32
-        samples are taken as already normalised."""
+        """Samples (one, or a batch) as stored on the device, normalised with the session's statistics as in
+        training. In a session trained on uint8 features, float32 samples are taken as already normalised."""
         x = np.asarray(samples)
         if x.shape == self.input_shape:
             x = x[None]
         if x.ndim != len(self.input_shape) + 1 or tuple(x.shape[1:]) != self.input_shape:
             raise PredictError(f"input of shape {x.shape}; this model takes {self.input_shape} per sample")
-        if x.dtype == np.uint8:
+        trained_on_floats = self.state.model_meta.get("features") == "float32"
+        if x.dtype == np.uint8 or (trained_on_floats and x.dtype == np.float32):
             return normalize(x, self.state.model_meta["mean"], self.state.model_meta["std"])
         if x.dtype == np.float32:
             return np.ascontiguousarray(x)
-        raise PredictError(f"input of dtype {x.dtype}; give uint8 samples as stored in a shard, or float32 "
-                           "normalised ones")
+        raise PredictError(f"input of dtype {x.dtype}; give samples of the dtype stored in a shard (uint8, or "
+                           "float32), or normalised float32 ones for a uint8 session")
 
     def logits(self, samples: np.ndarray) -> np.ndarray:
         (out,) = self.session.run(["logits"], {"input": self.prepare(samples)})

@@ -42,7 +42,7 @@ def test_the_worked_example_runs_as_the_readme_says(tmp_path: Path) -> None:
     assert rows[-1]["test_accuracy"] > 0.8, rows[-1]
     clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
     assert len(clients) == 9 and all("test_accuracy" in c for c in clients)
-    from tests.plugin_models import tabular_mlp  # any module with the same names would do: load into the team's own
+    from tests.plugin_models import tabular_mlp  # a different architecture: load_model must refuse it
 
     sys.path.insert(0, str(EXAMPLE))
     try:
@@ -162,22 +162,37 @@ def no_run_dir(tmp_path: Path, *args: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--model", "tests.plugin_models:nothing"], "has no nothing"),
-    (["--model", "tests.no_module:f"], "cannot import tests.no_module"),
-    (["--model", "not-a-plugin"], "unknown model 'not-a-plugin'"),
-    (["--model", "tests.plugin_models:raises"], "needs options.width"),
-    (["--model", "tests.plugin_models:bad_output", "--set", "data.dataset=\"tests.plugin_models:sensor_windows\""],
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["model.name=tests.plugin_models:nothing"], "has no nothing"),
+    (["model.name=tests.no_module:f"], "cannot import tests.no_module"),
+    (["model.name=not-a-plugin"], "unknown model 'not-a-plugin'"),
+    (["model.name=tests.plugin_models:raises"], "needs options.width"),
+    (["model.name=tests.plugin_models:not_a_module"], "not a torch.nn.Module"),
+    (["model.name=tests.plugin_models:bad_output", "data.dataset=tests.plugin_models:sensor_windows"],
      "outputs (8, 4) for a batch of 8"),
-    (["--set", "train.loss=\"mse\""], "takes float32 targets"),
-    (["--set", "train.loss=\"tests.plugin_models:nothing\""], "has no nothing"),
-    (["--set", "data.dataset=\"tests.plugin_models:broken_windows\""], "raised OSError: no I2C device at 0x68"),
-    (["--model", PLUGIN, "--set", "data.dataset=\"tests.plugin_models:sensor_windows\"", "--set", "model.pan=\"add\"",
-      "--set", "model.input_shape=[3, 33]"], "does not match the data's samples"),
+    (["train.loss=mse"], "takes float32 targets"),
+    (["train.loss=tests.plugin_models:nothing"], "has no nothing"),
+    (["train.loss=tests.plugin_models:raises"], "fails on one batch"),
+    (["data.dataset=tests.plugin_models:broken_windows"], "raised OSError: no I2C device at 0x68"),
+    ([f"model.name={PLUGIN}", "data.dataset=tests.plugin_models:sensor_windows", "model.input_shape=[3, 33]"],
+     "does not match the data's samples"),
+    ([f"model.name={PLUGIN}", "data.dataset=tests.plugin_models:sensor_windows", "model.pan=add", "model.pan_t=4.0"],
+     "degenerate"),
+    (["train.class_weights=[1.0, 2.0]"], "2 values for 10 classes"),
+    (["data.min_size=7000"], "need 14000 training samples"),
 ])
-def test_bad_plugins_and_misfits_are_one_line_before_anything_is_written(tmp_path: Path, args: list[str],
-                                                                        message: str) -> None:
-    assert message in no_run_dir(tmp_path, "--set", "fleet.local_agents=2", *args)
+def test_bad_plugins_and_misfits_are_one_line(overrides: list[str], message: str) -> None:
+    from fedge.coordinator.config import load_config
+    from fedge.coordinator.plan import plan_session
+
+    with pytest.raises(ConfigError) as info:
+        plan_session(load_config(None, ["fleet.local_agents=2", *overrides]))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_cli_writes_nothing_before_the_plan_passes(tmp_path: Path) -> None:
+    assert "cannot import tests.no_module" in no_run_dir(tmp_path, "--set", "fleet.local_agents=2", "--model",
+                                                         "tests.no_module:f")
 
 
 def test_shards_that_disagree_are_one_line(tmp_path: Path) -> None:

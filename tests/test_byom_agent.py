@@ -1,0 +1,113 @@
+"""A device with its own data callable, in process: refresh every task, its own evaluation when the coordinator has
+no test set, predictions with the committed plugin model; model.init; coordinator partition on float shards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedge import codec
+from fedge.algorithms import make_server
+from fedge.algorithms.base import ModelLayout, ServerContext
+from fedge.coordinator.config import ConfigError, from_dict
+from fedge.coordinator.plan import plan_session
+from fedge.edge_agent.agent import Agent
+from fedge.edge_agent.config import AgentSettings
+from fedge.edge_agent.data import DeviceData
+from fedge.fldata import ClientShard, normalize, write_shard
+from fedge.models import ModelSpec, arrays_to_state, build, state_to_arrays
+from tests.plugin_models import sensor_windows
+from tests.test_byom_sessions import PLUGIN, welcome
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_refreshing_callable_is_called_each_task_and_the_agent_evaluates_for_a_dataless_coordinator(
+        tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def windows() -> dict[str, Any]:
+        calls.append(1)
+        return sensor_windows(count=60, seed=len(calls))
+
+    settings = AgentSettings(coordinator="tcp://127.0.0.1:9", client_id="pi", data="in-process",
+                             state_dir=str(tmp_path / "state"), allow_plugins=(PLUGIN,), data_refresh="every-task")
+    agent = Agent(settings, data=DeviceData.from_function(windows, "in-process"))
+    meta = welcome()
+    meta["normalization"] = {"mean": [3.0] * 3, "std": [1.5] * 3}
+    session = agent.join(meta)
+    agent.session = session
+    agent.begin_session(session)
+    model = build(ModelSpec.from_dict(meta["model"]), seed=0)
+    server = make_server("fedavg", {}, state_to_arrays(model),
+                         ServerContext(num_clients=1, layout=ModelLayout.of(model)))
+    frames = []
+    for round_number in (1, 2):
+        down = server.downlink(round_number, 0)
+        task = codec.Task(run_id="r1", round=round_number, sender="coordinator", groups=dict(down.groups),
+                          meta={**dict(down.meta), "last_accepted_round": round_number - 1, "evaluate": True})
+        agent.train_round(session, task, 0.0)
+        assert agent.outcome is not None and agent.outcome.frame is not None, agent.outcome
+        frames.append(codec.decode(agent.outcome.frame))
+        agent.state.confirm("r1", round_number)
+    assert len(calls) == 3  # at start, then before each of the two rounds
+    for update in frames:
+        assert isinstance(update, codec.Update)
+        assert update.meta["eval_samples"] == 10 and 0 <= update.meta["eval"]["accuracy"] <= 1
+        assert update.meta["eval"]["mse"] is None and update.meta["eval"]["f1_macro"] is not None
+
+    from fedge.edge_agent.predict import Predictor
+
+    predictor = Predictor.open(settings.state_dir)
+    samples = sensor_windows(count=12, seed=9)["test_x"]
+    committed = build(ModelSpec.from_dict(predictor.state.model_meta["model"]))
+    arrays_to_state(committed, predictor.state.model, strict=False)
+    expected = committed.eval()(torch.from_numpy(normalize(samples, (3.0,) * 3, (1.5,) * 3))).detach().numpy()
+    np.testing.assert_allclose(predictor.logits(samples), expected, atol=1e-4)
+    assert predictor.task == "classification"
+
+
+def test_model_init_starts_from_saved_weights_checked_against_the_layout(tmp_path: Path) -> None:
+    from fedge.coordinator.rundir import save_arrays
+
+    base = {"model": {"name": PLUGIN, "options": {"width": 8}}, "data": {"dataset": "tests.plugin_models:sensor_windows"},
+            "fleet": {"local_agents": 2}}
+    model = build(plan_session(from_dict(base)).spec, seed=7)
+    saved = state_to_arrays(model)
+    (tmp_path / "run").mkdir()
+    save_arrays(tmp_path / "run" / "model.npz", saved, {"round": 3})
+    plan = plan_session(from_dict({**base, "model": {**base["model"], "init": str(tmp_path / "run")}}))
+    assert plan.initial is not None and all(np.array_equal(plan.initial[k], saved[k]) for k in saved)
+    save_arrays(tmp_path / "other.npz", {**saved, "body.stem.weight": saved["body.stem.weight"][:1]}, {})
+    with pytest.raises(ConfigError, match="body.stem.weight has shape"):
+        plan_session(from_dict({**base, "model": {**base["model"], "init": str(tmp_path / "other.npz")}}))
+    with pytest.raises(ConfigError, match="not a readable Fedge model file"):
+        plan_session(from_dict({**base, "model": {**base["model"], "init": str(tmp_path / "missing.npz")}}))
+
+
+def test_coordinator_partition_reads_float_shards_and_regression_targets(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((400, 3, 16)).astype(np.float32)
+    y = np.stack([x[:, 0].mean(1), x[:, 1].mean(1)], 1).astype(np.float32)
+    source = tmp_path / "all"
+    source.mkdir()
+    write_shard(source / "whole.npz", ClientShard(index=0, train_x=x[:300], train_y=y[:300], test_x=x[300:],
+                                                 test_y=y[300:], num_classes=2, mean=(0.0,) * 3, std=(1.0,) * 3,
+                                                 dataset="sensor", partition="none", seed=0))
+    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "partition", "--dataset", "npz",
+                          "--data-dir", str(source), "--partition", "dirichlet", "--clients", "4", "--json",
+                          "--out", str(tmp_path / "shards")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert sum(c["train_size"] for c in summary["clients"]) == 300
+    from fedge.fldata import read_shard
+
+    shard = read_shard(tmp_path / "shards" / "client-000.npz")
+    assert shard.train_y.dtype == np.float32 and shard.train_y.shape[1] == 2 and shard.has_targets
