@@ -100,7 +100,9 @@ def load_data(config: Config) -> tuple[Any | None, PluginRef | None]:
                 raise ConfigError(f"data.dataset {name!r} raised {type(exc).__name__}: {exc}") from None
             return dataset_from_arrays(name, arrays), ref
         return load_dataset(name, config.data.path or None), None
-    except (DataError, PluginError) as exc:
+    except PluginError as exc:
+        raise ConfigError(f"data.dataset: {exc}") from None
+    except DataError as exc:
         raise ConfigError(f"data.dataset {name!r}: {exc}") from None
 
 
@@ -186,7 +188,7 @@ def build_checked(config: Config, spec: Any) -> Any:
     except PluginError as exc:
         raise ConfigError(str(exc)) from None
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"model {spec.name!r}: {exc}") from None
+        raise ConfigError(str(exc) if repr(spec.name) in str(exc) else f"model {spec.name!r}: {exc}") from None
 
 
 def check_batch(config: Config, spec: Any, model: Any, dataset: Any | None, mean: Any, std: Any) -> None:

@@ -19,24 +19,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 import fedge
 from fedge import codec
-from fedge.algorithms import make_client
 from fedge.algorithms.base import Payload, model_arrays
-from fedge.algorithms.loop import TrainingCancelled, TrainSettings, round_seed, task_of, train_local
-from fedge.algorithms.task import BUILTIN_LOSSES, Task, evaluate_task
+from fedge.algorithms.loop import TrainingCancelled, round_seed, train_local
+from fedge.algorithms.task import evaluate_task
 from fedge.edge_agent.config import AgentSettings
 from fedge.edge_agent.data import DeviceData
+from fedge.edge_agent.joining import Refused, Session, data_tensors, join_session
 from fedge.edge_agent.metering import mask_figures, tcp_peer
 from fedge.edge_agent.state import DeviceState
 from fedge.edge_agent.transport import CurveClientKeys, DealerTransport
-from fedge.fldata import DataError, normalize
 from fedge.meter import AgentMeter, ParamSnapshot
-from fedge.models import MODELS, ModelSpec, build, definition_hash
-from fedge.plugins import PluginError, PluginRef, check_allowed, describe, version_mismatch
 
 log = logging.getLogger("fedge.agent")
 
@@ -52,31 +48,6 @@ def trim_heap() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (AttributeError, OSError):
         pass
-
-
-@dataclass
-class Session:
-    """What the welcome told this agent, and what it built from it."""
-
-    run_id: str
-    index: int
-    meta: dict[str, Any]
-    model: torch.nn.Module
-    client: Any
-    train: TrainSettings
-    task: Task
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    heartbeat_s: float
-    liveness_s: float
-
-
-class Refused(Exception):
-    """The welcome asks for something this device will not or cannot do: (code, one-line reason)."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
 
 
 @dataclass
@@ -146,84 +117,19 @@ class Agent:
             return
         self.begin_session(self.session)
 
-    def check_plugins(self, meta: dict[str, Any], spec: ModelSpec, loss: str) -> None:
-        """Every plugin the welcome names must pass this device's rule before anything is imported, and match the
-        coordinator's distribution and version unless the device allows a mismatch."""
-        described = meta.get("plugins") or {}
-        named = [(kind, name) for kind, name in (("model", spec.name), ("loss", loss))
-                 if name not in (MODELS if kind == "model" else BUILTIN_LOSSES)]
-        for kind, name in named:
-            try:
-                check_allowed(kind, name, self.settings.allow_plugins)
-                here = describe(kind, name)
-            except PluginError as exc:
-                raise Refused("plugin-refused", str(exc)) from None
-            if self.settings.allow_plugin_mismatch:
-                continue
-            if kind not in described:
-                raise Refused("plugin-mismatch", f"the welcome does not describe the {kind} plugin {name!r}")
-            problem = version_mismatch(PluginRef.from_dict(described[kind]), here)
-            if problem:
-                raise Refused("plugin-mismatch", problem)
-
     def join(self, meta: dict[str, Any]) -> Session:
-        """The session the welcome describes, built after every check; Refused naming what does not fit."""
-        spec = ModelSpec.from_dict(meta["model"])
-        train = TrainSettings(**meta["train"])
-        self.check_plugins(meta, spec, train.loss)
-        data = self.data
-        if data.sample_shape != spec.input_shape or data.num_outputs != spec.num_classes:
-            kind = "targets" if data.has_targets else "classes"
-            raise Refused("data-mismatch", f"this device's data is {data.sample_shape} with {data.num_outputs} "
-                          f"{kind}; the session's model wants {spec.input_shape} with {spec.num_classes} outputs")
-        normalization = meta.get("normalization") or {}
-        mean = tuple(normalization.get("mean") or data.mean or ())
-        std = tuple(normalization.get("std") or data.std or ())
-        if not mean:
-            raise Refused("no-normalization", "this device's data comes from a callable and the session carries "
-                          "no normalisation: set data.mean and data.std on the coordinator")
-        try:
-            if definition_hash(spec) != meta["model_hash"]:
-                raise Refused("model-mismatch", "this agent builds the model differently from the coordinator "
-                              "(different Fedge, torch or plugin versions?)")
-            model = build(spec, seed=int(meta["seed"])).to(self.device)
-            task = task_of(train, torch.from_numpy(data.train_y[:1]))
-        except (PluginError, ValueError) as exc:
-            raise Refused("model-failed", f"cannot build the session's model or loss here: {exc}") from None
-        algorithm = dict(meta["algorithm"])
-        name = algorithm.pop("name")
-        client = make_client(name, algorithm, int(meta["client_index"]))
-        session = Session(run_id=meta["run_id"], index=int(meta["client_index"]), meta=meta, model=model,
-                          client=client, train=train, task=task, mean=tuple(float(v) for v in mean),
-                          std=tuple(float(v) for v in std), heartbeat_s=float(meta["heartbeat_s"]),
-                          liveness_s=float(meta["liveness_s"]))
-        self.load_tensors(session, data)
-        batch = min(2, int(self.labels.shape[0]))
-        try:
-            with torch.no_grad():
-                model.eval()
-                task.check(model(self.inputs[:batch]), self.labels[:batch])
-        except ValueError as exc:
-            raise Refused("data-mismatch", str(exc)) from None
+        """The session the welcome describes (``edge_agent.joining``), with this device's data as tensors."""
+        session, self.tensors = join_session(self.settings, self.data, self.device, meta)
         return session
 
     def load_tensors(self, session: Session, data: DeviceData) -> None:
-        """The device's arrays as normalised tensors (the session's statistics), on the training device."""
-        limit = int(session.meta.get("data", {}).get("train_limit", 0))
-        count = data.train_y.shape[0] if limit <= 0 else min(limit, data.train_y.shape[0])
-        try:
-            self.inputs = torch.from_numpy(normalize(data.train_x[:count], session.mean, session.std)).to(self.device)
-            self.test_inputs = torch.from_numpy(normalize(data.test_x, session.mean, session.std)).to(self.device)
-        except DataError as exc:
-            raise Refused("data-mismatch", f"cannot normalise this device's data: {exc}") from None
-        self.labels = torch.from_numpy(np.ascontiguousarray(data.train_y[:count])).to(self.device)
-        self.test_labels = torch.from_numpy(np.ascontiguousarray(data.test_y)).to(self.device)
+        self.tensors = data_tensors(session, data, self.device)
 
     def begin_session(self, session: Session) -> None:
-        count = int(self.labels.shape[0])
+        count = int(self.tensors.labels.shape[0])
         batch_size = session.train.batch_size
         sizes = [batch_size] + ([count % batch_size] if count % batch_size else [])
-        self.meter.prepare_training(session.model, tuple(self.inputs.shape[1:]), sizes)
+        self.meter.prepare_training(session.model, tuple(self.tensors.inputs.shape[1:]), sizes)
         with contextlib.suppress(RuntimeError):  # a window is already open after a re-welcome
             self.meter.begin_round(0)
         log.info("joined run %s as client %d: %s with %s, %d samples on %s", session.run_id, session.index,
@@ -257,7 +163,7 @@ class Agent:
             meta = dict(task.meta)
             if self.settings.data_refresh == "every-task" and self.data.from_callable:
                 self.data = self.data.refresh()
-                if self.data.sample_shape != tuple(self.inputs.shape[1:]):
+                if self.data.sample_shape != tuple(self.tensors.inputs.shape[1:]):
                     raise ValueError(f"the data callable now returns samples shaped {self.data.sample_shape}")
                 self.load_tensors(session, self.data)
             with meter.phase("receive"):
@@ -268,25 +174,25 @@ class Agent:
             after_training = bool(getattr(session.client, "inference_after_training", False))
             inference = None if after_training else model_arrays(session.model)
             extra: dict[str, Any] = {}
-            if (meta.get("personal_eval") or meta.get("evaluate")) and self.test_labels.numel():
-                metrics = evaluate_task(session.model, self.test_inputs, self.test_labels, session.task)
+            if (meta.get("personal_eval") or meta.get("evaluate")) and self.tensors.test_labels.numel():
+                metrics = evaluate_task(session.model, self.tensors.test_inputs, self.tensors.test_labels, session.task)
                 if meta.get("evaluate"):  # the session has no test set of its own: the agents' evaluations stand in
-                    extra["eval"], extra["eval_samples"] = metrics, int(self.test_labels.shape[0])
+                    extra["eval"], extra["eval_samples"] = metrics, int(self.tensors.test_labels.shape[0])
                 if meta.get("personal_eval") and metrics["accuracy"] is not None:
                     extra["personal_accuracy"] = metrics["accuracy"]
             started = time.monotonic()
             seed = round_seed(int(session.meta["seed"]), task.round, session.index)
             with meter.phase("train"):
                 snapshot = ParamSnapshot(session.model)
-                stats = train_local(session.model, session.client, self.inputs, self.labels, session.train, seed,
+                stats = train_local(session.model, session.client, self.tensors.inputs, self.tensors.labels, session.train, seed,
                                     cancelled=self.stop_requested.is_set, task=session.task)
             train_s = time.monotonic() - started
             t = session.train
             claim, densities = mask_figures(session.client, session.model)
-            meter.add_training(session.model, tuple(self.inputs.shape[1:]), stats.batch_sizes, t.optimizer,
+            meter.add_training(session.model, tuple(self.tensors.inputs.shape[1:]), stats.batch_sizes, t.optimizer,
                                t.momentum, t.weight_decay, updated_elements=snapshot.changed(session.model),
                                mask_claim=claim, densities=densities)
-            meta_up = {**extra, "num_samples": int(self.labels.shape[0]), "steps": stats.steps,
+            meta_up = {**extra, "num_samples": int(self.tensors.labels.shape[0]), "steps": stats.steps,
                        "train_loss": float(stats.loss), "train_s": float(train_s)}
             with meter.phase("encode"):
                 update = session.client.make_update(task.round, session.model, stats)
