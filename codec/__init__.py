@@ -21,6 +21,7 @@ from fedge.codec.errors import (
 )
 from fedge.codec.masks import mask_crc, retained_count, topk_mask
 from fedge.codec.messages import (
+    JOIN_REFUSALS,
     PROTOCOL_VERSION,
     Bye,
     Commit,
@@ -37,7 +38,7 @@ from fedge.codec.sparse import SparseSection
 from fedge.codec.tensors import TensorGroup
 
 __all__ = [
-    "PROTOCOL_VERSION", "Hello", "Welcome", "Task", "Update", "Commit", "Heartbeat", "ErrorMessage", "Bye",
+    "PROTOCOL_VERSION", "Hello", "Welcome", "Task", "Update", "Commit", "Heartbeat", "ErrorMessage", "Bye", "JOIN_REFUSALS",
     "Message", "TensorGroup", "SparseSection", "encode", "decode", "Limits",
     "CodecError", "TooLarge", "Malformed", "UnsupportedVersion", "UnknownKind", "ChecksumError", "NonFinite",
     "ShapeMismatch", "MaskMismatch", "OutOfRange",

@@ -141,6 +141,12 @@ class ErrorMessage(MessageBase):
     kind_code: ClassVar[int] = 7
 
 
+# ErrorMessage codes with which an agent declines a session at its welcome (it will not import a plugin, its data does
+# not fit, ...). The coordinator frees the client index the agent took, so that another device can have it.
+JOIN_REFUSALS = frozenset({"plugin-refused", "plugin-mismatch", "data-mismatch", "model-mismatch", "model-failed",
+                           "no-normalization", "bad-welcome"})
+
+
 @dataclass(frozen=True)
 class Bye(MessageBase):
     """Either direction: the sender leaves the run."""

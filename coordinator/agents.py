@@ -41,11 +41,22 @@ class AgentRegistry:
         """The index of a client id, assigning the next free one; None when the session is full."""
         if client_id in self.agents:
             return self.agents[client_id].index
-        if len(self.agents) >= self.capacity:
+        taken = {a.index for a in self.agents.values()}
+        free = [i for i in range(self.capacity) if i not in taken]
+        if not free:
             return None
-        agent = Agent(client_id=client_id, index=len(self.agents))
+        agent = Agent(client_id=client_id, index=free[0])
         self.agents[client_id] = agent
         return agent.index
+
+    def release(self, client_id: str) -> bool:
+        """Free the index of an agent that declined the session before any update of it was accepted; True when
+        freed (an agent that has trained keeps its index: algorithms hold state under it)."""
+        agent = self.agents.get(client_id)
+        if agent is None or agent.last_accepted_round > 0:
+            return False
+        del self.agents[client_id]
+        return True
 
     def get(self, client_id: str) -> Agent | None:
         return self.agents.get(client_id)

@@ -81,6 +81,8 @@ class Messaging:
             log.warning("agent %s reports %s: %s", client_id, message.code, message.reason)
             if message.code == "round-failed":
                 self.on_failed_round(agent.index, message.round)
+            elif message.code in codec.JOIN_REFUSALS:
+                self.on_declined(client_id, agent.index)
         else:
             self.refuse(peer, "unexpected", f"a {type(message).__name__} is not expected from an agent")
 
@@ -129,6 +131,21 @@ class Messaging:
             self.refuse(peer, "invalid-update", problem)
             return
         current.updates[index] = (update, size)
+
+    def on_declined(self, client_id: str, index: int) -> None:
+        """An agent declined the session at its welcome: it is gone, and its index is free again unless it had
+        trained (then it keeps it, and the server half forgets what it assumed of the device)."""
+        agent = self.registry.get(client_id)
+        if agent is not None:
+            agent.connected = False
+        current = self.current
+        if current is not None and index in current.selected:
+            current.failed.add(index)
+        if self.registry.release(client_id):
+            forget = getattr(self.server, "forget", None)
+            if forget is not None:
+                forget(index)
+            log.info("agent %s declined the session; client index %d is free again", client_id, index)
 
     def on_failed_round(self, index: int, round_number: int) -> None:
         """An agent could not do its round: stop waiting for it, and let the server half forget what it assumed

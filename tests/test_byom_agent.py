@@ -111,3 +111,17 @@ def test_coordinator_partition_reads_float_shards_and_regression_targets(tmp_pat
 
     shard = read_shard(tmp_path / "shards" / "client-000.npz")
     assert shard.train_y.dtype == np.float32 and shard.train_y.shape[1] == 2 and shard.has_targets
+
+
+def test_an_agent_that_declines_frees_its_index_unless_it_trained() -> None:
+    import re
+
+    from fedge.coordinator.agents import AgentRegistry
+
+    registry = AgentRegistry(capacity=2, liveness_s=5.0)
+    assert registry.index_of("refuses") == 0 and registry.index_of("pi-1") == 1 and registry.index_of("pi-2") is None
+    assert registry.release("refuses") and registry.index_of("pi-2") == 0
+    registry.get("pi-1").last_accepted_round = 3  # type: ignore[union-attr]
+    assert not registry.release("pi-1") and registry.index_of("pi-1") == 1
+    codes = set(re.findall(r'Refused\("([a-z-]+)"', (ROOT / "edge_agent" / "joining.py").read_text()))
+    assert codes and codes <= codec.JOIN_REFUSALS, codes - codec.JOIN_REFUSALS

@@ -67,6 +67,11 @@ def test_a_bound_session_whose_coordinator_has_no_data(procs: Processes, tmp_pat
         "--set", "data.clients=2", "--set", "train.lr=0.005", "--set", "security.curve=\"off\"", *FAST)
     address = wait_for(lambda: (run_dir / "endpoint").exists() and (run_dir / "endpoint").read_text().strip(),
                        60, "the endpoint file")
+    refusing = procs.agent("--coordinator", address, "--client-id", "pi-new", "--data",
+                           "tests.plugin_models:device_windows", "--state-dir", str(tmp_path / "state-new"),
+                           name="agent-new")  # its TOML allows no plugin: it must refuse the session's model
+    assert refusing.wait(120) == 2
+    assert f"plugin-refused: model '{PLUGIN}' is not installed" in procs.output("agent-new")
     for i in range(2):
         procs.agent("--coordinator", address, "--client-id", f"pi-{i}", "--data", "tests.plugin_models:device_windows",
                     "--state-dir", str(tmp_path / f"state-{i}"), "--allow-plugin", PLUGIN, name=f"agent-{i}")
