@@ -117,7 +117,7 @@ def read_shard(path: str | os.PathLike[str]) -> ClientShard:
         raise DataError(f"{source}: not a readable shard file: {exc}") from None
     meta = _parse_meta(source, meta_array)
     for name in ARRAY_NAMES:
-        allowed = ("|u1", "<f4") if name.endswith("_x") else ("<i8", "<f4")
+        allowed: tuple[str, ...] = ("|u1", "<f4") if name.endswith("_x") else ("<i8", "<f4")
         if meta["format_version"] == 1:
             allowed = allowed[:1]
         if arrays[name].dtype.str not in allowed:

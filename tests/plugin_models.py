@@ -107,3 +107,15 @@ def tabular_mlp(input_shape: tuple[int, ...], num_outputs: int, options: dict[st
 def broken_windows() -> dict[str, Any]:
     """A data callable that fails, as a sensor reader does when its bus is down."""
     raise OSError("no I2C device at 0x68")
+
+
+def sensor_targets() -> dict[str, Any]:
+    """A regression data set: two float targets per window (the mean of channel 0, the spread of channel 1)."""
+    import numpy as np
+
+    arrays = sensor_windows(count=120, seed=5)
+    for part in ("train", "test"):
+        x = arrays[f"{part}_x"]
+        arrays[f"{part}_y"] = np.stack([x[:, 0].mean(1), x[:, 1].std(1)], axis=1).astype(np.float32)
+    del arrays["num_classes"]
+    return arrays

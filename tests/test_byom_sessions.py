@@ -224,3 +224,10 @@ def test_the_api_refuses_a_lambda_for_processes_and_runs_a_registered_model(tmp_
                                                 fleet={"local_agents": 2}))
     assert plan.spec.name == PLUGIN and plan.config.model.name == PLUGIN and len(plan.shards) == 2
     assert np.isclose(plan.mean[0], 3.0, atol=0.2)
+    assert api.register_loss("mae", plugin_models.sum_loss) == "tests.plugin_models:sum_loss"
+    api.register_dataset("sensor-targets", plugin_models.sensor_targets)
+    regression = api.check_session(api.session_config(
+        model={"name": "tests.plugin_models:sensor_regressor"}, data={"dataset": "sensor-targets", "partition": "iid"},
+        train={"loss": "mae"}, fleet={"local_agents": 2}))
+    assert regression.config.train.loss == "tests.plugin_models:sum_loss" and regression.spec.num_outputs == 2
+    assert regression.plugins["loss"].target == "tests.plugin_models:sum_loss"
