@@ -11,7 +11,8 @@ sockets; it knows models only through named numpy arrays and the torch module th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,13 +86,35 @@ class LocalStats:
     batch_sizes: tuple[int, ...] = ()
 
 
+_KINDS: dict[Any, tuple[str, Callable[[Any], bool]]] = {
+    float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    str: ("a string", lambda v: isinstance(v, str)),
+}
+
+
+def typed_options(config_cls: type, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` checked against the Config's field types (float, int, bool, str; other fields as given), a float
+    field taking an integer as a float; ValueError naming the option and what it must be."""
+    hints = typing.get_type_hints(config_cls)
+    checked: dict[str, Any] = {}
+    for key, value in options.items():
+        kind = _KINDS.get(hints.get(key))
+        if kind is not None and not kind[1](value):
+            raise ValueError(f"algorithm.{key} must be {kind[0]}, got {value!r}")
+        checked[key] = float(value) if hints.get(key) is float else value
+    return checked
+
+
 def config_from_options(config_cls: type, options: Mapping[str, Any]) -> Any:
-    """Build an algorithm's frozen Config from a mapping; unknown keys are an error naming the valid ones."""
+    """Build an algorithm's frozen Config from a mapping; unknown keys are an error naming the valid ones, and a
+    value of the wrong type one naming the option."""
     known = {f.name for f in dataclasses.fields(config_cls)}
     unknown = set(options) - known
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)} for this algorithm; valid: {sorted(known)}")
-    return config_cls(**dict(options))
+    return config_cls(**typed_options(config_cls, options))
 
 
 def wrapper_config(config_cls: type, base_module: Any, options: Mapping[str, Any]) -> Any:
@@ -103,7 +126,7 @@ def wrapper_config(config_cls: type, base_module: Any, options: Mapping[str, Any
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)} for this algorithm; valid: {sorted(known)}")
     base = config_from_options(base_module.Config, {k: v for k, v in options.items() if k not in own})
-    return config_cls(base=base, **{k: v for k, v in options.items() if k in own})
+    return config_cls(base=base, **typed_options(config_cls, {k: v for k, v in options.items() if k in own}))
 
 
 def weights_of(updates: Sequence[ClientUpdate], weighting: str) -> np.ndarray:

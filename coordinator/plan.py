@@ -63,6 +63,18 @@ def check_algorithm(config: Config) -> Config:
     return config
 
 
+def check_training(config: Config) -> None:
+    """[train] as the agents will build it (optimizer, epochs, batch size, rate), refused in one line now."""
+    from fedge.algorithms.loop import TrainSettings
+
+    t = config.train
+    try:
+        TrainSettings(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, optimizer=t.optimizer, momentum=t.momentum,
+                      weight_decay=t.weight_decay, loss=t.loss, class_weights=tuple(t.class_weights))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def by_import_path(config: Config) -> Config:
     """Names registered in code replaced by their import paths, so that agents in other processes (and the saved
     config.toml, for a resume) name what they can import; a lambda or closure is a one-line error here."""
@@ -109,6 +121,7 @@ def load_data(config: Config) -> tuple[Any | None, PluginRef | None]:
 def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     """Check everything; see the module docstring."""
     check_algorithm(config)
+    check_training(config)
     config = by_import_path(config)
     plugins: dict[str, PluginRef] = {}
     if dataset is None:

@@ -1,0 +1,45 @@
+"""The whole configuration is checked when it is read: typed algorithm options and [train], one line, nothing
+written (the CLI case runs a process; the rest run the same plan in process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedge.coordinator.config import ConfigError, load_config
+from fedge.coordinator.plan import plan_session
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["algorithm.keep=abc"], "algorithm.keep must be a number, got 'abc'"),
+    (["algorithm.keep=true"], "algorithm.keep must be a number, got True"),
+    (["algorithm.value_dtype=3"], "algorithm.value_dtype must be a string, got 3"),
+    (["algorithm.name=dssa-fedprox", "algorithm.warmup_rounds=1.5"], "algorithm.warmup_rounds must be an integer"),
+    (["algorithm.name=fedprox", "algorithm.mu=[1]"], "algorithm.mu must be a number, got [1]"),
+    (["train.optimizer=rmsprop"], "train.optimizer must be one of"),
+    (["train.lr=0"], "train.lr > 0"),
+    (["algorithm.name=nope"], "unknown algorithm 'nope'"),
+])
+def test_bad_options_are_one_line(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_session(load_config(None, ["fleet.local_agents=2", *overrides]))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_integer_is_a_valid_float_option() -> None:
+    plan = plan_session(load_config(None, ["fleet.local_agents=2", "algorithm.keep=1"]))
+    assert plan.config.algorithm["keep"] == 1
+
+
+def test_the_cli_refuses_a_typed_option_before_writing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--run-dir", str(run_dir),
+                          "--set", "algorithm.keep=abc", "--quiet"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and not run_dir.exists()
+    assert out.stderr.strip() == "coordinator: error: [algorithm] ef-fedprox: algorithm.keep must be a number, got 'abc'"
