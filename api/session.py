@@ -49,8 +49,15 @@ def run_session(config: Config, run_dir: str | Path | None = None, quiet: bool =
         config = load_config(path / "config.toml")
     elif (path / "checkpoint.npz").exists():
         raise ConfigError(f"{path} already holds a run: resume it or choose another run_dir")
+    from fedge.coordinator.launch import hold_run_dir
+
     plan = plan_session(config)
-    return play(plan, RunDir(path), resuming=resume, quiet=quiet)
+    run = RunDir(path)
+    lock = hold_run_dir(run)
+    try:
+        return play(plan, run, resuming=resume, quiet=quiet)
+    finally:
+        lock.close()
 
 
 def run_agent(coordinator: str, client_id: str, data: str | Callable[[], Any] | Mapping[str, Any],

@@ -21,8 +21,10 @@ from fedge.codec.errors import (
 )
 from fedge.codec.masks import mask_crc, retained_count, topk_mask
 from fedge.codec.messages import (
+    HELLO_HOLDS,
     JOIN_REFUSALS,
     PROTOCOL_VERSION,
+    SESSION_FINISHED,
     Bye,
     Commit,
     ErrorMessage,
@@ -38,7 +40,7 @@ from fedge.codec.sparse import SparseSection
 from fedge.codec.tensors import TensorGroup
 
 __all__ = [
-    "PROTOCOL_VERSION", "Hello", "Welcome", "Task", "Update", "Commit", "Heartbeat", "ErrorMessage", "Bye", "JOIN_REFUSALS",
+    "PROTOCOL_VERSION", "Hello", "Welcome", "Task", "Update", "Commit", "Heartbeat", "ErrorMessage", "Bye", "JOIN_REFUSALS", "HELLO_HOLDS", "SESSION_FINISHED",
     "Message", "TensorGroup", "SparseSection", "encode", "decode", "Limits",
     "CodecError", "TooLarge", "Malformed", "UnsupportedVersion", "UnknownKind", "ChecksumError", "NonFinite",
     "ShapeMismatch", "MaskMismatch", "OutOfRange",

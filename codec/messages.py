@@ -141,6 +141,13 @@ class ErrorMessage(MessageBase):
     kind_code: ClassVar[int] = 7
 
 
+# The Bye reason that ends an agent's session for good (any other Bye means "I will be back").
+SESSION_FINISHED = "session finished"
+
+# Hello meta key: [run_id, round] of the task the agent holds (training it, or its update not yet sent); absent when
+# it holds none. A coordinator re-sends the round's task after a re-hello only to an agent that holds none.
+HELLO_HOLDS = "holds"
+
 # ErrorMessage codes with which an agent declines a session at its welcome (it will not import a plugin, its data does
 # not fit, ...). The coordinator frees the client index the agent took, so that another device can have it.
 JOIN_REFUSALS = frozenset({"plugin-refused", "plugin-mismatch", "data-mismatch", "model-mismatch", "model-failed",

@@ -67,17 +67,17 @@ class AgentRegistry:
                 return agent
         raise KeyError(index)
 
-    def touch(self, client_id: str) -> None:
+    def touch(self, client_id: str, now: float | None = None) -> None:
         agent = self.agents.get(client_id)
         if agent is not None:
-            agent.last_seen = time.monotonic()
+            agent.last_seen = time.monotonic() if now is None else now
 
     def alive(self, agent: Agent, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
         return agent.connected and now - agent.last_seen <= self.liveness_s
 
-    def live_indices(self) -> list[int]:
-        now = time.monotonic()
+    def live_indices(self, now: float | None = None) -> list[int]:
+        now = time.monotonic() if now is None else now
         return sorted(a.index for a in self.agents.values() if self.alive(a, now))
 
     def state(self) -> dict[str, Any]:

@@ -71,6 +71,16 @@ def resolve_run(args: argparse.Namespace, flags: dict[str, Any]) -> tuple[Sessio
     return plan, path, False
 
 
+def hold_run_dir(run_dir: RunDir) -> Any:
+    """One coordinator per run directory: ConfigError naming the process that holds it."""
+    from fedge.edge_agent.state import DirectoryLocked, hold_directory
+
+    try:
+        return hold_directory(run_dir.path, "coordinator")
+    except DirectoryLocked as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def prepare_local_fleet(plan: SessionPlan, run_dir: RunDir) -> list[AgentSpec]:
     """Write one shard per agent (once; a resumed run reuses them) and return the agents to start."""
     from fedge.fldata import write_shard
@@ -173,9 +183,13 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
 def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
     plan, path, resuming = resolve_run(args, flags)
     run_dir = RunDir(path)
+    lock = hold_run_dir(run_dir)
     setup_logging(json_lines=args.log_json, log_file=str(run_dir / "coordinator.log"),
                   quiet=not getattr(args, "verbose", False))  # the progress lines are the live display
-    report = play(plan, run_dir, resuming, quiet=args.quiet, service=args.service)
+    try:
+        report = play(plan, run_dir, resuming, quiet=args.quiet, service=args.service)
+    finally:
+        lock.close()
     if report["status"] == "done":
         acc = report["final_test_accuracy"]
         written = ", ".join(["metrics.jsonl", "clients.jsonl", "report.json",

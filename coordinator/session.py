@@ -1,9 +1,9 @@
 """THE round loop: register agents, select, send downlinks, gather updates, aggregate, evaluate, checkpoint, record.
 
-A ``Session`` owns one run: the algorithm's server half, the agent registry and the run directory. It talks to
-agents only through ``RouterTransport`` frames and codec packets, so a local fleet on loopback and a fleet of
-Raspberry Pis are served by the same code. The handlers of what agents send live in ``coordinator.messaging``:
-every message is validated before it can touch state, and a bad one is rejected with a reason while the loop goes on.
+A ``Session`` owns one run: the algorithm's server half, the run directory, and the driver's part of the protocol:
+it polls the ``RouterTransport``, feeds every frame and the current time to ``coordinator.protocol`` (which holds
+the agent registry, the round in progress and every rule that guards it, with no I/O), sends what that returns and
+logs what it reports. So a local fleet on loopback and a fleet of Raspberry Pis are served by the same code.
 Device state is committed in two phases: an agent promotes what a round produced only when told that the round was
 checkpointed with its update in it. Must not import torch directly (models and evaluation do that), nor know any
 algorithm by name.
@@ -15,7 +15,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,7 @@ from fedge.algorithms import make_server
 from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.config import Config
-from fedge.coordinator.messaging import SENDER, Messaging
+from fedge.coordinator.protocol import CoordinatorProtocol, Event, Rejected, RoundState, Send
 from fedge.coordinator.records import (
     agent_record,
     agents_evaluation,
@@ -45,19 +44,7 @@ log = logging.getLogger("fedge.coordinator")
 
 
 
-@dataclass
-class RoundState:
-    number: int
-    selected: list[int]
-    started: float
-    deadline: float
-    bytes_down: dict[int, int] = field(default_factory=dict)
-    masks: dict[int, set[int]] = field(default_factory=dict)
-    updates: dict[int, tuple[codec.Update, int]] = field(default_factory=dict)
-    failed: set[int] = field(default_factory=set)
-
-
-class Session(Messaging):
+class Session:
     """One federated session over a transport; ``run()`` plays rounds until done or asked to stop."""
 
     def __init__(self, config: Config, run_dir: RunDir, transport: RouterTransport, spec: ModelSpec,
@@ -71,15 +58,12 @@ class Session(Messaging):
         self.transport = transport
         self.spec = spec
         self.evaluator = evaluator
-        self.run_id = run_id
         self.on_round = on_round
         self.welcome_extra = dict(welcome_extra or {})
         self.stopping = False
         self.progress = 0
-        self.round = 0
-        self.current: RoundState | None = None
-        self.registry = AgentRegistry(num_clients, config.fleet.liveness_s)
-        self.registry.reserve(reserved_ids or [])
+        registry = AgentRegistry(num_clients, config.fleet.liveness_s)
+        registry.reserve(reserved_ids or [])
         model = build(spec, seed=config.run.seed)
         if initial is not None:  # model.init: the session starts from saved weights (checked by the plan)
             arrays_to_state(model, dict(initial), strict=False)
@@ -88,9 +72,23 @@ class Session(Messaging):
         self.shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
         context = ServerContext(num_clients=num_clients, layout=self.layout, seed=config.run.seed)
         self.server = make_server(config.algorithm_name, config.algorithm_options, state_to_arrays(model), context)
+        self.protocol = CoordinatorProtocol(run_id, self.model_hash, self.shapes, registry, self.server,
+                                            self.session_meta, self.task_meta)
         self.started = time.monotonic()
         self.status_written = 0.0
         self.round_walls: list[float] = []
+
+    @property
+    def registry(self) -> AgentRegistry:
+        return self.protocol.registry
+
+    @property
+    def round(self) -> int:
+        return self.protocol.round
+
+    @property
+    def run_id(self) -> str:
+        return self.protocol.run_id
 
     # ----------------------------------------------------------------------------------------- checkpoint
     def save_checkpoint(self) -> None:
@@ -103,8 +101,8 @@ class Session(Messaging):
         arrays, meta = load_checkpoint(self.run_dir.checkpoint, self.model_hash, self.config.algorithm_name)
         self.server.load_state_dict(arrays, meta["server"])
         self.registry.load_state(meta)
-        self.round = int(meta["round"])
-        self.run_id = str(meta["run_id"])
+        self.protocol.round = int(meta["round"])
+        self.protocol.run_id = str(meta["run_id"])
         for name in ("metrics.jsonl", "clients.jsonl"):
             self.run_dir.truncate_jsonl(name, self.round)
         log.info("resumed %s at round %d", self.run_dir.path, self.round)
@@ -112,6 +110,31 @@ class Session(Messaging):
     def session_meta(self, index: int) -> dict[str, Any]:
         return {**welcome_meta(self.config, self.spec, self.run_id, self.model_hash, index, self.registry.capacity),
                 **self.welcome_extra}
+
+    def task_meta(self, number: int) -> dict[str, Any]:
+        """The runtime's evaluation flags of a task in round ``number``."""
+        personal = self.config.eval.personal_every
+        return {"personal_eval": bool(personal and number % personal == 0),
+                "evaluate": self.evaluator is None and self.evaluation_due(number)}
+
+    # ----------------------------------------------------------------------------------------- driving the protocol
+    def act(self, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, Send):
+                size = self.send(event.peer, event.message)
+                if event.task_of is not None:
+                    self.protocol.sent_task(event.task_of, size)
+            elif isinstance(event, Rejected):
+                log.warning("rejected a message from %r: %s (%s)", event.peer, event.reason, event.code)
+            else:
+                log.log(event.level, "%s", event.text)
+
+    def send(self, peer: bytes, message: codec.Message) -> int:
+        frame = codec.encode(message)
+        return len(frame) if self.transport.send(peer, frame) else 0
+
+    def handle(self, peer: bytes, frame: bytes) -> None:
+        self.act(self.protocol.receive(peer, frame, time.monotonic()))
 
     def pump(self, timeout_ms: int) -> None:
         self.progress += 1
@@ -139,24 +162,6 @@ class Session(Messaging):
         count = min(len(available), max(count, r.min_clients))
         return sorted(int(i) for i in rng.choice(available, size=count, replace=False))
 
-    def send_task(self, current: RoundState, index: int) -> None:
-        agent = self.registry.by_index(index)
-        payload: Payload = self.server.downlink(current.number, index)
-        personal = self.config.eval.personal_every
-        meta = {
-            **dict(payload.meta), "committed_round": self.round,
-            "last_accepted_round": agent.last_accepted_round,
-            "deadline_s": max(0.0, current.deadline - time.monotonic()),
-            "personal_eval": bool(personal and current.number % personal == 0),
-            "evaluate": self.evaluator is None and self.evaluation_due(current.number),
-        }
-        task = codec.Task(run_id=self.run_id, round=current.number, sender=SENDER, groups=dict(payload.groups),
-                          meta=meta)
-        current.bytes_down[index] = current.bytes_down.get(index, 0) + self.send(agent.peer, task)
-        for group in payload.groups.values():
-            if group.sparse is not None and group.sparse.mask is not None:
-                current.masks.setdefault(index, set()).add(codec.mask_crc(group.sparse.mask))
-
     def wait_for_agents(self, expect: int, timeout_s: float) -> bool:
         minimum = max(self.config.round.min_clients, 1)
         until = time.monotonic() + timeout_s
@@ -177,23 +182,20 @@ class Session(Messaging):
         started = time.monotonic()
         self.drain()
         available = self.registry.live_indices()
-        current = RoundState(number=number, selected=self.select(number, available), started=started,
-                             deadline=started + self.config.round.deadline_s)
-        self.current = current
-        for index in current.selected:
-            self.send_task(current, index)
-        while len(current.updates) + len(current.failed) < len(current.selected) and \
-                time.monotonic() < current.deadline:
+        self.act(self.protocol.open_round(number, self.select(number, available), started,
+                                          self.config.round.deadline_s))
+        while not self.protocol.complete(time.monotonic()):
             if self.stopping:
-                self.current = None
+                self.protocol.abandon_round()
                 return None
             self.pump(100)
-            waiting = [i for i in current.selected if i not in current.updates and i not in current.failed]
-            if waiting and not any(self.registry.alive(self.registry.by_index(i)) for i in waiting):
-                log.warning("round %d: every agent still awaited (%s) is gone; closing the round", number, waiting)
-                break
-            self.write_status(f"round {number}: {len(current.updates)}/{len(current.selected)} updates")
-        self.current = None
+            current = self.protocol.current
+            if current is not None:
+                self.write_status(f"round {number}: {len(current.updates)}/{len(current.selected)} updates")
+        current = self.protocol.close_round()
+        if current.awaited() and time.monotonic() < current.deadline:
+            log.warning("round %d: every agent still awaited (%s) is gone; closing the round", number,
+                        current.awaited())
         return self.finish_round(current, started)
 
     def finish_round(self, current: RoundState, started: float) -> dict[str, Any]:
@@ -229,13 +231,11 @@ class Session(Messaging):
                 "train_s": update.meta.get("train_s"), "energy_j_share": share,
                 **client_evaluation(update.meta)})
         row.update(meter_totals(records))
-        self.round = number
         row["wall_s"] = time.monotonic() - started
         self.run_dir.append_jsonl("metrics.jsonl", row)
+        commits = self.protocol.commits(number)  # the round is now the last committed one
         self.save_checkpoint()
-        for index, _ in ordered:
-            agent = self.registry.by_index(index)
-            self.send(agent.peer, codec.Commit(run_id=self.run_id, round=number, sender=SENDER))
+        self.act(commits)
         self.round_walls.append(row["wall_s"])
         return row
 
@@ -306,8 +306,7 @@ class Session(Messaging):
         DEALER, with ZMQ_IMMEDIATE, discarding what it had not read yet when the connection went), and that agent
         waited for a session that had ended."""
         told = [a for a in self.registry.agents.values() if a.connected and a.peer]
-        for agent in told:
-            self.send(agent.peer, codec.Bye(run_id=self.run_id, round=self.round, sender=SENDER, reason=reason))
+        self.act(self.protocol.byes(reason))
         deadline = time.monotonic() + wait_s
         while any(a.connected for a in told) and time.monotonic() < deadline:
             self.pump(50)

@@ -30,13 +30,14 @@ from fedge.edge_agent.config import AgentSettings
 from fedge.edge_agent.data import DeviceData
 from fedge.edge_agent.joining import Refused, Session, data_tensors, join_session
 from fedge.edge_agent.metering import mask_figures, tcp_peer
-from fedge.edge_agent.state import DeviceState
+from fedge.edge_agent.protocol import Action, AgentProtocol, Confirm, Join, SayHello, Send, Stop, Train
+from fedge.edge_agent.state import DeviceState, hold_directory
 from fedge.edge_agent.transport import CurveClientKeys, DealerTransport
 from fedge.meter import AgentMeter, ParamSnapshot
 
 log = logging.getLogger("fedge.agent")
 
-SESSION_FINISHED = "session finished"  # a Bye with this reason ends the agent; any other means "I will be back"
+SESSION_FINISHED = codec.SESSION_FINISHED
 CAPABILITIES = ("sparse-mask", "sparse-values", "sparse-indices", "f16", "bf16", "int8")
 
 
@@ -70,10 +71,7 @@ class Agent:
         self.session: Session | None = None
         self.worker: threading.Thread | None = None
         self.outcome: Outcome | None = None
-        self.busy_round = 0
-        self.last_heard = 0.0
-        self.last_hello = 0.0
-        self.last_heartbeat = 0.0
+        self.protocol = AgentProtocol(settings.client_id, settings.hello_interval_s)
         self.progress = 0
         self.exit_code = 0
         self.meter = AgentMeter(energy=settings.energy)
@@ -92,30 +90,27 @@ class Agent:
             self.meter.add_bytes("up", len(frame))
 
     def hello(self, transport: DealerTransport) -> None:
-        self.last_hello = time.monotonic()
         self.send(transport, codec.Hello(
             run_id=self.session.run_id if self.session else "", round=0, sender=self.settings.client_id,
             fedge_version=fedge.__version__, protocol_version=codec.PROTOCOL_VERSION,
             torch_version=torch.__version__, model_hash="", capabilities=CAPABILITIES,
             dataset_size=int(self.data.train_y.shape[0]),
             meta={"device": str(self.device), "input_shape": list(self.data.sample_shape),
-                  "num_classes": self.data.num_outputs}))
+                  "num_classes": self.data.num_outputs, **self.protocol.holds()}))
 
-    def on_welcome(self, transport: DealerTransport, welcome: codec.Welcome) -> None:
-        meta = dict(welcome.meta)
-        if self.session is not None and self.session.run_id == meta.get("run_id") and \
-                self.session.index == meta.get("client_index"):
-            log.info("coordinator welcomed us back (run %s, round %d)", welcome.run_id, welcome.round)
-            return
+    def on_join(self, transport: DealerTransport, meta: dict[str, Any]) -> None:
         try:
-            self.session = self.join(meta)
+            session = self.join(meta)
         except Refused as refusal:
-            self.fail(transport, refusal.code, str(refusal))
+            self.act(transport, self.protocol.refuse(refusal.code, str(refusal)))
             return
         except (KeyError, TypeError, ValueError) as exc:
-            self.fail(transport, "bad-welcome", f"the welcome is incomplete or malformed: {type(exc).__name__}: {exc}")
+            self.act(transport, self.protocol.refuse("bad-welcome", f"the welcome is malformed: "
+                                                                    f"{type(exc).__name__}: {exc}"))
             return
-        self.begin_session(self.session)
+        self.session = session
+        self.protocol.joined(session.run_id, session.index, session.heartbeat_s, session.liveness_s)
+        self.begin_session(session)
 
     def join(self, meta: dict[str, Any]) -> Session:
         """The session the welcome describes (``edge_agent.joining``), with this device's data as tensors."""
@@ -135,23 +130,11 @@ class Agent:
         log.info("joined run %s as client %d: %s with %s, %d samples on %s", session.run_id, session.index,
                  session.meta["model"]["name"], session.meta["algorithm"]["name"], count, self.device)
 
-    def fail(self, transport: DealerTransport, code: str, reason: str) -> None:
-        log.error("%s: %s", code, reason)
-        self.send(transport, codec.ErrorMessage(run_id="", round=0, sender=self.settings.client_id, code=code,
-                                                reason=reason))
-        self.exit_code = 2
-        self.stop_requested.set()
-
     # ------------------------------------------------------------------------------------------------ round
     def start_task(self, task: codec.Task, decode_cpu_s: float) -> None:
         session = self.session
-        if session is None or task.run_id != session.run_id:
-            log.warning("ignoring a task of run %s (we are in %s)", task.run_id, session and session.run_id)
-            return
-        if self.worker is not None and self.worker.is_alive():
-            log.warning("ignoring the task of round %d: still training round %d", task.round, self.busy_round)
-            return
-        self.busy_round = task.round
+        if session is None:  # the protocol trains only in a joined session
+            raise RuntimeError("a task before the session was joined")
         self.outcome = None
         self.worker = threading.Thread(target=self.train_round, args=(session, task, decode_cpu_s), daemon=True,
                                        name=f"train-round-{task.round}")
@@ -240,75 +223,67 @@ class Agent:
         return codec.Update(run_id=session.run_id, round=round_number, sender=self.settings.client_id,
                             groups=dict(update.groups), meta=meta)
 
-    def on_commit(self, commit: codec.Commit) -> None:
-        if self.session is not None and self.state.confirm(self.session.run_id, commit.round):
-            log.info("round %d committed", commit.round)
+    def on_commit(self, round_number: int) -> None:
+        if self.session is not None and self.state.confirm(self.session.run_id, round_number):
+            log.info("round %d committed", round_number)
 
     # ------------------------------------------------------------------------------------------------ loop
+    def act(self, transport: DealerTransport, actions: list[Action], decode_cpu_s: float = 0.0) -> None:
+        """Carry out what the protocol decided."""
+        for action in actions:
+            if isinstance(action, Send):
+                self.send(transport, action.message)
+            elif isinstance(action, SayHello):
+                self.hello(transport)
+            elif isinstance(action, Join):
+                self.on_join(transport, action.meta)
+            elif isinstance(action, Train):
+                self.start_task(action.task, decode_cpu_s)
+            elif isinstance(action, Confirm):
+                self.on_commit(action.round)
+            elif isinstance(action, Stop):
+                self.exit_code = action.exit_code
+                self.stop_requested.set()
+            else:
+                log.log(action.level, "%s", action.text)
+
     def handle(self, transport: DealerTransport, frame: bytes) -> None:
         self.meter.add_bytes("down", len(frame))
         cpu_before = time.thread_time()
-        try:
-            message = codec.decode(frame)
-        except codec.CodecError as exc:
-            log.warning("dropped a malformed packet from the coordinator: %s", exc)
-            return
-        self.last_heard = time.monotonic()
+        actions = self.protocol.receive(frame, time.monotonic())
         self.progress += 1
-        if isinstance(message, codec.Welcome):
-            self.on_welcome(transport, message)
-        elif isinstance(message, codec.Task):
-            self.start_task(message, time.thread_time() - cpu_before)
-        elif isinstance(message, codec.Commit):
-            self.on_commit(message)
-        elif isinstance(message, codec.Bye):
-            if message.reason.startswith(SESSION_FINISHED):
-                log.info("coordinator says goodbye: %s", message.reason)
-                self.stop_requested.set()
-            else:
-                log.warning("coordinator says goodbye: %s; waiting for it to come back", message.reason)
-                self.last_heard = 0.0
-        elif isinstance(message, codec.ErrorMessage):
-            log.warning("coordinator: %s: %s", message.code, message.reason)
-            if message.code == "hello-first":
-                self.hello(transport)
-            elif message.code in ("protocol-mismatch", "model-mismatch", "session-full"):
-                self.exit_code = 2
-                self.stop_requested.set()
+        self.act(transport, actions, time.thread_time() - cpu_before)
 
     def tick(self, transport: DealerTransport) -> None:
         now = time.monotonic()
-        session = self.session
-        heard_recently = session is not None and now - self.last_heard < session.liveness_s
-        if not heard_recently and now - self.last_hello >= self.settings.hello_interval_s:
-            if session is not None and self.last_heard:
-                log.warning("nothing heard from the coordinator for %.0f s; saying hello again",
-                            now - self.last_heard)
-            self.hello(transport)
-        if session is not None and now - self.last_heartbeat >= session.heartbeat_s:
-            self.last_heartbeat = now
-            self.send(transport, codec.Heartbeat(run_id=session.run_id, round=self.busy_round,
-                                                 sender=self.settings.client_id))
         outcome = self.outcome
-        if outcome is not None and session is not None:
+        if outcome is not None and (self.worker is None or not self.worker.is_alive()):
             self.outcome = None
             if outcome.frame is not None:
                 transport.send(outcome.frame)  # its bytes are counted where they arrive (the coordinator)
                 log.info("round %d: sent update (%d bytes)", outcome.round, len(outcome.frame))
-            else:
-                self.send(transport, codec.ErrorMessage(run_id=session.run_id, round=outcome.round,
-                                                        sender=self.settings.client_id, code="round-failed",
-                                                        reason=outcome.error))
+            self.act(transport, self.protocol.finished(outcome.round, outcome.frame, outcome.error))
+        elif outcome is None and self.protocol.holding is not None and \
+                (self.worker is None or not self.worker.is_alive()):
+            self.protocol.abandoned()
+        self.act(transport, self.protocol.tick(now))
         if transport.handshakes > self.handshakes_counted:
             self.handshakes_counted = transport.handshakes
             self.meter.add_connection("DEALER", "ROUTER", identity=self.settings.client_id.encode(),
                                       mechanism="CURVE" if transport.curve else "NULL")
-            self.hello(transport)  # a new connection: perhaps a restarted coordinator
+            self.act(transport, [self.protocol.hello_now(now)])  # a new connection: perhaps a restarted coordinator
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.warning("the process that started this agent is gone; stopping")
             self.stop_requested.set()
 
     def run(self) -> int:
+        lock = hold_directory(self.settings.state_dir, "agent")  # one agent per state directory
+        try:
+            return self.serve()
+        finally:
+            lock.close()
+
+    def serve(self) -> int:
         curve = None
         if self.settings.curve == "on":
             curve = CurveClientKeys.load(self.settings.keys_dir, self.settings.coordinator_public_key)
@@ -324,9 +299,7 @@ class Agent:
                     self.handle(transport, frame)
                 self.tick(transport)
                 self.progress += 1
-            if self.session is not None:
-                self.send(transport, codec.Bye(run_id=self.session.run_id, round=self.busy_round,
-                                               sender=self.settings.client_id, reason="agent stopping"))
+            self.act(transport, self.protocol.leaving())
         finally:
             worker = self.worker
             if worker is not None and worker.is_alive():

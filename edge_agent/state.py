@@ -34,8 +34,51 @@ class StoredState:
     model_meta: dict[str, Any] = field(default_factory=dict)
 
 
+class DirectoryLocked(OSError):
+    """Another process holds the directory (a second coordinator on a run directory, a second agent on a state
+    directory); the message names it."""
+
+
+def hold_directory(directory: str | os.PathLike[str], what: str) -> Any:
+    """Take the exclusive lock of ``directory`` (its ``.lock`` file, which records the holder's pid) for as long
+    as the returned handle stays open; DirectoryLocked naming the holder when another process has it."""
+    import fcntl
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    handle = open(path / ".lock", "a+")  # noqa: SIM115 - held open by the caller: the lock lives as long as it
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise DirectoryLocked(f"{path} is in use by another {what} (pid {holder}): stop it, or use another "
+                              "directory") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX: the directory entry is data of the directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same directory, fsync it, then rename it over the target."""
+    """Write to a temporary file in the same directory, fsync it, rename it over the target, and fsync the
+    directory so that the rename survives a power cut."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -47,6 +90,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_directory(path.parent)
 
 
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],

@@ -12,22 +12,24 @@ import time
 
 from fedge import codec
 from fedge.coordinator.agents import Agent, AgentRegistry
+from fedge.coordinator.protocol import CoordinatorProtocol
 from fedge.coordinator.session import Session
 
 
 def session_with(agents: list[Agent], answer_after: int | None) -> tuple[Session, list[bytes], list[int]]:
     session = Session.__new__(Session)
-    session.registry = AgentRegistry(len(agents), 10.0)
+    registry = AgentRegistry(len(agents), 10.0)
     for agent in agents:
-        session.registry.agents[agent.client_id] = agent
-    session.run_id, session.round, session.progress = "run", 5, 0
+        registry.agents[agent.client_id] = agent
+    session.protocol = CoordinatorProtocol("run", "hash", {}, registry, None, lambda index: {})
+    session.protocol.round, session.progress = 5, 0
     sent: list[bytes] = []
     pumps: list[int] = []
 
-    def send(peer: bytes, message: codec.Bye) -> bool:
-        assert isinstance(message, codec.Bye) and message.reason == "session finished"
+    def send(peer: bytes, message: codec.Bye) -> int:
+        assert isinstance(message, codec.Bye) and message.reason == "session finished" and message.round == 5
         sent.append(peer)
-        return True
+        return 1
 
     def pump(timeout_ms: int) -> None:
         pumps.append(timeout_ms)

@@ -24,6 +24,9 @@ FORBIDDEN: dict[str, set[str]] = {
     "coordinator/transport.py": {"torch", "codec", "algorithms", "models", "fldata", "meter"},
     "edge_agent/transport.py": {"torch", "codec", "algorithms", "models", "fldata", "meter"},
     "edge_agent": {"coordinator", "api"},
+    # The protocol objects: no sockets, threads or clocks of their own (frames and the time are handed to them).
+    "coordinator/protocol.py": {"zmq", "threading", "time", "socket", "edge_agent"},
+    "edge_agent/protocol.py": {"zmq", "threading", "time", "socket", "torch", "algorithms", "models"},
 }
 
 

@@ -1,0 +1,318 @@
+"""The coordinator's side of the round protocol, with no I/O: frames and the current time in, events out.
+
+``CoordinatorProtocol`` holds the agent registry, the round in progress (who was selected, the tasks and masks
+sent, what arrived and was validated) and the rules that guard it: hello first, the sender must be the connection's
+id, a full session, protocol and model mismatches, a re-hello mid-round (the task is sent again only when the
+agent's hello says it holds none for this round), stale, duplicate, not-selected and invalid updates, commits only
+for aggregated updates, byes and failures in every state, and agents that decline a session at their welcome.
+A peer that keeps sending what must be refused gets no answers for a while: ``RejectionLimiter`` counts it in a
+bounded table and lets a few answers and log lines through per window. What to send comes back as ``Send`` events;
+what to log as ``Rejected`` and ``Noted``. No sockets, threads or clocks: the driver (``coordinator.session``)
+polls, feeds, sends and writes files. The server half is called for downlinks and to forget a device (pure
+computation); it knows no algorithm by name and never imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedge import codec
+from fedge.algorithms.base import Payload
+from fedge.coordinator.agents import AgentRegistry
+from fedge.coordinator.records import check_update
+
+SENDER = "coordinator"
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send ``message`` to ``peer``; ``task_of``: a task of the current round for that client (count its bytes)."""
+
+    peer: bytes
+    message: codec.Message
+    task_of: int | None = None
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A message was refused (the answer, if any, is a separate ``Send``)."""
+
+    peer: bytes
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Noted:
+    """Something the driver should log."""
+
+    level: int
+    text: str
+
+
+Event = Send | Rejected | Noted
+
+
+@dataclass
+class RoundState:
+    number: int
+    selected: list[int]
+    started: float
+    deadline: float
+    bytes_down: dict[int, int] = field(default_factory=dict)
+    masks: dict[int, set[int]] = field(default_factory=dict)
+    updates: dict[int, tuple[codec.Update, int]] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)
+    tasks_sent: set[int] = field(default_factory=set)
+
+    def awaited(self) -> list[int]:
+        return [i for i in self.selected if i not in self.updates and i not in self.failed]
+
+
+class RejectionLimiter:
+    """Per peer, at most ``burst`` answered (and logged) rejections per ``window_s``; the rest are counted and
+    reported once per window. The table holds at most ``peers`` entries (the least recently seen go first)."""
+
+    def __init__(self, burst: int = 10, window_s: float = 10.0, peers: int = 1024) -> None:
+        self.burst, self.window_s, self.peers = burst, window_s, peers
+        self.table: OrderedDict[bytes, list[float]] = OrderedDict()  # peer -> [window start, count, suppressed]
+        self.totals: dict[bytes, int] = {}
+
+    def admit(self, peer: bytes, now: float) -> tuple[bool, int]:
+        """(answer this one?, rejections suppressed in the window that just ended, to report)."""
+        entry = self.table.pop(peer, None)
+        report = 0
+        if entry is None or now - entry[0] >= self.window_s:
+            report = int(entry[2]) if entry is not None else 0
+            entry = [now, 0.0, 0.0]
+        entry[1] += 1
+        admitted = entry[1] <= self.burst
+        if not admitted:
+            entry[2] += 1
+        self.table[peer] = entry
+        while len(self.table) > self.peers:
+            self.table.popitem(last=False)
+        if len(self.totals) < self.peers or peer in self.totals:
+            self.totals[peer] = self.totals.get(peer, 0) + 1
+        return admitted, report
+
+
+class CoordinatorProtocol:
+    """The rules of a session; see the module docstring. ``session_meta(index)`` is a welcome's settings,
+    ``task_meta(round)`` the runtime's fields of a task (evaluation flags)."""
+
+    def __init__(self, run_id: str, model_hash: str, shapes: dict[str, tuple[int, ...]], registry: AgentRegistry,
+                 server: Any, session_meta: Callable[[int], dict[str, Any]],
+                 task_meta: Callable[[int], dict[str, Any]] | None = None,
+                 limiter: RejectionLimiter | None = None) -> None:
+        self.run_id = run_id
+        self.model_hash = model_hash
+        self.shapes = shapes
+        self.registry = registry
+        self.server = server
+        self.session_meta = session_meta
+        self.task_meta = task_meta or (lambda _round: {})
+        self.limiter = limiter or RejectionLimiter()
+        self.round = 0                        # the last checkpointed round
+        self.current: RoundState | None = None
+        self.closed: RoundState | None = None  # the round last closed, until its commits are sent
+
+    # ------------------------------------------------------------------------------------------ receiving
+    def receive(self, peer: bytes, frame: bytes, now: float) -> list[Event]:
+        try:
+            message = codec.decode(frame)
+        except codec.CodecError as exc:
+            return self.refuse(peer, "malformed", f"{type(exc).__name__}: {exc}", now)
+        client_id = peer.decode(errors="replace")
+        if message.sender != client_id:
+            return self.refuse(peer, "sender-mismatch", f"sender {message.sender!r} is not the connection's id", now)
+        if isinstance(message, codec.Hello):
+            return self.on_hello(peer, message, now)
+        agent = self.registry.get(client_id)
+        if agent is None or not agent.connected:
+            return self.refuse(peer, "hello-first", "this agent has not registered in this session: send a hello",
+                               now)
+        self.registry.touch(client_id, now)
+        agent.peer = peer
+        if isinstance(message, codec.Heartbeat):
+            return [Send(peer, codec.Heartbeat(run_id=self.run_id, round=self.round, sender=SENDER))]
+        if isinstance(message, codec.Update):
+            return self.on_update(peer, agent.index, message, len(frame), now)
+        if isinstance(message, codec.Bye):
+            return self.on_bye(client_id, agent.index, message)
+        if isinstance(message, codec.ErrorMessage):
+            admitted, _ = self.limiter.admit(peer, now)  # an agent's reports are logged at the same bounded rate
+            events: list[Event] = [Noted(logging.WARNING, f"agent {client_id} reports {message.code}: "
+                                                          f"{message.reason}")] if admitted else []
+            if message.code == "round-failed":
+                events += self.on_failed_round(agent.index, message.round)
+            elif message.code in codec.JOIN_REFUSALS:
+                events += self.on_declined(client_id, agent.index)
+            return events
+        return self.refuse(peer, "unexpected", f"a {type(message).__name__} is not expected from an agent", now)
+
+    def refuse(self, peer: bytes, code: str, reason: str, now: float) -> list[Event]:
+        admitted, suppressed = self.limiter.admit(peer, now)
+        events: list[Event] = []
+        if suppressed:
+            events.append(Noted(logging.WARNING, f"{suppressed} more rejections of {peer!r} were not answered "
+                                                 "or logged in the last window"))
+        if admitted:
+            events.append(Rejected(peer, code, reason))
+            events.append(Send(peer, codec.ErrorMessage(run_id=self.run_id, round=self.round, sender=SENDER,
+                                                        code=code, reason=reason)))
+        return events
+
+    def on_hello(self, peer: bytes, hello: codec.Hello, now: float) -> list[Event]:
+        if hello.protocol_version != codec.PROTOCOL_VERSION:
+            return self.refuse(peer, "protocol-mismatch", f"agent speaks protocol {hello.protocol_version}, this "
+                               f"coordinator {codec.PROTOCOL_VERSION}: upgrade the older side", now)
+        if hello.model_hash and hello.model_hash != self.model_hash:
+            return self.refuse(peer, "model-mismatch", f"agent's model definition {hello.model_hash} differs from "
+                               f"the session's {self.model_hash} (different Fedge or torch versions?)", now)
+        index = self.registry.index_of(hello.sender)
+        if index is None:
+            return self.refuse(peer, "session-full", f"the session already has its {self.registry.capacity} "
+                               "clients", now)
+        agent = self.registry.agents[hello.sender]
+        first = not agent.connected
+        agent.peer, agent.connected, agent.dataset_size = peer, True, hello.dataset_size
+        agent.hello = {"fedge": hello.fedge_version, "torch": hello.torch_version,
+                       "capabilities": list(hello.capabilities), **dict(hello.meta)}
+        self.registry.touch(hello.sender, now)
+        events: list[Event] = []
+        if first:
+            events.append(Noted(logging.INFO, f"agent {hello.sender} registered as client {index} "
+                                              f"({hello.dataset_size} samples, torch {hello.torch_version})"))
+        events.append(Send(peer, codec.Welcome(run_id=self.run_id, round=self.round, sender=SENDER,
+                                               meta=self.session_meta(index))))
+        current = self.current
+        holds = hello.meta.get(codec.HELLO_HOLDS)
+        holds_this_round = current is not None and holds == [self.run_id, current.number]
+        if current is not None and index in current.selected and index not in current.updates and \
+                index not in current.failed and not holds_this_round:
+            events.append(self.task(index, now))
+        return events
+
+    def on_update(self, peer: bytes, index: int, update: codec.Update, size: int, now: float) -> list[Event]:
+        current = self.current
+        if current is None or update.round != current.number:
+            return self.refuse(peer, "stale", f"update for round {update.round} arrived outside it (current: "
+                               f"{current.number if current else 'none'})", now)
+        if index not in current.selected:
+            return self.refuse(peer, "not-selected", f"client {index} was not selected in round {update.round}",
+                               now)
+        if index in current.updates:
+            return self.refuse(peer, "duplicate", f"a second update from client {index} in round {update.round}",
+                               now)
+        problem = check_update(update, self.shapes, current.masks.get(index, set()))
+        if problem:
+            return self.refuse(peer, "invalid-update", problem, now)
+        current.updates[index] = (update, size)
+        current.failed.discard(index)
+        return []
+
+    def on_bye(self, client_id: str, index: int, bye: codec.Bye) -> list[Event]:
+        """The agent leaves: it is no longer awaited in the round in progress."""
+        self.registry.agents[client_id].connected = False
+        current = self.current
+        if current is not None and index in current.awaited():
+            current.failed.add(index)
+        return [Noted(logging.INFO, f"agent {client_id} left: {bye.reason}")]
+
+    def on_failed_round(self, index: int, round_number: int) -> list[Event]:
+        """An agent could not do its round: stop waiting for it, and let the server half forget what it assumed of
+        the device's state (e.g. ef's replica), so the next downlink is self-sufficient."""
+        current = self.current
+        if current is not None and current.number == round_number and index in current.selected:
+            current.failed.add(index)
+        self.forget(index)
+        return []
+
+    def on_declined(self, client_id: str, index: int) -> list[Event]:
+        """An agent declined the session at its welcome: it is gone, and its index is free again unless it had
+        trained (then it keeps it, and the server half forgets what it assumed of the device)."""
+        self.registry.agents[client_id].connected = False
+        current = self.current
+        if current is not None and index in current.selected:
+            current.failed.add(index)
+        if self.registry.release(client_id):
+            self.forget(index)
+            return [Noted(logging.INFO, f"agent {client_id} declined the session; client index {index} is free "
+                                        "again")]
+        return []
+
+    def forget(self, index: int) -> None:
+        forget = getattr(self.server, "forget", None)
+        if forget is not None:
+            forget(index)
+
+    # ------------------------------------------------------------------------------------------ the round
+    def open_round(self, number: int, selected: Sequence[int], now: float, deadline_s: float) -> list[Event]:
+        """Start round ``number`` with the selected clients: their tasks."""
+        if self.current is not None:
+            raise RuntimeError(f"round {self.current.number} is still open")
+        self.current = RoundState(number=number, selected=list(selected), started=now, deadline=now + deadline_s)
+        return [self.task(index, now) for index in self.current.selected]
+
+    def task(self, index: int, now: float) -> Send:
+        """The task of the current round for client ``index`` (its downlink from the server half)."""
+        current = self.current
+        if current is None:
+            raise RuntimeError("no round is open")
+        agent = self.registry.by_index(index)
+        payload: Payload = self.server.downlink(current.number, index)
+        meta = {**dict(payload.meta), "committed_round": self.round,
+                "last_accepted_round": agent.last_accepted_round,
+                "deadline_s": max(0.0, current.deadline - now), **self.task_meta(current.number)}
+        for group in payload.groups.values():
+            if group.sparse is not None and group.sparse.mask is not None:
+                current.masks.setdefault(index, set()).add(codec.mask_crc(group.sparse.mask))
+        current.tasks_sent.add(index)
+        return Send(agent.peer, codec.Task(run_id=self.run_id, round=current.number, sender=SENDER,
+                                           groups=dict(payload.groups), meta=meta), task_of=index)
+
+    def sent_task(self, index: int, size: int) -> None:
+        """The driver sent a task of ``size`` bytes to ``index`` (0: it could not)."""
+        if self.current is not None:
+            self.current.bytes_down[index] = self.current.bytes_down.get(index, 0) + size
+
+    def complete(self, now: float) -> bool:
+        """Every selected agent reported or failed, the deadline passed, or every awaited agent is gone."""
+        current = self.current
+        if current is None:
+            return True
+        awaited = current.awaited()
+        if not awaited or now >= current.deadline:
+            return True
+        return not any(self.registry.alive(self.registry.by_index(i), now) for i in awaited)
+
+    def close_round(self) -> RoundState:
+        current = self.current
+        if current is None:
+            raise RuntimeError("no round is open")
+        self.current, self.closed = None, current
+        return current
+
+    def abandon_round(self) -> None:
+        self.current = None
+
+    def commits(self, number: int) -> list[Event]:
+        """After round ``number`` was checkpointed: a Commit to each agent whose update it aggregated, and only
+        those."""
+        closed = self.closed
+        if closed is None or closed.number != number:
+            raise RuntimeError(f"round {number} is not the round last closed")
+        self.round = number
+        self.closed = None
+        return [Send(self.registry.by_index(i).peer, codec.Commit(run_id=self.run_id, round=number, sender=SENDER))
+                for i in sorted(closed.updates)]
+
+    def byes(self, reason: str) -> list[Event]:
+        """A Bye to every connected agent."""
+        return [Send(a.peer, codec.Bye(run_id=self.run_id, round=self.round, sender=SENDER, reason=reason))
+                for a in self.registry.agents.values() if a.connected and a.peer]

@@ -1,0 +1,223 @@
+"""Every rule of the coordinator's side of the round protocol, on the protocol object itself: frames and times in,
+events out; no sockets, no processes. The server half is FedAvg's (or DSSA's, for masks) on a tiny model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fedge
+from fedge import codec
+from fedge.algorithms import make_server
+from fedge.algorithms.base import ModelLayout, ServerContext
+from fedge.coordinator.agents import AgentRegistry
+from fedge.coordinator.protocol import CoordinatorProtocol, Noted, RejectionLimiter, Send
+from fedge.models import build, definition_hash, state_to_arrays
+from tests.algo_helpers import TINY_MLP
+
+HASH = definition_hash(TINY_MLP)
+
+
+def protocol(capacity: int = 3, algorithm: str = "fedavg", options: dict[str, Any] | None = None,
+             liveness_s: float = 5.0) -> CoordinatorProtocol:
+    model = build(TINY_MLP, seed=0)
+    arrays = state_to_arrays(model)
+    server = make_server(algorithm, options or {}, arrays, ServerContext(capacity, ModelLayout.of(model)))
+    shapes = {name: tuple(a.shape) for name, a in arrays.items()}
+    return CoordinatorProtocol("run-1", HASH, shapes, AgentRegistry(capacity, liveness_s), server,
+                               lambda index: {"client_index": index})
+
+
+def hello(sender: str, **changes: Any) -> bytes:
+    fields: dict[str, Any] = dict(run_id="", round=0, sender=sender, fedge_version=fedge.__version__,
+                                  protocol_version=codec.PROTOCOL_VERSION, torch_version="x", model_hash=HASH,
+                                  capabilities=(), dataset_size=10, meta={})
+    fields.update(changes)
+    return codec.encode(codec.Hello(**fields))
+
+
+def frame(message: codec.Message) -> bytes:
+    return codec.encode(message)
+
+
+def sent(events: list[Any]) -> list[codec.Message]:
+    return [e.message for e in events if isinstance(e, Send)]
+
+
+def codes(events: list[Any]) -> list[str]:
+    return [m.code for m in sent(events) if isinstance(m, codec.ErrorMessage)]
+
+
+def joined(p: CoordinatorProtocol, *names: str, now: float = 0.0) -> None:
+    for name in names:
+        assert isinstance(sent(p.receive(name.encode(), hello(name), now))[0], codec.Welcome)
+
+
+def update(p: CoordinatorProtocol, sender: str, round_number: int, *, shift: float = 0.1,
+           groups: dict[str, codec.TensorGroup] | None = None) -> bytes:
+    arrays = p.server.evaluation_arrays()
+    model = {k: (v + shift).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in arrays.items()}
+    return frame(codec.Update(run_id="run-1", round=round_number, sender=sender,
+                              groups=groups if groups is not None else {"model": codec.TensorGroup(dense=model)},
+                              meta={"num_samples": 10}))
+
+
+def test_hello_first_and_the_sender_must_be_the_connection() -> None:
+    p = protocol()
+    heartbeat = frame(codec.Heartbeat(run_id="run-1", round=0, sender="a"))
+    assert codes(p.receive(b"a", heartbeat, 0.0)) == ["hello-first"]
+    assert codes(p.receive(b"b", hello("a"), 0.0)) == ["sender-mismatch"]
+    assert p.registry.get("a") is None
+    joined(p, "a")
+    assert isinstance(sent(p.receive(b"a", heartbeat, 0.1))[0], codec.Heartbeat)
+
+
+def test_a_full_session_and_mismatched_protocols_and_models_are_refused() -> None:
+    p = protocol(capacity=1)
+    joined(p, "a")
+    assert codes(p.receive(b"b", hello("b"), 0.0)) == ["session-full"]
+    assert codes(p.receive(b"c", hello("c", protocol_version=codec.PROTOCOL_VERSION + 1), 0.0)) == \
+        ["protocol-mismatch"]
+    assert codes(p.receive(b"d", hello("d", model_hash="0" * 16), 0.0)) == ["model-mismatch"]
+    assert sorted(p.registry.agents) == ["a"]
+
+
+def test_a_malformed_frame_is_refused_and_serving_goes_on() -> None:
+    p = protocol()
+    assert codes(p.receive(b"x", b"\x00junk", 0.0)) == ["malformed"]
+    joined(p, "a")
+
+
+def test_a_re_hello_mid_round_resends_the_task_only_to_an_agent_that_holds_none() -> None:
+    p = protocol()
+    joined(p, "a", "b")
+    tasks = sent(p.open_round(1, [0, 1], 0.0, 30.0))
+    assert [type(m) for m in tasks] == [codec.Task, codec.Task]
+    holding = hello("a", meta={codec.HELLO_HOLDS: ["run-1", 1]})
+    assert [type(m) for m in sent(p.receive(b"a", holding, 1.0))] == [codec.Welcome]
+    stale_claim = hello("a", meta={codec.HELLO_HOLDS: ["run-0", 1]})  # a task of another run is not this one
+    assert [type(m) for m in sent(p.receive(b"a", stale_claim, 1.0))] == [codec.Welcome, codec.Task]
+    assert [type(m) for m in sent(p.receive(b"b", hello("b"), 1.0))] == [codec.Welcome, codec.Task]
+    p.receive(b"b", update(p, "b", 1), 2.0)
+    assert [type(m) for m in sent(p.receive(b"b", hello("b"), 3.0))] == [codec.Welcome]  # it already reported
+
+
+def test_stale_not_selected_and_duplicate_updates_are_refused() -> None:
+    p = protocol()
+    joined(p, "a", "b", "c")
+    assert codes(p.receive(b"a", update(p, "a", 1), 0.0)) == ["stale"]  # no round open
+    p.open_round(1, [0, 1], 0.0, 30.0)
+    assert codes(p.receive(b"a", update(p, "a", 2), 0.0)) == ["stale"]
+    assert codes(p.receive(b"c", update(p, "c", 1), 0.0)) == ["not-selected"]
+    assert codes(p.receive(b"a", update(p, "a", 1), 0.0)) == []
+    assert codes(p.receive(b"a", update(p, "a", 1, shift=0.2), 0.0)) == ["duplicate"]
+    assert sorted(p.current.updates) == [0]  # type: ignore[union-attr]
+
+
+def test_invalid_updates_are_refused_with_the_reason() -> None:
+    p = protocol()
+    joined(p, "a")
+    p.open_round(1, [0], 0.0, 30.0)
+    arrays = p.server.evaluation_arrays()
+    name = next(iter(arrays))
+    cases = {
+        "unknown tensor": {"model": codec.TensorGroup(dense={"nope.weight": np.zeros(3, np.float32)})},
+        "shape": {"model": codec.TensorGroup(dense={name: np.zeros((1, 1), np.float32)})},
+    }
+    for expected, groups in cases.items():
+        events = p.receive(b"a", update(p, "a", 1, groups=groups), 0.0)
+        assert codes(events) == ["invalid-update"] and expected in sent(events)[0].reason  # type: ignore[attr-defined]
+    no_samples = frame(codec.Update(run_id="run-1", round=1, sender="a", groups={}, meta={}))
+    assert codes(p.receive(b"a", no_samples, 0.0)) == ["invalid-update"]
+    assert p.current.updates == {}  # type: ignore[union-attr]
+
+
+def test_masked_values_must_be_bound_to_a_mask_sent_this_round() -> None:
+    p = protocol(algorithm="dssa-fedavg", options={"warmup_rounds": 0, "sparsity": 0.5})
+    joined(p, "a")
+    (task,) = sent(p.open_round(1, [0], 0.0, 30.0))
+    assert p.current.masks[0]  # type: ignore[union-attr]
+    sparse = next(g.sparse for g in task.groups.values() if g.sparse is not None)  # type: ignore[attr-defined]
+    other = ~sparse.mask
+    values = np.zeros(int(other.sum()), np.float32)
+    foreign = codec.SparseSection.masked_values(sparse.names, sparse.shapes, other, values, select=True)
+    events = p.receive(b"a", update(p, "a", 1, groups={"delta": codec.TensorGroup(sparse=foreign)}), 0.0)
+    assert codes(events) == ["invalid-update"] and "not sent this round" in sent(events)[0].reason  # type: ignore[attr-defined]
+    bound = codec.SparseSection.masked_values(sparse.names, sparse.shapes, sparse.mask,
+                                              np.zeros(int((~sparse.mask).sum()), np.float32))
+    assert codes(p.receive(b"a", update(p, "a", 1, groups={"delta": codec.TensorGroup(sparse=bound)}), 0.0)) == []
+
+
+def test_commits_go_only_to_the_agents_whose_updates_were_aggregated() -> None:
+    p = protocol()
+    joined(p, "a", "b", "c")
+    p.open_round(1, [0, 1, 2], 0.0, 30.0)
+    p.receive(b"a", update(p, "a", 1), 1.0)
+    p.receive(b"c", update(p, "c", 1), 1.0)
+    assert not p.complete(1.0) and p.complete(31.0)  # b is awaited until the deadline
+    closed = p.close_round()
+    with pytest.raises(RuntimeError):
+        p.commits(2)
+    commits = [e for e in p.commits(closed.number) if isinstance(e, Send)]
+    assert [e.peer for e in commits] == [b"a", b"c"] and p.round == 1
+    assert all(isinstance(e.message, codec.Commit) and e.message.round == 1 for e in commits)
+    with pytest.raises(RuntimeError):
+        p.commits(1)  # once
+
+
+def test_a_bye_in_each_state() -> None:
+    p = protocol()
+    bye = frame(codec.Bye(run_id="run-1", round=0, sender="a", reason="agent stopping"))
+    assert codes(p.receive(b"a", bye, 0.0)) == ["hello-first"]  # before registering
+    joined(p, "a", "b", "c")
+    p.receive(b"a", bye, 0.0)  # idle
+    assert not p.registry.get("a").connected and p.current is None  # type: ignore[union-attr]
+    joined(p, "a")
+    p.open_round(1, [0, 1, 2], 0.0, 30.0)
+    p.receive(b"b", update(p, "b", 1), 1.0)
+    p.receive(b"b", frame(codec.Bye(run_id="run-1", round=1, sender="b", reason="agent stopping")), 1.0)
+    p.receive(b"a", bye, 1.0)  # selected and still training: no longer awaited
+    assert p.current.failed == {0} and 1 in p.current.updates  # type: ignore[union-attr]
+    assert not p.complete(1.0)  # c is still awaited
+    p.receive(b"c", frame(codec.Bye(run_id="run-1", round=1, sender="c", reason="agent stopping")), 1.0)
+    assert p.complete(1.0)
+    assert codes(p.receive(b"a", update(p, "a", 1), 1.0)) == ["hello-first"]  # gone means gone
+
+
+def test_a_round_closes_when_every_awaited_agent_is_gone() -> None:
+    p = protocol(liveness_s=5.0)
+    joined(p, "a", "b", now=0.0)
+    p.open_round(1, [0, 1], 0.0, 300.0)
+    p.receive(b"a", update(p, "a", 1), 1.0)
+    assert not p.complete(4.0) and p.complete(6.0)  # b not heard from for longer than liveness
+
+
+def test_a_failed_round_and_a_declined_session() -> None:
+    p = protocol(capacity=2)
+    joined(p, "a", "b")
+    p.open_round(1, [0, 1], 0.0, 30.0)
+    failed = frame(codec.ErrorMessage(run_id="run-1", round=1, sender="a", code="round-failed", reason="OOM"))
+    assert [type(e) for e in p.receive(b"a", failed, 1.0)] == [Noted]
+    assert p.current.failed == {0}  # type: ignore[union-attr]
+    declined = frame(codec.ErrorMessage(run_id="", round=0, sender="b", code="plugin-refused", reason="no"))
+    p.receive(b"b", declined, 1.0)
+    assert p.registry.get("b") is None and p.complete(1.0)
+    joined(p, "c")
+    assert p.registry.get("c").index == 1  # type: ignore[union-attr]
+
+
+def test_a_peer_that_keeps_sending_junk_is_answered_a_few_times_per_window() -> None:
+    p = protocol()
+    p.limiter = RejectionLimiter(burst=5, window_s=10.0, peers=4)
+    answered = sum(len(codes(p.receive(b"junk", b"\x01" * 16, t * 0.001))) for t in range(1000))
+    assert answered == 5 and p.limiter.totals[b"junk"] == 1000
+    later = p.receive(b"junk", b"\x01" * 16, 20.0)
+    notes = [e.text for e in later if isinstance(e, Noted)]
+    assert notes == ["995 more rejections of b'junk' were not answered or logged in the last window"]
+    assert codes(later) == ["malformed"]
+    for i in range(10):  # the table stays bounded
+        p.receive(f"p{i}".encode(), b"\x01", 30.0)
+    assert len(p.limiter.table) == 4
+    joined(p, "a")  # and serving goes on
