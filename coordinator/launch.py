@@ -175,6 +175,7 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
                                  default=None),
         "files": files,
         "onnx_max_abs_difference": onnx_parity,
+        "rejections": session.rejections(),
     }
     run_dir.write_json("report.json", report)
     return report
@@ -221,7 +222,7 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
     from fedge.coordinator.evaluation import GlobalEvaluator
 
     evaluator = GlobalEvaluator(plan) if plan.dataset is not None and len(plan.dataset.test_y) else None
-    transport = RouterTransport(bind, curve)
+    transport = RouterTransport(bind, curve, max_frame_bytes=plan.max_frame_bytes)
     run_dir.write_provenance(config.run.seed, transport.endpoint, {"curve": curve is not None})
     session = Session(config, run_dir, transport, spec, num_clients, evaluator,
                       run_id=uuid.uuid4().hex[:12], reserved_ids=[a.client_id for a in agents],

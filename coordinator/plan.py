@@ -33,6 +33,7 @@ class SessionPlan:
     std: tuple[float, ...] | None = None
     initial: dict[str, np.ndarray] | None = None
     shards: list[Any] = field(default_factory=list)  # a local fleet's client shards, partitioned in memory
+    max_frame_bytes: int = 64 << 20  # the largest frame the coordinator accepts (frame_limit)
 
     @property
     def local(self) -> bool:
@@ -142,8 +143,24 @@ def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     model = build_checked(config, spec)
     check_batch(config, spec, model, dataset, mean, std)
     initial = initial_weights(config, model) if config.model.init else None
+    limit = frame_limit(model)
     shards = local_shards(config, dataset) if local else []
-    return SessionPlan(config, spec, dataset, plugins, mean, std, initial, shards)
+    return SessionPlan(config, spec, dataset, plugins, mean, std, initial, shards, limit)
+
+
+def frame_limit(model: Any) -> int:
+    """The largest frame an agent may send: two dense copies of the model's state (an update may carry two groups
+    of the model's size, SCAFFOLD's delta and control variate) plus 1 MiB for headers, metadata and the meter
+    record. A model whose frames the wire format cannot carry is refused."""
+    from fedge.codec import Limits
+
+    dense = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    limit = 2 * dense + (1 << 20)
+    carried = Limits().max_packet_bytes
+    if limit > carried:
+        raise ConfigError(f"the model's state is {dense / 2**20:.1f} MiB: its updates (up to {limit / 2**20:.1f} "
+                          f"MiB) exceed the wire format's {carried / 2**20:.0f} MiB packet limit")
+    return int(limit)
 
 
 def local_shards(config: Config, dataset: Any) -> list[Any]:

@@ -117,6 +117,7 @@ class CoordinatorProtocol:
         self.session_meta = session_meta
         self.task_meta = task_meta or (lambda _round: {})
         self.limiter = limiter or RejectionLimiter()
+        self.reports = RejectionLimiter()  # the same bound on the log lines of agents' error reports
         self.round = 0                        # the last checkpointed round
         self.current: RoundState | None = None
         self.closed: RoundState | None = None  # the round last closed, until its commits are sent
@@ -145,7 +146,7 @@ class CoordinatorProtocol:
         if isinstance(message, codec.Bye):
             return self.on_bye(client_id, agent.index, message)
         if isinstance(message, codec.ErrorMessage):
-            admitted, _ = self.limiter.admit(peer, now)  # an agent's reports are logged at the same bounded rate
+            admitted, _ = self.reports.admit(peer, now)  # an agent's reports are logged at a bounded rate too
             events: list[Event] = [Noted(logging.WARNING, f"agent {client_id} reports {message.code}: "
                                                           f"{message.reason}")] if admitted else []
             if message.code == "round-failed":

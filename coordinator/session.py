@@ -276,7 +276,13 @@ class Session:
                   for a in self.registry.agents.values()]
         self.run_dir.write_status(run_id=self.run_id, phase=phase, round=self.round, rounds=self.config.run.rounds,
                                   algorithm=self.config.algorithm_name, agents=agents,
+                                  rejections=self.rejections(),
                                   eta_s=mean_round * remaining if mean_round is not None else None)
+
+    def rejections(self) -> dict[str, int]:
+        """Messages refused per peer (routing id), the 100 largest counts."""
+        totals = sorted(self.protocol.limiter.totals.items(), key=lambda kv: -kv[1])[:100]
+        return {peer.decode(errors="replace"): count for peer, count in totals}
 
     def run(self, expect: int, join_timeout_s: float) -> str:
         """Play the remaining rounds; returns 'done', 'stopped' or 'no-agents'."""

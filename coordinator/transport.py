@@ -75,6 +75,9 @@ class AllowList:
         return False
 
 
+QUEUED_BYTES = 256 << 20  # about this much may wait in one peer's receive queue
+
+
 class RouterTransport:
     """A bound ROUTER socket: poll for (peer identity, frame) pairs, send a frame to a peer."""
 
@@ -84,7 +87,10 @@ class RouterTransport:
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A frame above the limit makes libzmq drop it and the connection; each peer's receive queue holds about
+        # QUEUED_BYTES of such frames at most (then libzmq stops reading that peer's socket: backpressure).
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self.socket.setsockopt(zmq.RCVHWM, max(4, min(1000, QUEUED_BYTES // max(max_frame_bytes, 1))))
         self.socket.setsockopt(zmq.LINGER, 2000)
         self.socket.setsockopt(zmq.SNDHWM, 100)
         if curve is not None:
@@ -99,30 +105,38 @@ class RouterTransport:
         self.curve = curve is not None
         self.bytes_in = 0
         self.bytes_out = 0
+        self.dropped_multipart = 0
 
-    def poll(self, timeout_ms: int) -> list[tuple[bytes, bytes]]:
-        """Everything that arrived within the timeout, as (peer identity, frame); extra frames are dropped."""
+    def poll(self, timeout_ms: int, batch: int = 1000) -> list[tuple[bytes, bytes]]:
+        """What arrived within the timeout, at most ``batch`` messages, as (peer identity, frame); messages of
+        more than one frame are dropped (counted; logged at the first and every 1000th)."""
         received: list[tuple[bytes, bytes]] = []
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
             return received
-        while True:
+        while len(received) < batch:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return received
             if len(frames) != 2:
-                log.warning("dropped a message of %d frames from %r (expected one frame)", len(frames) - 1,
-                            frames[0] if frames else b"?")
+                self.dropped_multipart += 1
+                if self.dropped_multipart % 1000 == 1:
+                    log.warning("dropped a message of %d frames from %r (expected one frame; %d so far)",
+                                len(frames) - 1, frames[0] if frames else b"?", self.dropped_multipart)
                 continue
             self.bytes_in += len(frames[1])
             received.append((frames[0], frames[1]))
+        return received
 
     def send(self, peer: bytes, frame: bytes) -> bool:
         """Send one frame to a connected peer; False (and a log line) when the peer is gone or its queue is full."""
         try:
             self.socket.send_multipart([peer, frame], zmq.NOBLOCK)
         except (zmq.Again, zmq.ZMQError) as exc:
-            log.warning("could not send %d bytes to %r: %s", len(frame), peer, exc)
+            gone = isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH
+            # A peer that has gone (it left, or its connection closed) is the caller's to handle: not a warning.
+            log.log(logging.DEBUG if gone else logging.WARNING, "could not send %d bytes to %r: %s", len(frame),
+                    peer, exc)
             return False
         self.bytes_out += len(frame)
         return True
