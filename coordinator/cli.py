@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fedge import __version__
 from fedge.codec import PROTOCOL_VERSION
-from fedge.coordinator.config import ConfigError
+from fedge.coordinator.config import ConfigError, SessionDataError
 
 
 def add_start(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -160,9 +160,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fedge.fldata.cli import run_partition
 
         return run_partition(args)
-    except (ConfigError, ValueError, FileNotFoundError, KeyError, OSError) as exc:
+    except Exception as exc:
+        return one_line_error(exc)
+
+
+EXIT_CONFIG = 2
+EXIT_DATA = 3
+
+
+def one_line_error(exc: Exception) -> int:
+    """Every error a user can cause, as one line on stderr and its exit code (docs/deployment.md, "Exit codes"):
+    2 for configuration, 3 for the data; anything else is a bug and keeps its traceback."""
+    from fedge.fldata import DataError
+
+    if isinstance(exc, (SessionDataError, DataError)):
+        print(f"coordinator: data error: {exc}", file=sys.stderr)
+        return EXIT_DATA
+    if isinstance(exc, ImportError):
+        print(f"coordinator: error: this command needs {exc.name or exc}, which is not installed (the coordinator "
+              "install has it: bash scripts/install.sh)", file=sys.stderr)
+        return EXIT_CONFIG
+    if isinstance(exc, (ConfigError, ValueError, FileNotFoundError, KeyError, OSError)):
         print(f"coordinator: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
+    raise exc
 
 
 if __name__ == "__main__":

@@ -134,7 +134,11 @@ SECTION_CLASSES: dict[str, type] = {
 
 
 class ConfigError(ValueError):
-    """A configuration problem, with a message that names the key."""
+    """A configuration problem, with a message that names the key (``coordinator`` exits with status 2)."""
+
+
+class SessionDataError(ConfigError):
+    """The session's data set cannot be read or split as configured (``coordinator`` exits with status 3)."""
 
 
 def _coerce(section: str, key: str, expected: Any, value: Any) -> Any:

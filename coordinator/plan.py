@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fedge.coordinator.config import Config, ConfigError
+from fedge.coordinator.config import Config, ConfigError, SessionDataError
 from fedge.plugins import PluginError, PluginRef, describe, is_path, load, registered
 
 
@@ -110,13 +110,13 @@ def load_data(config: Config) -> tuple[Any | None, PluginRef | None]:
             try:
                 arrays = fn()
             except Exception as exc:
-                raise ConfigError(f"data.dataset {name!r} raised {type(exc).__name__}: {exc}") from None
+                raise SessionDataError(f"data.dataset {name!r} raised {type(exc).__name__}: {exc}") from None
             return dataset_from_arrays(name, arrays), ref
         return load_dataset(name, config.data.path or None), None
     except PluginError as exc:
         raise ConfigError(f"data.dataset: {exc}") from None
     except DataError as exc:
-        raise ConfigError(f"data.dataset {name!r}: {exc}") from None
+        raise SessionDataError(f"data.dataset {name!r}: {exc}") from None
 
 
 def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
@@ -176,7 +176,7 @@ def local_shards(config: Config, dataset: Any) -> list[Any]:
                          classes_per_client=config.data.classes_per_client,
                          classes_layout=config.data.classes_layout, min_size=config.data.min_size)
     except DataError as exc:
-        raise ConfigError(f"data.partition {config.data.partition!r}: {exc}") from None
+        raise SessionDataError(f"data.partition {config.data.partition!r}: {exc}") from None
 
 
 def model_spec(config: Config, dataset: Any | None) -> Any:

@@ -102,11 +102,13 @@ class Agent:
         try:
             session = self.join(meta)
         except Refused as refusal:
-            self.act(transport, self.protocol.refuse(refusal.code, str(refusal)))
+            self.session = None
+            self.act(transport, self.protocol.refuse(refusal.code, str(refusal), time.monotonic()))
             return
         except (KeyError, TypeError, ValueError) as exc:
+            self.session = None
             self.act(transport, self.protocol.refuse("bad-welcome", f"the welcome is malformed: "
-                                                                    f"{type(exc).__name__}: {exc}"))
+                                                                    f"{type(exc).__name__}: {exc}", time.monotonic()))
             return
         self.session = session
         self.protocol.joined(session.run_id, session.index, session.heartbeat_s, session.liveness_s)

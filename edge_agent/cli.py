@@ -6,7 +6,11 @@ with onnxruntime, no torch) and ``keygen`` (a CurveZMQ key pair).
     edge-agent keygen --keys-dir /var/lib/fedge-agent/keys
     edge-agent predict --state-dir /var/lib/fedge-agent/state --input samples.npy
 
-Errors are one line on stderr and a non-zero exit. SIGTERM and Ctrl-C stop the agent cleanly (exit 0).
+Errors are one line on stderr and a non-zero exit: 2 for a configuration error (settings, keys, a second agent on
+the same state directory), 3 when this device's own data cannot be read (its shard, its data callable); the
+systemd unit does not restart on either (``RestartPreventExitStatus=2 3``). A session-level refusal (model or
+protocol mismatch, a full session, a plugin this device does not allow) does not end the agent: it says hello
+again with backoff. SIGTERM and Ctrl-C stop the agent cleanly (exit 0).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from typing import Any
 
 from fedge import __version__
 from fedge.codec import PROTOCOL_VERSION
+
+EXIT_CONFIG = 2
+EXIT_DATA = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,9 +144,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "predict":
             return run_predict(args)
         return run_agent(args)
-    except (ValueError, FileNotFoundError, OSError) as exc:
-        print(f"edge-agent: error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        from fedge.edge_agent.data import LocalDataError
+
+        if isinstance(exc, LocalDataError):
+            print(f"edge-agent: data error: {exc}", file=sys.stderr)
+            return EXIT_DATA
+        if isinstance(exc, (ValueError, FileNotFoundError, OSError)):
+            print(f"edge-agent: error: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        raise
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ from fedge.fldata import DataError, dataset_from_arrays, read_shard
 from fedge.plugins import PluginError, describe, is_path, load
 
 
+class LocalDataError(ValueError):
+    """This device's own data cannot be read (a shard, a data callable): ``edge-agent`` exits with status 3."""
+
+
 @dataclass(frozen=True)
 class DeviceData:
     """Training and test arrays of this device, what they are, and where they came from."""
@@ -58,7 +62,7 @@ class DeviceData:
         try:
             shard = read_shard(source)
         except DataError as exc:
-            raise ValueError(str(exc)) from None
+            raise LocalDataError(str(exc)) from None
         return cls(source, shard.train_x, shard.train_y, shard.test_x, shard.test_y, shard.num_classes,
                    tuple(shard.mean), tuple(shard.std))
 
@@ -67,7 +71,7 @@ class DeviceData:
         try:
             fn = load(describe("data", source))
         except PluginError as exc:
-            raise ValueError(f"agent.data: {exc}") from None
+            raise LocalDataError(f"agent.data: {exc}") from None
         return cls.from_function(fn, source)
 
     @classmethod
@@ -76,11 +80,11 @@ class DeviceData:
         try:
             returned = fn()
         except Exception as exc:
-            raise ValueError(f"agent.data {source!r} raised {type(exc).__name__}: {exc}") from None
+            raise LocalDataError(f"agent.data {source!r} raised {type(exc).__name__}: {exc}") from None
         try:
             data = dataset_from_arrays(source, returned)
         except DataError as exc:
-            raise ValueError(f"agent.data: {exc}") from None
+            raise LocalDataError(f"agent.data: {exc}") from None
         return cls(source, data.train_x, data.train_y, data.test_x, data.test_y, data.num_classes, function=fn)
 
     def refresh(self) -> DeviceData:

@@ -2,8 +2,11 @@
 
 ``AgentProtocol`` decides what a message from the coordinator means for this device: a welcome to join (or to
 ignore, when it welcomes us back), a task to train (unless the agent already holds one), a commit to confirm, a bye
-that ends the session or means "wait, I will be back", an error to answer with a hello or to stop on; and, from the
-clock, when to say hello (nothing heard for longer than the liveness) and when to send a heartbeat. A malformed
+that ends the session or means "wait, I will be back", an error to answer with a hello; and, from the clock, when to
+say hello (nothing heard for longer than the liveness) and when to send a heartbeat. A session-level refusal (the
+coordinator's protocol or model mismatch or full session, or this device declining the session's plugin or model)
+does not stop the agent: it says hello again with exponential backoff, capped at 15 minutes, so that a fixed
+coordinator, a new session or a rolling upgrade recovers the fleet with no operator. A malformed
 packet, or a welcome that lacks what a session needs, is refused with a reason and changes nothing. The driver
 (``edge_agent.agent``) owns the socket, the training thread, the device state and the meter, and carries out the
 actions. No sockets, threads or clocks here; no algorithm by name.
@@ -19,7 +22,8 @@ from fedge import codec
 
 WELCOME_KEYS = ("run_id", "client_index", "seed", "model", "model_hash", "algorithm", "train", "heartbeat_s",
                 "liveness_s")
-STOP_ON = ("protocol-mismatch", "model-mismatch", "session-full")
+BACK_OFF_ON = ("protocol-mismatch", "model-mismatch", "session-full")  # session-level refusals by the coordinator
+MAX_BACKOFF_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ class AgentProtocol:
         self.last_hello = -1e18
         self.last_heartbeat = -1e18
         self.holding: int | None = None  # the round of the task being trained (or whose outcome is unsent)
+        self.refusals = 0                # session-level refusals in a row
+        self.hello_after = -1e18         # no hello before this time (backoff)
 
     # ------------------------------------------------------------------------------------------ receiving
     def receive(self, frame: bytes, now: float) -> list[Action]:
@@ -89,7 +95,7 @@ class AgentProtocol:
             return [Noted(logging.WARNING, f"dropped a malformed packet from the coordinator: {exc}")]
         self.last_heard = now
         if isinstance(message, codec.Welcome):
-            return self.on_welcome(message)
+            return self.on_welcome(message, now)
         if isinstance(message, codec.Task):
             return self.on_task(message)
         if isinstance(message, codec.Commit):
@@ -108,34 +114,45 @@ class AgentProtocol:
             actions: list[Action] = [Noted(logging.WARNING, f"coordinator: {message.code}: {message.reason}")]
             if message.code == "hello-first":
                 actions.append(SayHello())
-            elif message.code in STOP_ON:
-                actions.append(Stop(2, f"{message.code}: {message.reason}"))
+            elif message.code in BACK_OFF_ON:
+                actions.append(self.back_off(now))
             return actions
         if isinstance(message, codec.Heartbeat):
             return []
         return [Noted(logging.WARNING, f"ignored a {type(message).__name__} from the coordinator")]
 
-    def on_welcome(self, welcome: codec.Welcome) -> list[Action]:
+    def on_welcome(self, welcome: codec.Welcome, now: float) -> list[Action]:
         meta = dict(welcome.meta)
         if self.index is not None and meta.get("run_id") == self.run_id and meta.get("client_index") == self.index:
             return [Noted(logging.INFO, f"coordinator welcomed us back (run {self.run_id}, round {welcome.round})")]
         missing = [key for key in WELCOME_KEYS if key not in meta]
         if missing:
-            return self.refuse("bad-welcome", f"the welcome lacks {', '.join(missing)}")
+            return self.refuse("bad-welcome", f"the welcome lacks {', '.join(missing)}", now)
         if not isinstance(meta["model"], dict) or not isinstance(meta["train"], dict) or \
                 not isinstance(meta["algorithm"], dict) or "name" not in meta["algorithm"]:
             return self.refuse("bad-welcome", "the welcome's model, train and algorithm must be maps (the "
-                                              "algorithm with a name)")
+                                              "algorithm with a name)", now)
         return [Join(meta)]
 
-    def refuse(self, code: str, reason: str) -> list[Action]:
-        """Decline the session: tell the coordinator (it frees our index) and stop."""
+    def refuse(self, code: str, reason: str, now: float) -> list[Action]:
+        """Decline the session: tell the coordinator (it frees our index), and say hello again later."""
         return [Noted(logging.ERROR, f"{code}: {reason}"),
                 Send(codec.ErrorMessage(run_id="", round=0, sender=self.client_id, code=code, reason=reason)),
-                Stop(2, f"{code}: {reason}")]
+                self.back_off(now)]
+
+    def back_off(self, now: float) -> Noted:
+        """Leave the session (if any) and wait before the next hello: the hello interval doubled per refusal in a
+        row, at most MAX_BACKOFF_S."""
+        self.refusals += 1
+        delay = min(MAX_BACKOFF_S, self.hello_interval_s * 2 ** (self.refusals - 1))
+        self.hello_after = now + delay
+        self.run_id, self.index, self.holding = "", None, None
+        return Noted(logging.WARNING, f"refused by or refusing the session ({self.refusals} in a row): saying "
+                                      f"hello again in {delay:.0f} s")
 
     def joined(self, run_id: str, index: int, heartbeat_s: float, liveness_s: float) -> None:
         self.run_id, self.index, self.heartbeat_s, self.liveness_s = run_id, index, heartbeat_s, liveness_s
+        self.refusals = 0
 
     def joined_run(self, run_id: str) -> bool:
         return self.index is not None and run_id == self.run_id
@@ -166,7 +183,7 @@ class AgentProtocol:
     def tick(self, now: float) -> list[Action]:
         actions: list[Action] = []
         heard_recently = self.index is not None and now - self.last_heard < self.liveness_s
-        if not heard_recently and now - self.last_hello >= self.hello_interval_s:
+        if not heard_recently and now - self.last_hello >= self.hello_interval_s and now >= self.hello_after:
             if self.index is not None and self.last_heard:
                 actions.append(Noted(logging.WARNING, f"nothing heard from the coordinator for "
                                                       f"{now - self.last_heard:.0f} s; saying hello again"))

@@ -43,3 +43,21 @@ def test_the_cli_refuses_a_typed_option_before_writing(tmp_path: Path) -> None:
                          timeout=120)
     assert out.returncode == 2 and not run_dir.exists()
     assert out.stderr.strip() == "coordinator: error: [algorithm] ef-fedprox: algorithm.keep must be a number, got 'abc'"
+
+
+def test_exit_codes_say_configuration_or_data(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    data = run("fedge.coordinator.cli", "start", "--run-dir", str(tmp_path / "r"), "--set", "data.dataset=npz",
+               "--set", f"data.path={tmp_path / 'none'}", "--quiet")
+    assert data.returncode == 3 and data.stderr.startswith("coordinator: data error: ") and \
+        data.stderr.count("\n") == 1, data.stderr
+    (tmp_path / "bad.npz").write_bytes(b"not a shard")
+    agent = run("fedge.edge_agent", "run", "--coordinator", "tcp://127.0.0.1:9", "--client-id", "pi", "--data",
+                str(tmp_path / "bad.npz"), "--state-dir", str(tmp_path / "state"))
+    assert agent.returncode == 3 and agent.stderr.startswith("edge-agent: data error: ") and \
+        agent.stderr.count("\n") == 1, agent.stderr
+    config = run("fedge.edge_agent", "run", "--coordinator", "tcp://127.0.0.1:9", "--client-id", "has space",
+                 "--data", str(tmp_path / "bad.npz"))
+    assert config.returncode == 2 and config.stderr.count("\n") == 1, config.stderr

@@ -39,17 +39,31 @@ def test_a_welcome_is_joined_once_and_a_welcome_back_changes_nothing() -> None:
     assert kinds(p.receive(welcome(run_id="r2"), 2.0)) == ["Join"]  # a new session
 
 
-def test_a_malformed_welcome_is_refused_in_one_line_and_the_agent_stops() -> None:
+def test_a_malformed_welcome_is_refused_in_one_line_and_the_agent_backs_off() -> None:
     p = AgentProtocol("pi", 3.0)
     without_model = {k: v for k, v in WELCOME.items() if k != "model"}
     frame = codec.encode(codec.Welcome(run_id="r1", round=0, sender="coordinator", meta=without_model))
     actions = p.receive(frame, 0.0)
-    assert kinds(actions) == ["ErrorMessage", "Stop"]
+    assert kinds(actions) == ["ErrorMessage"]  # plus one line for the log, and no Stop: it will try again
     error = next(a.message for a in actions if isinstance(a, Send))
     assert error.code == "bad-welcome" and error.reason == "the welcome lacks model"  # type: ignore[attr-defined]
-    assert next(a for a in actions if isinstance(a, Stop)).exit_code == 2
-    assert kinds(AgentProtocol("pi", 3.0).receive(welcome(algorithm=[1]), 0.0)) == ["ErrorMessage", "Stop"]
-    assert p.index is None
+    assert kinds(AgentProtocol("pi", 3.0).receive(welcome(algorithm=[1]), 0.0)) == ["ErrorMessage"]
+    assert p.index is None and kinds(p.tick(2.9)) == [] and kinds(p.tick(3.0)) == ["SayHello"]
+
+
+def test_session_level_refusals_back_off_exponentially_up_to_fifteen_minutes() -> None:
+    p = AgentProtocol("pi", hello_interval_s=3.0)
+    full = codec.encode(codec.ErrorMessage(run_id="", round=0, sender="coordinator", code="session-full", reason="x"))
+    now, delays = 0.0, []
+    for _ in range(12):
+        assert kinds(p.receive(full, now)) == []
+        delays.append(p.hello_after - now)
+        now = p.hello_after
+        assert kinds(p.tick(now - 0.01)) == [] and kinds(p.tick(now)) == ["SayHello"]
+    assert delays[:4] == [3.0, 6.0, 12.0, 24.0] and delays[-1] == 900.0
+    p.receive(welcome(), now)
+    p.joined("r1", 2, 1.0, 5.0)
+    assert p.refusals == 0  # a joined session resets the backoff
 
 
 def test_a_task_is_trained_only_in_the_joined_run_and_only_when_none_is_held() -> None:
@@ -82,7 +96,7 @@ def test_byes_and_errors() -> None:
     later = codec.encode(codec.Bye(run_id="r1", round=5, sender="coordinator", reason="coordinator stopping"))
     assert kinds(p.receive(later, 10.0)) == [] and p.last_heard == 0.0
     assert kinds(p.tick(10.0)) == ["SayHello", "Heartbeat"]  # a hello at once, then the heartbeat is due
-    for code, expected in (("hello-first", ["SayHello"]), ("session-full", ["Stop"]), ("stale", [])):
+    for code, expected in (("hello-first", ["SayHello"]), ("session-full", []), ("stale", [])):
         error = codec.encode(codec.ErrorMessage(run_id="r1", round=0, sender="coordinator", code=code, reason="x"))
         assert kinds(joined().receive(error, 0.0)) == expected, code
 
