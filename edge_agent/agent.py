@@ -72,7 +72,8 @@ class Agent:
         self.worker: threading.Thread | None = None
         self.outcome: Outcome | None = None
         self.protocol = AgentProtocol(settings.client_id, settings.hello_interval_s)
-        self.progress = 0
+        self.progress = 0      # main-loop iterations and messages handled
+        self.train_steps = 0   # optimizer steps taken by the training thread
         self.exit_code = 0
         self.meter = AgentMeter(energy=settings.energy)
         self.handshakes_counted = 0
@@ -170,7 +171,7 @@ class Agent:
             with meter.phase("train"):
                 snapshot = ParamSnapshot(session.model)
                 stats = train_local(session.model, session.client, self.tensors.inputs, self.tensors.labels, session.train, seed,
-                                    cancelled=self.stop_requested.is_set, task=session.task)
+                                    cancelled=self.step, task=session.task)
             train_s = time.monotonic() - started
             t = session.train
             claim, densities = mask_figures(session.client, session.model)
@@ -201,6 +202,19 @@ class Agent:
             self.outcome = Outcome(task.round, None, f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(RuntimeError):
                 self.close_meter_window(task.round)
+
+    def step(self) -> bool:
+        """Called by the training loop before each step: count it (the watchdog's progress while training) and
+        say whether to stop."""
+        self.train_steps += 1
+        return self.stop_requested.is_set()
+
+    def watchdog_count(self) -> int:
+        """What systemd's watchdog sees as progress: training steps while a round trains (a hung step stops the
+        pings although the main loop still turns), the main loop otherwise."""
+        if self.worker is not None and self.worker.is_alive():
+            return self.train_steps
+        return self.progress + self.train_steps
 
     def inference_meta(self, session: Session) -> dict[str, Any]:
         """What ``edge-agent predict`` needs beside the weights: the model spec and hash, the normalisation the

@@ -94,7 +94,7 @@ def run_agent(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    with ServiceNotifier(lambda: agent.progress):
+    with ServiceNotifier(agent.watchdog_count):
         return agent.run()
 
 

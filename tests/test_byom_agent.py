@@ -125,3 +125,25 @@ def test_an_agent_that_declines_frees_its_index_unless_it_trained() -> None:
     assert not registry.release("pi-1") and registry.index_of("pi-1") == 1
     codes = set(re.findall(r'Refused\("([a-z-]+)"', (ROOT / "edge_agent" / "joining.py").read_text()))
     assert codes and codes <= codec.JOIN_REFUSALS, codes - codec.JOIN_REFUSALS
+
+
+def test_the_watchdog_follows_training_steps_while_a_round_trains(tmp_path: Path) -> None:
+    import threading
+
+    settings = AgentSettings(coordinator="tcp://127.0.0.1:9", client_id="pi", data="in-process",
+                             state_dir=str(tmp_path / "state"))
+    agent = Agent(settings, data=DeviceData.from_function(lambda: sensor_windows(count=30), "in-process"))
+    idle = agent.watchdog_count()
+    agent.progress += 5
+    assert agent.watchdog_count() != idle  # idle: the main loop's turns count
+    hung = threading.Event()
+    agent.worker = threading.Thread(target=hung.wait, daemon=True)
+    agent.worker.start()
+    try:
+        training = agent.watchdog_count()
+        agent.progress += 100  # the main loop keeps turning while the step hangs: no progress for the watchdog
+        assert agent.watchdog_count() == training
+        assert agent.step() is False and agent.watchdog_count() == training + 1
+    finally:
+        hung.set()
+        agent.worker.join(5)
