@@ -166,13 +166,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 EXIT_CONFIG = 2
 EXIT_DATA = 3
+EXIT_FLEET_LOST = 4
 
 
 def one_line_error(exc: Exception) -> int:
     """Every error a user can cause, as one line on stderr and its exit code (docs/deployment.md, "Exit codes"):
-    2 for configuration, 3 for the data; anything else is a bug and keeps its traceback."""
+    2 for configuration, 3 for the data, 4 for a lost local fleet; anything else is a bug and keeps its traceback."""
+    from fedge.coordinator.fleet import FleetLost
     from fedge.fldata import DataError
 
+    if isinstance(exc, FleetLost):
+        print(f"coordinator: error: {exc}", file=sys.stderr)
+        return EXIT_FLEET_LOST
     if isinstance(exc, (SessionDataError, DataError)):
         print(f"coordinator: data error: {exc}", file=sys.stderr)
         return EXIT_DATA

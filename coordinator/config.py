@@ -41,6 +41,7 @@ class FleetSection:
     heartbeat_s: float = 2.0
     liveness_s: float = 20.0
     join_timeout_s: float = 180.0
+    agent_python: str = ""
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,9 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
         session.save_checkpoint()
     fleet = LocalFleet(transport.endpoint, agents,
                        (Path(config.security.keys_dir or run_dir.path / "keys") / f"{COORDINATOR_KEY}.key")
-                       if curve else None, allow_plugins=[ref.name for ref in plan.plugins.values()])
+                       if curve else None, allow_plugins=[ref.name for ref in plan.plugins.values()],
+                       python=config.fleet.agent_python, min_agents=max(config.round.min_clients, 1))
+    session.on_tick = fleet.watch
 
     def stop(signum: int, _frame: object) -> None:
         log.warning("signal %d: stopping after checkpointing the last completed round", signum)
@@ -255,6 +257,7 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
         try:
             expect = len(agents) if local else max(config.fleet.expect, 1)
             outcome = session.run(expect, config.fleet.join_timeout_s)
+            session.on_tick = None  # agents leave from here on: they are not restarted
             report = finish(session, run_dir, spec, outcome, time.monotonic() - started)
             if outcome == "done":  # finished agents answer with their own Bye; wait for it (at most 5 s)
                 session.say_goodbye(SESSION_FINISHED, wait_s=5.0)

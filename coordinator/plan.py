@@ -11,6 +11,7 @@ by name and imports no transport.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,9 @@ def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     """Check everything; see the module docstring."""
     check_algorithm(config)
     check_training(config)
+    if config.fleet.agent_python and not (Path(config.fleet.agent_python).is_file() and
+                                          os.access(config.fleet.agent_python, os.X_OK)):
+        raise ConfigError(f"fleet.agent_python {config.fleet.agent_python!r} is not an executable file")
     config = by_import_path(config)
     plugins: dict[str, PluginRef] = {}
     if dataset is None:

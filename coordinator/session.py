@@ -60,6 +60,7 @@ class Session:
         self.evaluator = evaluator
         self.on_round = on_round
         self.welcome_extra = dict(welcome_extra or {})
+        self.on_tick: Callable[[float], None] | None = None  # the local fleet's watch, called as the loop turns
         self.stopping = False
         self.progress = 0
         registry = AgentRegistry(num_clients, config.fleet.liveness_s)
@@ -140,6 +141,8 @@ class Session:
         self.progress += 1
         for peer, frame in self.transport.poll(timeout_ms):
             self.handle(peer, frame)
+        if self.on_tick is not None:
+            self.on_tick(time.monotonic())
 
     def drain(self) -> None:
         """Handle everything already queued (heartbeats included) so that liveness reflects the present."""

@@ -1,0 +1,57 @@
+"""A local fleet whose agents exit: logged at once with their last lines, restarted with backoff, and the
+coordinator exits 4 (with the tail) rather than waiting silently when none can be restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e import FAST, Processes, finished, metrics, wait_for
+
+
+def agent_pids(run_dir: Path) -> list[int]:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "fedge.edge_agent" in cmdline and str(run_dir) in " ".join(cmdline):
+            found.append(process.info["pid"])
+    return found
+
+
+def test_a_killed_local_agent_is_restarted_and_the_session_completes(procs: Processes, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    coordinator = procs.coordinator("--local-fleet", "3", "--rounds", "4", "--run-dir", str(run_dir),
+                                    "--algorithm", "fedavg", *FAST)
+    wait_for(lambda: len(metrics(run_dir)) >= 1, 120, "round 1")
+    victim = wait_for(lambda: agent_pids(run_dir), 30, "the agents")[0]
+    os.kill(victim, signal.SIGKILL)
+    assert finished(coordinator, 240) == 0, procs.output("coordinator")
+    log = (run_dir / "coordinator.log").read_text()
+    assert "exited with code -9" in log and "restarting local agent" in log
+    assert len(metrics(run_dir)) == 4
+    assert json.loads((run_dir / "report.json").read_text())["status"] == "done"
+
+
+def test_a_broken_agent_install_ends_the_session_with_code_4_and_the_tail(tmp_path: Path) -> None:
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named fedge' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--local-fleet", "2",
+                          "--rounds", "1", "--run-dir", str(run_dir), "--set", f"fleet.agent_python=\"{broken}\"",
+                          "--quiet"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 4, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("coordinator: error: only 0 of 2 local agents are left"), lines[-1]
+    assert "none can be restarted" in lines[-1]
+    assert any("local agent agent-01 exited with code 1; its last lines: ModuleNotFoundError" in line
+               for line in lines)  # shown at once, not only in the log file
+    log = (run_dir / "coordinator.log").read_text()
+    assert log.count("ModuleNotFoundError: No module named fedge") >= 2  # every exit is logged with its tail
+    assert log.count("restarting local agent agent-00") == 3
