@@ -282,12 +282,12 @@ class Agent:
         elif outcome is None and self.protocol.holding is not None and \
                 (self.worker is None or not self.worker.is_alive()):
             self.protocol.abandoned()
-        self.act(transport, self.protocol.tick(now))
-        if transport.handshakes > self.handshakes_counted:
+        if transport.handshakes > self.handshakes_counted:  # before the clock's hello: one hello, not two
             self.handshakes_counted = transport.handshakes
             self.meter.add_connection("DEALER", "ROUTER", identity=self.settings.client_id.encode(),
                                       mechanism="CURVE" if transport.curve else "NULL")
             self.act(transport, [self.protocol.hello_now(now)])  # a new connection: perhaps a restarted coordinator
+        self.act(transport, self.protocol.tick(now))
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.warning("the process that started this agent is gone; stopping")
             self.stop_requested.set()

@@ -162,8 +162,8 @@ class AgentProtocol:
             return [Noted(logging.WARNING, f"ignoring a task of run {task.run_id} (we are in "
                                            f"{self.run_id or 'none'})")]
         if self.holding is not None:
-            return [Noted(logging.WARNING, f"ignoring the task of round {task.round}: still holding round "
-                                           f"{self.holding}")]
+            level = logging.INFO if task.round == self.holding else logging.WARNING  # a resend of ours is benign
+            return [Noted(level, f"ignoring the task of round {task.round}: still holding round {self.holding}")]
         self.holding = task.round
         return [Train(task)]
 

@@ -52,6 +52,10 @@ def test_a_local_fleet_runs_rounds_and_writes_the_documented_run_dir(procs: Proc
         assert (run_dir / name).stat().st_size > 0, name
     for line in (run_dir / "coordinator.log").read_text().splitlines():
         assert {"ts", "level", "logger", "msg"} <= set(json.loads(line))
+    logs = [run_dir / "coordinator.log", *sorted((run_dir / "agents").glob("*/agent.log"))]
+    noisy = [(path.parent.name, record["msg"]) for path in logs for record in map(json.loads, path.read_text().splitlines())
+             if record["level"] not in ("debug", "info")]
+    assert noisy == [], f"a clean session leaves no warnings behind: {noisy}"
     status = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "status", str(run_dir)],
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "round 3/3" in status.stdout and "agent-02" in status.stdout
