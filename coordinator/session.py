@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,16 @@ from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays
 
 log = logging.getLogger("fedge.coordinator")
+
+# A test seam: FEDGE_CRASH_AT="POINT:ROUND" ends the process at once (exit 70, no cleanup) at that point of that
+# round's finish, so that tests can check that a crash anywhere resumes to the uninterrupted run.
+CRASH_AT = os.environ.get("FEDGE_CRASH_AT", "")
+
+
+def crash_point(point: str, round_number: int) -> None:
+    if CRASH_AT and CRASH_AT == f"{point}:{round_number}":
+        log.warning("FEDGE_CRASH_AT=%s: exiting now", CRASH_AT)
+        os._exit(70)
 
 
 
@@ -215,6 +226,7 @@ class Session:
                                 payload=Payload(groups=dict(u.groups), meta=dict(u.meta)))
                    for i, (u, _) in ordered]
         extra = dict(self.server.aggregate(number, updates)) if updates else {}
+        crash_point("aggregated", number)
         row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
         row.update(round=number, algorithm=self.config.algorithm_name, selected=len(current.selected),
                    reported=len(updates), dropped=len(missing),
@@ -235,9 +247,12 @@ class Session:
                 **client_evaluation(update.meta)})
         row.update(meter_totals(records))
         row["wall_s"] = time.monotonic() - started
+        crash_point("clients", number)
         self.run_dir.append_jsonl("metrics.jsonl", row)
+        crash_point("metrics", number)
         commits = self.protocol.commits(number)  # the round is now the last committed one
         self.save_checkpoint()
+        crash_point("checkpoint", number)
         self.act(commits)
         self.round_walls.append(row["wall_s"])
         return row
