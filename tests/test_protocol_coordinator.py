@@ -131,6 +131,9 @@ def test_invalid_updates_are_refused_with_the_reason() -> None:
         assert codes(events) == ["invalid-update"] and expected in sent(events)[0].reason  # type: ignore[attr-defined]
     no_samples = frame(codec.Update(run_id="run-1", round=1, sender="a", groups={}, meta={}))
     assert codes(p.receive(b"a", no_samples, 0.0)) == ["invalid-update"]
+    nan = {k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v for k, v in arrays.items()}
+    events = p.receive(b"a", update(p, "a", 1, groups={"model": codec.TensorGroup(dense=nan)}), 0.0)
+    assert codes(events) == ["malformed"] and "NaN" in sent(events)[0].reason  # type: ignore[attr-defined]
     assert p.current.updates == {}  # type: ignore[union-attr]
 
 
