@@ -106,7 +106,7 @@ class LocalFleet:
     def watch(self, now: float) -> None:
         """Restart local agents that exited while the session runs (at most RESTARTS times each, with backoff);
         FleetLost when fewer than ``min_agents`` remain and none can be restarted."""
-        if self.stopping:
+        if self.stopping or not self.agents:  # a session bound for real devices has no local fleet to watch
             return
         for agent in self.agents:
             process = self.processes.get(agent.client_id)
@@ -126,10 +126,10 @@ class LocalFleet:
                 del self.restart_at[cid]
                 log.warning("restarting local agent %s (%d of %d)", cid, self.restarts[cid], RESTARTS)
                 self.launch(agent)
-        running = sum(1 for p in self.processes.values() if p.poll() is None)
-        pending = sum(1 for at in self.restart_at.values() if at != float("inf"))
-        if running + pending < self.min_agents:
-            raise FleetLost(f"only {running} of {len(self.agents)} local agents are left (the session needs "
+        lost = sum(1 for at in self.restart_at.values() if at == float("inf"))  # exited with no restart left
+        left = len(self.agents) - lost
+        if left < self.min_agents:
+            raise FleetLost(f"only {left} of {len(self.agents)} local agents are left (the session needs "
                             f"{self.min_agents}) and none can be restarted; see the agents' lines above and "
                             "RUN_DIR/agents/*/agent.stderr")
 

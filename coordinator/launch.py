@@ -236,7 +236,8 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
                        (Path(config.security.keys_dir or run_dir.path / "keys") / f"{COORDINATOR_KEY}.key")
                        if curve else None, allow_plugins=[ref.name for ref in plan.plugins.values()],
                        python=config.fleet.agent_python, min_agents=max(config.round.min_clients, 1))
-    session.on_tick = fleet.watch
+    if local:
+        session.on_tick = fleet.watch
 
     def stop(signum: int, _frame: object) -> None:
         log.warning("signal %d: stopping after checkpointing the last completed round", signum)

@@ -55,3 +55,9 @@ def test_a_broken_agent_install_ends_the_session_with_code_4_and_the_tail(tmp_pa
     log = (run_dir / "coordinator.log").read_text()
     assert log.count("ModuleNotFoundError: No module named fedge") >= 2  # every exit is logged with its tail
     assert log.count("restarting local agent agent-00") == 3
+
+
+def test_a_fleet_without_local_agents_is_never_lost(tmp_path: Path) -> None:
+    from fedge.coordinator.fleet import LocalFleet
+
+    LocalFleet("tcp://127.0.0.1:1", [], min_agents=2).watch(0.0)  # a session bound for real devices
