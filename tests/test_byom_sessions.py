@@ -158,11 +158,11 @@ def test_data_that_does_not_fit_the_session_is_refused(tmp_path: Path) -> None:
         a.join(welcome(loss="mse"))
 
 
-def no_run_dir(tmp_path: Path, *args: str) -> str:
+def no_run_dir(tmp_path: Path, *args: str, code: int = 2) -> str:
     run_dir = tmp_path / "never"
     out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--run-dir", str(run_dir),
                           "--quiet", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and not run_dir.exists(), out.stdout + out.stderr
+    assert out.returncode == code and not run_dir.exists(), out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     return lines[0]
@@ -207,7 +207,7 @@ def test_shards_that_disagree_are_one_line(tmp_path: Path) -> None:
     sensor_shard(shards / "a.npz")
     sensor_shard(shards / "b.npz", classes=4)
     line = no_run_dir(tmp_path, "--set", "fleet.local_agents=2", "--model", PLUGIN, "--set", "data.dataset=\"npz\"",
-                      "--set", f"data.path=\"{shards}\"")
+                      "--set", f"data.path=\"{shards}\"", code=3)  # a data error
     assert "the shards of one data set must agree" in line
 
 
