@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from fedge import codec
 from fedge.coordinator.config import Config, ConfigError, load_config, to_toml
 from fedge.coordinator.fleet import AgentSpec, LocalFleet, agent_id
 from fedge.coordinator.plan import SessionPlan, plan_session
@@ -33,7 +34,6 @@ from fedge.coordinator.transport import (
     RouterTransport,
     generate_keys,
 )
-from fedge.edge_agent.agent import SESSION_FINISHED
 from fedge.edge_agent.logsetup import setup_logging
 from fedge.edge_agent.transport import AGENT_KEY
 from fedge.models import ModelSpec
@@ -73,7 +73,7 @@ def resolve_run(args: argparse.Namespace, flags: dict[str, Any]) -> tuple[Sessio
 
 def hold_run_dir(run_dir: RunDir) -> Any:
     """One coordinator per run directory: ConfigError naming the process that holds it."""
-    from fedge.edge_agent.state import DirectoryLocked, hold_directory
+    from fedge.plumbing import DirectoryLocked, hold_directory
 
     try:
         return hold_directory(run_dir.path, "coordinator")
@@ -261,7 +261,7 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
             session.on_tick = None  # agents leave from here on: they are not restarted
             report = finish(session, run_dir, spec, outcome, time.monotonic() - started)
             if outcome == "done":  # finished agents answer with their own Bye; wait for it (at most 5 s)
-                session.say_goodbye(SESSION_FINISHED, wait_s=5.0)
+                session.say_goodbye(codec.SESSION_FINISHED, wait_s=5.0)
             else:
                 session.say_goodbye("coordinator stopping; it will resume")
         finally:

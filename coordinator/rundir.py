@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fedge.edge_agent.state import atomic_write_bytes, load_arrays, save_arrays
+from fedge.plumbing import atomic_write_bytes, load_arrays, save_arrays
 
 __all__ = ["METER_FIELDS", "METRICS_FIELDS", "RunDir", "atomic_write_bytes", "load_arrays", "save_arrays"]
 

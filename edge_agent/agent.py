@@ -31,9 +31,10 @@ from fedge.edge_agent.data import DeviceData
 from fedge.edge_agent.joining import Refused, Session, data_tensors, join_session
 from fedge.edge_agent.metering import mask_figures, tcp_peer
 from fedge.edge_agent.protocol import Action, AgentProtocol, Confirm, Join, SayHello, Send, Stop, Train
-from fedge.edge_agent.state import DeviceState, hold_directory
+from fedge.edge_agent.state import DeviceState
 from fedge.edge_agent.transport import CurveClientKeys, DealerTransport
 from fedge.meter import AgentMeter, ParamSnapshot
+from fedge.plumbing import hold_directory
 
 log = logging.getLogger("fedge.agent")
 

@@ -17,6 +17,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "codec": (PACKAGES - {"codec"}) | {"torch", "zmq"},
     "fldata": (PACKAGES - {"fldata"}) | {"torch", "zmq"},
     "plugins": (PACKAGES - {"plugins"}) | {"torch", "zmq"},
+    "plumbing": (PACKAGES - {"plumbing"}) | {"torch", "zmq"},
     "models": {"codec", "algorithms", "coordinator", "edge_agent", "meter", "zmq", "api"},
     "algorithms": {"zmq", "coordinator", "edge_agent", "api"},
     "meter": {"codec", "algorithms", "coordinator", "edge_agent", "api"},

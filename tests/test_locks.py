@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fedge.edge_agent.state import DirectoryLocked, hold_directory
+from fedge.plumbing import DirectoryLocked, hold_directory
 
 ROOT = Path(__file__).resolve().parents[1]
-HOLD = ("import sys, time; from fedge.edge_agent.state import hold_directory; "
+HOLD = ("import sys, time; from fedge.plumbing import hold_directory; "
         "h = hold_directory(sys.argv[1], 'agent'); print('held', flush=True); time.sleep(60)")
 
 
