@@ -12,11 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from torch import nn
 
 from fedge.coordinator.config import Config, ConfigError, from_dict
-from fedge.coordinator.plan import SessionPlan, plan_session
+from fedge.coordinator.plan import SessionPlan, model_file_arrays, plan_session
 from fedge.plugins import register
 
 ModelFactory = Callable[[tuple[int, ...], int, dict[str, Any]], nn.Module]
@@ -108,27 +107,7 @@ def load_model(source: str | Path, module: nn.Module) -> nn.Module:
     """Load a run's final model (a run directory or its model.npz) into ``module``, your own instance of the same
     architecture; names and shapes must match (ValueError naming the first that does not). Returns ``module`` in
     eval mode."""
-    import torch
+    from fedge.models import arrays_to_state
 
-    from fedge.coordinator.rundir import load_arrays
-
-    path = Path(source)
-    if path.is_dir():
-        path = path / "model.npz"
-    try:
-        arrays, _ = load_arrays(path)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"{path}: not a readable Fedge model file ({exc})") from None
-    state = module.state_dict()
-    unknown = sorted(set(arrays) - set(state))
-    missing = sorted(name for name, t in state.items() if t.is_floating_point() and name not in arrays)
-    if unknown or missing:
-        raise ValueError(f"{path} does not fit this module: "
-                         + (f"unknown tensors {unknown[:3]}" if unknown else f"missing {missing[:3]}"))
-    with torch.no_grad():
-        for name, array in arrays.items():
-            if tuple(state[name].shape) != tuple(array.shape):
-                raise ValueError(f"{path}: {name} has shape {tuple(array.shape)}, the module "
-                                 f"{tuple(state[name].shape)}")
-            state[name].copy_(torch.as_tensor(np.array(array, copy=True)).to(state[name].dtype))
+    arrays_to_state(module, model_file_arrays(source, module, "this module"), strict=False)
     return module.eval()

@@ -67,10 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.clients < 2:
         parser.error("--rounds must be >= 1 and --clients >= 2")
     torch.set_num_threads(1)
-    from fedge.algorithms import ef, fedavg, fedprox  # noqa: F401 - the ef-* names register on import
-    from fedge.algorithms.registry import REGISTRY, AlgorithmSpec
-
-    REGISTRY.setdefault("ef-fedprox", AlgorithmSpec(ef, fedprox))
     rows = [run(name, options, args.rounds, args.clients) for name, options in RUNS]
     dense = rows[0]["bytes_down"] + rows[0]["bytes_up"]
     for row in rows:

@@ -269,25 +269,33 @@ def check_batch(config: Config, spec: Any, model: Any, dataset: Any | None, mean
 
 
 def initial_weights(config: Config, model: Any) -> dict[str, np.ndarray]:
-    """``model.init``: a .npz in Fedge's layout (model.npz, checkpoint-style) or a run directory's model.npz,
-    checked against the model's names and shapes."""
-    from fedge.coordinator.rundir import load_arrays
+    """``model.init``: a .npz in Fedge's layout or a run directory's model.npz, checked against the model."""
+    try:
+        return model_file_arrays(config.model.init, model, "the model")
+    except ValueError as exc:
+        raise ConfigError(f"model.init {exc}") from None
 
-    path = Path(config.model.init)
+
+def model_file_arrays(source: str | Path, model: Any, what: str) -> dict[str, np.ndarray]:
+    """The arrays of a Fedge model file (or a run directory's model.npz) that fits ``model``'s state: every float
+    tensor present, no unknown name, every shape equal; ValueError naming the first misfit (``what`` names the
+    model in the message)."""
+    from fedge.plumbing import load_arrays
+
+    path = Path(source)
     if path.is_dir():
         path = path / "model.npz"
     try:
         arrays, _ = load_arrays(path)
     except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"model.init {config.model.init}: not a readable Fedge model file ({exc})") from None
-    state = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    float_names = {name for name, t in model.state_dict().items() if t.is_floating_point()}
-    missing = sorted(float_names - set(arrays))
+        raise ValueError(f"{path}: not a readable Fedge model file ({exc})") from None
+    state = model.state_dict()
     unknown = sorted(set(arrays) - set(state))
-    if missing or unknown:
-        raise ConfigError(f"model.init {path}: does not fit the model: "
-                          + (f"missing {missing[:3]}" if missing else f"unknown tensors {unknown[:3]}"))
+    missing = sorted(name for name, t in state.items() if t.is_floating_point() and name not in arrays)
+    if unknown or missing:
+        raise ValueError(f"{path} does not fit {what}: "
+                         + (f"unknown tensors {unknown[:3]}" if unknown else f"missing {missing[:3]}"))
     for name, array in arrays.items():
-        if tuple(array.shape) != state[name]:
-            raise ConfigError(f"model.init {path}: {name} has shape {tuple(array.shape)}, the model {state[name]}")
+        if tuple(array.shape) != tuple(state[name].shape):
+            raise ValueError(f"{path}: {name} has shape {tuple(array.shape)}, {what} {tuple(state[name].shape)}")
     return arrays

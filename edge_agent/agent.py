@@ -97,7 +97,7 @@ class Agent:
             fedge_version=fedge.__version__, protocol_version=codec.PROTOCOL_VERSION,
             torch_version=torch.__version__, model_hash="", capabilities=CAPABILITIES,
             dataset_size=int(self.data.train_y.shape[0]),
-            meta={"device": str(self.device), "input_shape": list(self.data.sample_shape),
+            meta={"device": str(self.device), "input_shape": list(self.data.input_shape),
                   "num_classes": self.data.num_outputs, **self.protocol.holds()}))
 
     def on_join(self, transport: DealerTransport, meta: dict[str, Any]) -> None:
@@ -150,8 +150,8 @@ class Agent:
             meta = dict(task.meta)
             if self.settings.data_refresh == "every-task" and self.data.from_callable:
                 self.data = self.data.refresh()
-                if self.data.sample_shape != tuple(self.tensors.inputs.shape[1:]):
-                    raise ValueError(f"the data callable now returns samples shaped {self.data.sample_shape}")
+                if self.data.input_shape != tuple(self.tensors.inputs.shape[1:]):
+                    raise ValueError(f"the data callable now returns samples shaped {self.data.input_shape}")
                 self.load_tensors(session, self.data)
             with meter.phase("receive"):
                 self.state.discard_unconfirmed(session.run_id, int(meta.get("last_accepted_round", 0)))

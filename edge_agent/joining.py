@@ -88,13 +88,14 @@ def join_session(settings: AgentSettings, data: DeviceData, device: torch.device
     spec = ModelSpec.from_dict(meta["model"])
     train = TrainSettings(**meta["train"])
     check_plugins(settings, meta, spec, train.loss)
-    if data.sample_shape != spec.input_shape or data.num_outputs != spec.num_classes:
+    if data.input_shape != spec.input_shape or data.num_outputs != spec.num_classes:
         kind = "targets" if data.has_targets else "classes"
-        raise Refused("data-mismatch", f"this device's data is {data.sample_shape} with {data.num_outputs} "
+        raise Refused("data-mismatch", f"this device's data is {data.input_shape} with {data.num_outputs} "
                       f"{kind}; the session's model wants {spec.input_shape} with {spec.num_classes} outputs")
     normalization = meta.get("normalization") or {}
-    mean = tuple(normalization.get("mean") or data.mean or ())
-    std = tuple(normalization.get("std") or data.std or ())
+    partition = data.partition_stats
+    mean = tuple(normalization.get("mean") or (data.mean if partition else ()))
+    std = tuple(normalization.get("std") or (data.std if partition else ()))
     if not mean:
         raise Refused("no-normalization", "this device's data comes from a callable and the session carries "
                       "no normalisation: set data.mean and data.std on the coordinator")

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from fedge.algorithms import fedavg, fedprox
+from fedge.algorithms import fedavg
 from fedge.algorithms.base import ModelLayout
 from fedge.algorithms.inprocess import global_arrays, make_fleet, run_round
 from fedge.algorithms.loop import TrainSettings, evaluate, train_local
-from fedge.algorithms.registry import REGISTRY, AlgorithmSpec
 from fedge.algorithms.task import evaluate_task, make_task
 from fedge.models import ModelSpec, build, definition_hash, state_to_arrays
 from fedge.plugins import PluginError
@@ -31,16 +29,6 @@ def client_data(clients: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
         x = torch.from_numpy((arrays["train_x"] - 3.0) / 1.5)
         data.append((x, torch.from_numpy(arrays["train_y"])))
     return data
-
-
-@pytest.fixture(autouse=True)
-def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from fedge.algorithms import ef
-
-    for name, base in (("ef-fedavg", fedavg), ("ef-fedprox", fedprox)):
-        if name not in REGISTRY:
-            monkeypatch.setitem(REGISTRY, name, AlgorithmSpec(ef, base))
-    yield
 
 
 def test_what_the_algorithms_see_of_a_plugin_model() -> None:
