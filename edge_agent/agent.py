@@ -66,8 +66,8 @@ class Agent:
         self.settings = settings
         self.parent_pid = parent_pid
         self.stop_requested = threading.Event()
+        self.data = data or DeviceData.open(settings.data)  # first: bad data is refused before anything is written
         self.state = DeviceState(settings.state_dir)
-        self.data = data or DeviceData.open(settings.data)
         self.device = self.pick_device(settings.device)
         self.session: Session | None = None
         self.worker: threading.Thread | None = None

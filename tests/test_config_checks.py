@@ -58,6 +58,7 @@ def test_exit_codes_say_configuration_or_data(tmp_path: Path) -> None:
                 str(tmp_path / "bad.npz"), "--state-dir", str(tmp_path / "state"))
     assert agent.returncode == 3 and agent.stderr.startswith("edge-agent: data error: ") and \
         agent.stderr.count("\n") == 1, agent.stderr
+    assert not (tmp_path / "state").exists(), "refused before anything was written"
     config = run("fedge.edge_agent", "run", "--coordinator", "tcp://127.0.0.1:9", "--client-id", "has space",
                  "--data", str(tmp_path / "bad.npz"))
     assert config.returncode == 2 and config.stderr.count("\n") == 1, config.stderr
