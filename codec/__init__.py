@@ -1,11 +1,12 @@
-"""Fedge's wire codec: typed messages, sparse tensor coding, packets, limits and errors.
+"""Fedge's wire codec: typed messages, the protocol's vocabulary, sparse tensor coding, packets, limits and errors.
 
-`encode(message) -> bytes` and `decode(bytes, Limits()) -> message` are the whole I/O-free
-interface; docs/wire-format.md is the normative byte-level description. This package uses only
-the standard library, numpy, msgpack and zstandard: it must never import torch, zmq or any
-other Fedge package.
+`encode(message) -> bytes` and `decode(bytes, Limits()) -> message` are the whole I/O-free interface
+(`encode_body` and `read_header` split a packet where a caller needs it); docs/wire-format.md is the normative
+byte-level description. This package uses only the standard library, numpy, msgpack and zstandard: it must never
+import torch, zmq or any other Fedge package.
 """
 
+from fedge.codec import vocabulary
 from fedge.codec.errors import (
     ChecksumError,
     CodecError,
@@ -19,15 +20,16 @@ from fedge.codec.errors import (
     UnknownKind,
     UnsupportedVersion,
 )
+from fedge.codec.legacy import version2_error
 from fedge.codec.masks import mask_crc, retained_count, topk_mask
 from fedge.codec.messages import (
-    HELLO_HOLDS,
-    JOIN_REFUSALS,
     PROTOCOL_VERSION,
-    SESSION_FINISHED,
+    SPOKEN_VERSIONS,
     Bye,
+    Cancel,
     Commit,
     ErrorMessage,
+    Grant,
     Heartbeat,
     Hello,
     Message,
@@ -35,13 +37,15 @@ from fedge.codec.messages import (
     Update,
     Welcome,
 )
-from fedge.codec.packet import decode, encode
+from fedge.codec.packet import Header, decode, encode, encode_body, packet_kind, read_header
 from fedge.codec.sparse import SparseSection
 from fedge.codec.tensors import TensorGroup
 
 __all__ = [
-    "PROTOCOL_VERSION", "Hello", "Welcome", "Task", "Update", "Commit", "Heartbeat", "ErrorMessage", "Bye", "JOIN_REFUSALS", "HELLO_HOLDS", "SESSION_FINISHED",
-    "Message", "TensorGroup", "SparseSection", "encode", "decode", "Limits",
+    "PROTOCOL_VERSION", "SPOKEN_VERSIONS", "vocabulary",
+    "Hello", "Welcome", "Task", "Update", "Commit", "Heartbeat", "ErrorMessage", "Bye", "Cancel", "Grant",
+    "Message", "TensorGroup", "SparseSection", "encode", "encode_body", "decode", "read_header", "packet_kind", "Header", "Limits",
+    "version2_error",
     "CodecError", "TooLarge", "Malformed", "UnsupportedVersion", "UnknownKind", "ChecksumError", "NonFinite",
     "ShapeMismatch", "MaskMismatch", "OutOfRange",
     "retained_count", "topk_mask", "mask_crc",

@@ -153,9 +153,10 @@ def describe(message: Message, data: bytes) -> dict[str, Any]:
 
 def _print_text(info: dict[str, Any]) -> None:
     print(f"{info['kind']} (format version {info['version']}): {info['packet_bytes']} bytes, "
-          f"body {info['body_bytes']} bytes")
+          f"header {info['header_bytes']} bytes, body {info['body_bytes']} bytes")
     for key, value in info.items():
-        if key not in ("kind", "version", "kind_code", "packet_bytes", "body_bytes", "groups"):
+        if key not in ("kind", "version", "kind_code", "packet_bytes", "header_bytes", "body_bytes",
+                       "body_content_bytes", "groups"):
             print(f"  {key}: {json.dumps(value)}")
     for gname, group in info.get("groups", {}).items():
         print(f"group {gname!r}: values {group['value_dtype']}"

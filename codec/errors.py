@@ -71,11 +71,12 @@ class Limits:
     max_tensors: int = 4096
     max_elements: int = 64 * MiB
     max_meta_bytes: int = 1 * MiB
+    max_header_bytes: int = 1 * MiB
     allow_nonfinite: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_packet_bytes", "max_decompressed_bytes", "max_tensors", "max_elements",
-                     "max_meta_bytes"):
+                     "max_meta_bytes", "max_header_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"Limits.{name} must be a non-negative int, got {value!r}")

@@ -261,9 +261,9 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
             session.on_tick = None  # agents leave from here on: they are not restarted
             report = finish(session, run_dir, spec, outcome, time.monotonic() - started)
             if outcome == "done":  # finished agents answer with their own Bye; wait for it (at most 5 s)
-                session.say_goodbye(codec.SESSION_FINISHED, wait_s=5.0)
+                session.say_goodbye(codec.vocabulary.BYE_FINISHED, "session finished", wait_s=5.0)
             else:
-                session.say_goodbye("coordinator stopping; it will resume")
+                session.say_goodbye(codec.vocabulary.BYE_STOPPING, "coordinator stopping; it will resume")
         finally:
             fleet.stop(grace_s=10.0 if outcome == "done" else 0.5)  # local agents end with their coordinator
             transport.close()

@@ -49,7 +49,7 @@ class SessionPlan:
 
     def welcome_extra(self) -> dict[str, Any]:
         return {"plugins": {kind: ref.as_dict() for kind, ref in self.plugins.items()},
-                "normalization": self.normalization}
+                "normalization": self.normalization or {}}
 
 
 def check_algorithm(config: Config) -> Config:

@@ -22,6 +22,7 @@ from typing import Any
 
 from fedge import codec
 from fedge.algorithms.base import Payload
+from fedge.codec import vocabulary as words
 from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.records import check_update
 
@@ -54,7 +55,15 @@ class Noted:
     text: str
 
 
-Event = Send | Rejected | Noted
+@dataclass(frozen=True)
+class SendFrame:
+    """Send bytes already encoded (an answer in an older wire format) to ``peer``."""
+
+    peer: bytes
+    frame: bytes
+
+
+Event = Send | SendFrame | Rejected | Noted
 
 
 @dataclass
@@ -102,20 +111,21 @@ class RejectionLimiter:
 
 
 class CoordinatorProtocol:
-    """The rules of a session; see the module docstring. ``session_meta(index)`` is a welcome's settings,
-    ``task_meta(round)`` the runtime's fields of a task (evaluation flags)."""
+    """The rules of a session; see the module docstring. ``welcome_fields(index)`` is a welcome's settings (the
+    fields of ``codec.Welcome``), ``task_flags(round)`` the evaluation flags of a task (``personal_eval``,
+    ``evaluate``)."""
 
     def __init__(self, run_id: str, model_hash: str, shapes: dict[str, tuple[int, ...]], registry: AgentRegistry,
-                 server: Any, session_meta: Callable[[int], dict[str, Any]],
-                 task_meta: Callable[[int], dict[str, Any]] | None = None,
+                 server: Any, welcome_fields: Callable[[int], dict[str, Any]],
+                 task_flags: Callable[[int], dict[str, bool]] | None = None,
                  limiter: RejectionLimiter | None = None) -> None:
         self.run_id = run_id
         self.model_hash = model_hash
         self.shapes = shapes
         self.registry = registry
         self.server = server
-        self.session_meta = session_meta
-        self.task_meta = task_meta or (lambda _round: {})
+        self.welcome_fields = welcome_fields
+        self.task_flags = task_flags or (lambda _round: {})
         self.limiter = limiter or RejectionLimiter()
         self.reports = RejectionLimiter()  # the same bound on the log lines of agents' error reports
         self.round = 0                        # the last checkpointed round
@@ -126,17 +136,22 @@ class CoordinatorProtocol:
     def receive(self, peer: bytes, frame: bytes, now: float) -> list[Event]:
         try:
             message = codec.decode(frame)
+        except codec.UnsupportedVersion as exc:
+            return self.refuse(peer, words.PROTOCOL_MISMATCH, f"the agent speaks wire-format version {exc.version}, "
+                               f"this coordinator {codec.PROTOCOL_VERSION}: upgrade the agent", now,
+                               older=exc.version == 2)
         except codec.CodecError as exc:
-            return self.refuse(peer, "malformed", f"{type(exc).__name__}: {exc}", now)
+            return self.refuse(peer, words.MALFORMED, f"{type(exc).__name__}: {exc}", now)
         client_id = peer.decode(errors="replace")
         if message.sender != client_id:
-            return self.refuse(peer, "sender-mismatch", f"sender {message.sender!r} is not the connection's id", now)
+            return self.refuse(peer, words.SENDER_MISMATCH, f"sender {message.sender!r} is not the connection's id",
+                               now)
         if isinstance(message, codec.Hello):
             return self.on_hello(peer, message, now)
         agent = self.registry.get(client_id)
         if agent is None or not agent.connected:
-            return self.refuse(peer, "hello-first", "this agent has not registered in this session: send a hello",
-                               now)
+            return self.refuse(peer, words.HELLO_FIRST, "this agent has not registered in this session: send a "
+                               "hello", now)
         self.registry.touch(client_id, now)
         agent.peer = peer
         if isinstance(message, codec.Heartbeat):
@@ -149,14 +164,15 @@ class CoordinatorProtocol:
             admitted, _ = self.reports.admit(peer, now)  # an agent's reports are logged at a bounded rate too
             events: list[Event] = [Noted(logging.WARNING, f"agent {client_id} reports {message.code}: "
                                                           f"{message.reason}")] if admitted else []
-            if message.code == "round-failed":
+            if message.code == words.ROUND_FAILED:
                 events += self.on_failed_round(agent.index, message.round)
-            elif message.code in codec.JOIN_REFUSALS:
+            elif message.code in words.JOIN_REFUSALS:
                 events += self.on_declined(client_id, agent.index)
             return events
-        return self.refuse(peer, "unexpected", f"a {type(message).__name__} is not expected from an agent", now)
+        return self.refuse(peer, words.UNEXPECTED, f"a {type(message).__name__} is not expected from an agent", now)
 
-    def refuse(self, peer: bytes, code: str, reason: str, now: float) -> list[Event]:
+    def refuse(self, peer: bytes, code: str, reason: str, now: float, older: bool = False) -> list[Event]:
+        """Answer (and log) a refusal, at a bounded rate per peer; ``older``: answer in wire-format version 2."""
         admitted, suppressed = self.limiter.admit(peer, now)
         events: list[Event] = []
         if suppressed:
@@ -164,36 +180,40 @@ class CoordinatorProtocol:
                                                  "or logged in the last window"))
         if admitted:
             events.append(Rejected(peer, code, reason))
-            events.append(Send(peer, codec.ErrorMessage(run_id=self.run_id, round=self.round, sender=SENDER,
-                                                        code=code, reason=reason)))
+            if older:
+                events.append(SendFrame(peer, codec.version2_error(self.run_id, SENDER, code, reason)))
+            else:
+                events.append(Send(peer, codec.ErrorMessage(run_id=self.run_id, round=self.round, sender=SENDER,
+                                                            code=code, reason=reason)))
         return events
 
     def on_hello(self, peer: bytes, hello: codec.Hello, now: float) -> list[Event]:
-        if hello.protocol_version != codec.PROTOCOL_VERSION:
-            return self.refuse(peer, "protocol-mismatch", f"agent speaks protocol {hello.protocol_version}, this "
-                               f"coordinator {codec.PROTOCOL_VERSION}: upgrade the older side", now)
+        if codec.PROTOCOL_VERSION not in hello.versions:
+            return self.refuse(peer, words.PROTOCOL_MISMATCH, f"agent speaks wire-format versions "
+                               f"{list(hello.versions)}, this coordinator {codec.PROTOCOL_VERSION}: upgrade the older "
+                               "side", now)
         if hello.model_hash and hello.model_hash != self.model_hash:
-            return self.refuse(peer, "model-mismatch", f"agent's model definition {hello.model_hash} differs from "
-                               f"the session's {self.model_hash} (different Fedge or torch versions?)", now)
+            return self.refuse(peer, words.MODEL_MISMATCH, f"agent's model definition {hello.model_hash} differs "
+                               f"from the session's {self.model_hash} (different Fedge or torch versions?)", now)
         index = self.registry.index_of(hello.sender)
         if index is None:
-            return self.refuse(peer, "session-full", f"the session already has its {self.registry.capacity} "
+            return self.refuse(peer, words.SESSION_FULL, f"the session already has its {self.registry.capacity} "
                                "clients", now)
         agent = self.registry.agents[hello.sender]
         first = not agent.connected
         agent.peer, agent.connected, agent.dataset_size = peer, True, hello.dataset_size
         agent.hello = {"fedge": hello.fedge_version, "torch": hello.torch_version,
-                       "capabilities": list(hello.capabilities), **dict(hello.meta)}
+                       "capabilities": list(hello.capabilities), "device": hello.device,
+                       "input_shape": list(hello.input_shape), "num_outputs": hello.num_outputs}
         self.registry.touch(hello.sender, now)
         events: list[Event] = []
         if first:
             events.append(Noted(logging.INFO, f"agent {hello.sender} registered as client {index} "
                                               f"({hello.dataset_size} samples, torch {hello.torch_version})"))
         events.append(Send(peer, codec.Welcome(run_id=self.run_id, round=self.round, sender=SENDER,
-                                               meta=self.session_meta(index))))
+                                               **self.welcome_fields(index))))
         current = self.current
-        holds = hello.meta.get(codec.HELLO_HOLDS)
-        holds_this_round = current is not None and holds == [self.run_id, current.number]
+        holds_this_round = current is not None and hello.holds == (self.run_id, current.number)
         if current is not None and index in current.selected and index not in current.updates and \
                 index not in current.failed and not holds_this_round:
             events.append(self.task(index, now))
@@ -202,17 +222,17 @@ class CoordinatorProtocol:
     def on_update(self, peer: bytes, index: int, update: codec.Update, size: int, now: float) -> list[Event]:
         current = self.current
         if current is None or update.round != current.number:
-            return self.refuse(peer, "stale", f"update for round {update.round} arrived outside it (current: "
+            return self.refuse(peer, words.STALE, f"update for round {update.round} arrived outside it (current: "
                                f"{current.number if current else 'none'})", now)
         if index not in current.selected:
-            return self.refuse(peer, "not-selected", f"client {index} was not selected in round {update.round}",
+            return self.refuse(peer, words.NOT_SELECTED, f"client {index} was not selected in round {update.round}",
                                now)
         if index in current.updates:
-            return self.refuse(peer, "duplicate", f"a second update from client {index} in round {update.round}",
+            return self.refuse(peer, words.DUPLICATE, f"a second update from client {index} in round {update.round}",
                                now)
         problem = check_update(update, self.shapes, current.masks.get(index, set()))
         if problem:
-            return self.refuse(peer, "invalid-update", problem, now)
+            return self.refuse(peer, words.INVALID_UPDATE, problem, now)
         current.updates[index] = (update, size)
         current.failed.discard(index)
         return []
@@ -267,15 +287,15 @@ class CoordinatorProtocol:
             raise RuntimeError("no round is open")
         agent = self.registry.by_index(index)
         payload: Payload = self.server.downlink(current.number, index)
-        meta = {**dict(payload.meta), "committed_round": self.round,
-                "last_accepted_round": agent.last_accepted_round,
-                "deadline_s": max(0.0, current.deadline - now), **self.task_meta(current.number)}
         for group in payload.groups.values():
             if group.sparse is not None and group.sparse.mask is not None:
                 current.masks.setdefault(index, set()).add(codec.mask_crc(group.sparse.mask))
         current.tasks_sent.add(index)
         return Send(agent.peer, codec.Task(run_id=self.run_id, round=current.number, sender=SENDER,
-                                           groups=dict(payload.groups), meta=meta), task_of=index)
+                                           groups=dict(payload.groups), meta=dict(payload.meta),
+                                           committed_round=self.round, last_accepted_round=agent.last_accepted_round,
+                                           deadline_s=max(0.0, current.deadline - now),
+                                           **self.task_flags(current.number)), task_of=index)
 
     def sent_task(self, index: int, size: int) -> None:
         """The driver sent a task of ``size`` bytes to ``index`` (0: it could not)."""
@@ -292,12 +312,19 @@ class CoordinatorProtocol:
             return True
         return not any(self.registry.alive(self.registry.by_index(i), now) for i in awaited)
 
-    def close_round(self) -> RoundState:
+    def close_round(self) -> tuple[RoundState, list[Event]]:
+        """Close the round in progress: its state, and a Cancel to each selected agent still training it."""
         current = self.current
         if current is None:
             raise RuntimeError("no round is open")
         self.current, self.closed = None, current
-        return current
+        cancels: list[Event] = []
+        for index in current.awaited():
+            agent = self.registry.by_index(index)
+            if agent.connected and agent.peer:
+                cancels.append(Send(agent.peer, codec.Cancel(run_id=self.run_id, round=current.number, sender=SENDER,
+                                                             reason="the round closed without your update")))
+        return current, cancels
 
     def abandon_round(self) -> None:
         self.current = None
@@ -313,7 +340,7 @@ class CoordinatorProtocol:
         return [Send(self.registry.by_index(i).peer, codec.Commit(run_id=self.run_id, round=number, sender=SENDER))
                 for i in sorted(closed.updates)]
 
-    def byes(self, reason: str) -> list[Event]:
-        """A Bye to every connected agent."""
-        return [Send(a.peer, codec.Bye(run_id=self.run_id, round=self.round, sender=SENDER, reason=reason))
+    def byes(self, code: str, reason: str) -> list[Event]:
+        """A Bye to every connected agent (``code``: vocabulary.BYE_FINISHED ends their session)."""
+        return [Send(a.peer, codec.Bye(run_id=self.run_id, round=self.round, sender=SENDER, code=code, reason=reason))
                 for a in self.registry.agents.values() if a.connected and a.peer]

@@ -7,6 +7,7 @@ Pure functions over decoded messages and plain values; no sockets, no algorithms
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from fedge import codec
-from fedge.algorithms.base import ClientUpdate
 from fedge.algorithms.task import METRIC_NAMES as EVAL_METRICS
 from fedge.coordinator.config import Config
 from fedge.coordinator.rundir import METER_FIELDS, load_arrays, save_arrays
@@ -24,8 +24,6 @@ from fedge.models import ModelSpec
 
 def check_update(update: codec.Update, shapes: Mapping[str, tuple[int, ...]], masks_sent: set[int]) -> str:
     """A reason to reject the update's tensors (unknown names, wrong shapes, foreign mask), or ''."""
-    if not isinstance(update.meta.get("num_samples"), int) or update.meta["num_samples"] < 0:
-        return "meta.num_samples must be a non-negative integer"
     for group_name, group in update.groups.items():
         for name, array in group.dense.items():
             if name not in shapes:
@@ -63,44 +61,42 @@ def meter_totals(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {name: totals.get(name) for name in METER_FIELDS}
 
 
-def update_summary(updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-    """Personal accuracies, the sample-weighted training loss and the slowest training time of a round."""
+def update_summary(received: Sequence[tuple[str, codec.Update]]) -> dict[str, Any]:
+    """Personal accuracies, the sample-weighted training loss and the slowest training time of a round, from
+    (client id, update) pairs."""
     row: dict[str, Any] = {}
-    personal = {u.client_id: u.payload.meta["personal_accuracy"] for u in updates
-                if isinstance(u.payload.meta.get("personal_accuracy"), float)}
+    personal = {cid: u.personal_accuracy for cid, u in received
+                if u.personal_accuracy is not None and math.isfinite(u.personal_accuracy)}
     if personal:
         row["personal_accuracy"] = personal
         row["personal_accuracy_mean"] = float(np.mean(list(personal.values())))
-    losses = [u.payload.meta.get("train_loss") for u in updates]
-    floats = [x for x in losses if isinstance(x, float)]
-    if losses and len(floats) == len(losses):
-        row["train_loss"] = float(np.average(floats, weights=[max(u.num_samples, 1) for u in updates]))
-    times = [u.payload.meta.get("train_s") for u in updates]
-    known = [t for t in times if isinstance(t, float)]
-    row["train_s_max"] = max(known) if known else None
+    losses = [u.train_loss for _, u in received]
+    if losses and all(math.isfinite(x) for x in losses):
+        row["train_loss"] = float(np.average(losses, weights=[max(u.num_samples, 1) for _, u in received]))
+    times = [u.train_s for _, u in received if math.isfinite(u.train_s)]
+    row["train_s_max"] = max(times) if times else None
     return row
 
 
-def client_evaluation(meta: Mapping[str, Any]) -> dict[str, Any]:
+def client_evaluation(update: codec.Update) -> dict[str, Any]:
     """An agent's own evaluation of the model it received, as clients.jsonl fields ``test_*`` (all null when it
-    sent none or sent something malformed)."""
-    found = meta.get("eval")
+    sent none)."""
     fields: dict[str, Any] = {f"test_{name}": None for name in EVAL_METRICS}
-    if isinstance(found, dict) and isinstance(meta.get("eval_samples"), int):
+    if update.eval_samples > 0:
         for name in EVAL_METRICS:
-            value = found.get(name)
-            if isinstance(value, float) and np.isfinite(value):
+            value = update.evaluation.get(name)
+            if isinstance(value, float) and math.isfinite(value):
                 fields[f"test_{name}"] = value
     return fields
 
 
-def agents_evaluation(updates: Sequence[ClientUpdate]) -> tuple[dict[str, float | None], int]:
+def agents_evaluation(updates: Sequence[codec.Update]) -> tuple[dict[str, float | None], int]:
     """The sample-weighted mean of the agents' evaluations (weights: their test-split sizes) and the samples."""
     rows: list[tuple[dict[str, Any], int]] = []
     for update in updates:
-        fields, samples = client_evaluation(update.payload.meta), update.payload.meta.get("eval_samples")
-        if isinstance(samples, int) and samples > 0 and any(v is not None for v in fields.values()):
-            rows.append((fields, samples))
+        fields = client_evaluation(update)
+        if any(v is not None for v in fields.values()):
+            rows.append((fields, update.eval_samples))
     if not rows:
         return {}, 0
     total = sum(n for _, n in rows)
@@ -111,19 +107,18 @@ def agents_evaluation(updates: Sequence[ClientUpdate]) -> tuple[dict[str, float 
     return means, total
 
 
-def welcome_meta(c: Config, spec: ModelSpec, run_id: str, model_hash: str, index: int,
-                 capacity: int) -> dict[str, Any]:
-    """The session settings a welcome carries: everything an agent needs to build its model and client half."""
+def welcome_fields(c: Config, spec: ModelSpec, model_hash: str, index: int, capacity: int) -> dict[str, Any]:
+    """The session settings of a Welcome (``codec.Welcome``'s fields): everything an agent needs to build its model
+    and client half."""
     return {
-        "run_id": run_id, "client_index": index, "num_clients": capacity,
-        "seed": c.run.seed, "model_hash": model_hash,
+        "client_index": index, "num_clients": capacity, "seed": c.run.seed, "model_hash": model_hash,
         "model": spec.as_dict(),
-        "algorithm": dict(c.algorithm),
+        "algorithm": c.algorithm_name, "algorithm_options": dict(c.algorithm_options),
         "train": {"epochs": c.train.epochs, "batch_size": c.train.batch_size, "lr": c.train.lr,
                   "optimizer": c.train.optimizer, "momentum": c.train.momentum,
                   "weight_decay": c.train.weight_decay, "loss": c.train.loss,
                   "class_weights": list(c.train.class_weights)},
-        "data": {"train_limit": c.data.train_limit},
+        "train_limit": c.data.train_limit,
         "heartbeat_s": c.fleet.heartbeat_s, "liveness_s": c.fleet.liveness_s,
     }
 

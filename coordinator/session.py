@@ -25,7 +25,7 @@ from fedge.algorithms import make_server
 from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.config import Config
-from fedge.coordinator.protocol import CoordinatorProtocol, Event, Rejected, RoundState, Send
+from fedge.coordinator.protocol import CoordinatorProtocol, Event, Rejected, RoundState, Send, SendFrame
 from fedge.coordinator.records import (
     agent_record,
     agents_evaluation,
@@ -34,7 +34,7 @@ from fedge.coordinator.records import (
     meter_totals,
     save_checkpoint,
     update_summary,
-    welcome_meta,
+    welcome_fields,
 )
 from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir
 from fedge.coordinator.transport import RouterTransport
@@ -46,6 +46,11 @@ log = logging.getLogger("fedge.coordinator")
 # A test seam: FEDGE_CRASH_AT="POINT:ROUND" ends the process at once (exit 70, no cleanup) at that point of that
 # round's finish, so that tests can check that a crash anywhere resumes to the uninterrupted run.
 CRASH_AT = os.environ.get("FEDGE_CRASH_AT", "")
+
+
+def finite(value: float) -> float | None:
+    """A figure for a JSON record: None for NaN and infinities (JSON has neither)."""
+    return value if math.isfinite(value) else None
 
 
 def crash_point(point: str, round_number: int) -> None:
@@ -85,7 +90,7 @@ class Session:
         context = ServerContext(num_clients=num_clients, layout=self.layout, seed=config.run.seed)
         self.server = make_server(config.algorithm_name, config.algorithm_options, state_to_arrays(model), context)
         self.protocol = CoordinatorProtocol(run_id, self.model_hash, self.shapes, registry, self.server,
-                                            self.session_meta, self.task_meta)
+                                            self.welcome_fields, self.task_flags)
         self.started = time.monotonic()
         self.status_written = 0.0
         self.round_walls: list[float] = []
@@ -119,11 +124,11 @@ class Session:
             self.run_dir.truncate_jsonl(name, self.round)
         log.info("resumed %s at round %d", self.run_dir.path, self.round)
 
-    def session_meta(self, index: int) -> dict[str, Any]:
-        return {**welcome_meta(self.config, self.spec, self.run_id, self.model_hash, index, self.registry.capacity),
+    def welcome_fields(self, index: int) -> dict[str, Any]:
+        return {**welcome_fields(self.config, self.spec, self.model_hash, index, self.registry.capacity),
                 **self.welcome_extra}
 
-    def task_meta(self, number: int) -> dict[str, Any]:
+    def task_flags(self, number: int) -> dict[str, bool]:
         """The runtime's evaluation flags of a task in round ``number``."""
         personal = self.config.eval.personal_every
         return {"personal_eval": bool(personal and number % personal == 0),
@@ -136,6 +141,8 @@ class Session:
                 size = self.send(event.peer, event.message)
                 if event.task_of is not None:
                     self.protocol.sent_task(event.task_of, size)
+            elif isinstance(event, SendFrame):
+                self.transport.send(event.peer, event.frame)
             elif isinstance(event, Rejected):
                 log.warning("rejected a message from %r: %s (%s)", event.peer, event.reason, event.code)
             else:
@@ -206,7 +213,8 @@ class Session:
             current = self.protocol.current
             if current is not None:
                 self.write_status(f"round {number}: {len(current.updates)}/{len(current.selected)} updates")
-        current = self.protocol.close_round()
+        current, cancels = self.protocol.close_round()
+        self.act(cancels)
         if current.awaited() and time.monotonic() < current.deadline:
             log.warning("round %d: every agent still awaited (%s) is gone; closing the round", number,
                         current.awaited())
@@ -221,30 +229,30 @@ class Session:
             if notify is not None:
                 notify(number, missing)
         ordered = sorted(current.updates.items())
-        updates = [ClientUpdate(client_id=self.registry.by_index(i).client_id, index=i,
-                                num_samples=int(u.meta["num_samples"]),
+        updates = [ClientUpdate(client_id=self.registry.by_index(i).client_id, index=i, num_samples=u.num_samples,
                                 payload=Payload(groups=dict(u.groups), meta=dict(u.meta)))
                    for i, (u, _) in ordered]
+        received = [(self.registry.by_index(i).client_id, u) for i, (u, _) in ordered]
         extra = dict(self.server.aggregate(number, updates)) if updates else {}
         crash_point("aggregated", number)
         row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
         row.update(round=number, algorithm=self.config.algorithm_name, selected=len(current.selected),
                    reported=len(updates), dropped=len(missing),
                    bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()))
-        self.evaluate_into(row, number, updates)
-        row.update(update_summary(updates))
+        self.evaluate_into(row, number, [u for _, u in received])
+        row.update(update_summary(received))
         row.update(extra)
-        records = [agent_record(update.meta.get("meter"), size, self.transport.curve) for _, (update, size) in ordered]
+        records = [agent_record(dict(update.record), size, self.transport.curve) for _, (update, size) in ordered]
         shares = attribute_energy(records)
         for (index, (update, size)), record, share in zip(ordered, records, shares, strict=True):
             agent = self.registry.by_index(index)
             agent.last_accepted_round = number
             self.run_dir.append_jsonl("clients.jsonl", {
                 **record, "round": number, "client_id": agent.client_id, "client_index": index,
-                "num_samples": update.meta["num_samples"], "bytes_down": current.bytes_down.get(index, 0),
-                "bytes_up": size, "train_loss": update.meta.get("train_loss"),
-                "train_s": update.meta.get("train_s"), "energy_j_share": share,
-                **client_evaluation(update.meta)})
+                "num_samples": update.num_samples, "bytes_down": current.bytes_down.get(index, 0),
+                "bytes_up": size, "train_loss": finite(update.train_loss),
+                "train_s": finite(update.train_s), "energy_j_share": share,
+                **client_evaluation(update)})
         row.update(meter_totals(records))
         row["wall_s"] = time.monotonic() - started
         crash_point("clients", number)
@@ -261,7 +269,7 @@ class Session:
         every = self.config.eval.every
         return every > 0 and (number % every == 0 or number == self.config.run.rounds)
 
-    def evaluate_into(self, row: dict[str, Any], number: int, updates: list[ClientUpdate]) -> None:
+    def evaluate_into(self, row: dict[str, Any], number: int, updates: list[codec.Update]) -> None:
         """The round's test metrics: the coordinator's own test set when it has one, else the sample-weighted mean
         of the agents' evaluations of the model they received this round (``eval_source`` says which)."""
         if not self.evaluation_due(number):
@@ -324,13 +332,13 @@ class Session:
         self.write_status("done", force=True)
         return "done"
 
-    def say_goodbye(self, reason: str, wait_s: float = 0.0) -> None:
+    def say_goodbye(self, code: str, reason: str, wait_s: float = 0.0) -> None:
         """Send every connected agent a Bye; then, for up to ``wait_s``, keep serving until each has said its own
         Bye back. Closing the socket right after sending once lost a Bye in the e2e tests (most likely an agent's
         DEALER, with ZMQ_IMMEDIATE, discarding what it had not read yet when the connection went), and that agent
         waited for a session that had ended."""
         told = [a for a in self.registry.agents.values() if a.connected and a.peer]
-        self.act(self.protocol.byes(reason))
+        self.act(self.protocol.byes(code, reason))
         deadline = time.monotonic() + wait_s
         while any(a.connected for a in told) and time.monotonic() < deadline:
             self.pump(50)

@@ -30,7 +30,18 @@ from fedge.edge_agent.config import AgentSettings
 from fedge.edge_agent.data import DeviceData
 from fedge.edge_agent.joining import Refused, Session, data_tensors, join_session
 from fedge.edge_agent.metering import mask_figures, tcp_peer
-from fedge.edge_agent.protocol import Action, AgentProtocol, Confirm, Join, SayHello, Send, Stop, Train
+from fedge.edge_agent.protocol import (
+    Action,
+    AgentProtocol,
+    CancelTraining,
+    Confirm,
+    Join,
+    SayHello,
+    Send,
+    SendFrame,
+    Stop,
+    Train,
+)
 from fedge.edge_agent.state import DeviceState
 from fedge.edge_agent.transport import CurveClientKeys, DealerTransport
 from fedge.meter import AgentMeter, ParamSnapshot
@@ -38,7 +49,6 @@ from fedge.plumbing import hold_directory
 
 log = logging.getLogger("fedge.agent")
 
-SESSION_FINISHED = codec.SESSION_FINISHED
 CAPABILITIES = ("sparse-mask", "sparse-values", "sparse-indices", "f16", "bf16", "int8")
 
 
@@ -66,6 +76,7 @@ class Agent:
         self.settings = settings
         self.parent_pid = parent_pid
         self.stop_requested = threading.Event()
+        self.cancel_requested = threading.Event()  # the coordinator cancelled the round being trained
         self.data = data or DeviceData.open(settings.data)  # first: bad data is refused before anything is written
         self.state = DeviceState(settings.state_dir)
         self.device = self.pick_device(settings.device)
@@ -78,6 +89,7 @@ class Agent:
         self.exit_code = 0
         self.meter = AgentMeter(energy=settings.energy)
         self.handshakes_counted = 0
+        self.train_steps_at_start = 0
 
     @staticmethod
     def pick_device(choice: str) -> torch.device:
@@ -94,31 +106,26 @@ class Agent:
     def hello(self, transport: DealerTransport) -> None:
         self.send(transport, codec.Hello(
             run_id=self.session.run_id if self.session else "", round=0, sender=self.settings.client_id,
-            fedge_version=fedge.__version__, protocol_version=codec.PROTOCOL_VERSION,
+            fedge_version=fedge.__version__, versions=codec.SPOKEN_VERSIONS,
             torch_version=torch.__version__, model_hash="", capabilities=CAPABILITIES,
-            dataset_size=int(self.data.train_y.shape[0]),
-            meta={"device": str(self.device), "input_shape": list(self.data.input_shape),
-                  "num_classes": self.data.num_outputs, **self.protocol.holds()}))
+            dataset_size=int(self.data.train_y.shape[0]), device=str(self.device),
+            input_shape=tuple(self.data.input_shape), num_outputs=self.data.num_outputs,
+            holds=self.protocol.holds()))
 
-    def on_join(self, transport: DealerTransport, meta: dict[str, Any]) -> None:
+    def on_join(self, transport: DealerTransport, welcome: codec.Welcome) -> None:
         try:
-            session = self.join(meta)
+            session = self.join(welcome)
         except Refused as refusal:
             self.session = None
             self.act(transport, self.protocol.refuse(refusal.code, str(refusal), time.monotonic()))
-            return
-        except (KeyError, TypeError, ValueError) as exc:
-            self.session = None
-            self.act(transport, self.protocol.refuse("bad-welcome", f"the welcome is malformed: "
-                                                                    f"{type(exc).__name__}: {exc}", time.monotonic()))
             return
         self.session = session
         self.protocol.joined(session.run_id, session.index, session.heartbeat_s, session.liveness_s)
         self.begin_session(session)
 
-    def join(self, meta: dict[str, Any]) -> Session:
+    def join(self, welcome: codec.Welcome) -> Session:
         """The session the welcome describes (``edge_agent.joining``), with this device's data as tensors."""
-        session, self.tensors = join_session(self.settings, self.data, self.device, meta)
+        session, self.tensors = join_session(self.settings, self.data, self.device, welcome)
         return session
 
     def load_tensors(self, session: Session, data: DeviceData) -> None:
@@ -132,7 +139,7 @@ class Agent:
         with contextlib.suppress(RuntimeError):  # a window is already open after a re-welcome
             self.meter.begin_round(0)
         log.info("joined run %s as client %d: %s with %s, %d samples on %s", session.run_id, session.index,
-                 session.meta["model"]["name"], session.meta["algorithm"]["name"], count, self.device)
+                 session.welcome.model["name"], session.welcome.algorithm, count, self.device)
 
     # ------------------------------------------------------------------------------------------------ round
     def start_task(self, task: codec.Task, decode_cpu_s: float) -> None:
@@ -140,6 +147,8 @@ class Agent:
         if session is None:  # the protocol trains only in a joined session
             raise RuntimeError("a task before the session was joined")
         self.outcome = None
+        self.cancel_requested.clear()
+        self.train_steps_at_start = self.train_steps
         self.worker = threading.Thread(target=self.train_round, args=(session, task, decode_cpu_s), daemon=True,
                                        name=f"train-round-{task.round}")
         self.worker.start()
@@ -147,28 +156,27 @@ class Agent:
     def train_round(self, session: Session, task: codec.Task, decode_cpu_s: float) -> None:
         meter = self.meter
         try:
-            meta = dict(task.meta)
             if self.settings.data_refresh == "every-task" and self.data.from_callable:
                 self.data = self.data.refresh()
                 if self.data.input_shape != tuple(self.tensors.inputs.shape[1:]):
                     raise ValueError(f"the data callable now returns samples shaped {self.data.input_shape}")
                 self.load_tensors(session, self.data)
             with meter.phase("receive"):
-                self.state.discard_unconfirmed(session.run_id, int(meta.get("last_accepted_round", 0)))
+                self.state.discard_unconfirmed(session.run_id, task.last_accepted_round)
                 session.client.load_state_dict(self.state.committed(session.run_id))
-                payload = Payload(groups=dict(task.groups), meta=meta)
+                payload = Payload(groups=dict(task.groups), meta=dict(task.meta))
                 session.client.on_receive(task.round, payload, session.model)
             after_training = bool(getattr(session.client, "inference_after_training", False))
             inference = None if after_training else model_arrays(session.model)
             extra: dict[str, Any] = {}
-            if (meta.get("personal_eval") or meta.get("evaluate")) and self.tensors.test_labels.numel():
+            if (task.personal_eval or task.evaluate) and self.tensors.test_labels.numel():
                 metrics = evaluate_task(session.model, self.tensors.test_inputs, self.tensors.test_labels, session.task)
-                if meta.get("evaluate"):  # the session has no test set of its own: the agents' evaluations stand in
-                    extra["eval"], extra["eval_samples"] = metrics, int(self.tensors.test_labels.shape[0])
-                if meta.get("personal_eval") and metrics["accuracy"] is not None:
+                if task.evaluate:  # the session has no test set of its own: the agents' evaluations stand in
+                    extra["evaluation"], extra["eval_samples"] = metrics, int(self.tensors.test_labels.shape[0])
+                if task.personal_eval and metrics["accuracy"] is not None:
                     extra["personal_accuracy"] = metrics["accuracy"]
             started = time.monotonic()
-            seed = round_seed(int(session.meta["seed"]), task.round, session.index)
+            seed = round_seed(session.welcome.seed, task.round, session.index)
             with meter.phase("train"):
                 snapshot = ParamSnapshot(session.model)
                 stats = train_local(session.model, session.client, self.tensors.inputs, self.tensors.labels, session.train, seed,
@@ -179,24 +187,25 @@ class Agent:
             meter.add_training(session.model, tuple(self.tensors.inputs.shape[1:]), stats.batch_sizes, t.optimizer,
                                t.momentum, t.weight_decay, updated_elements=snapshot.changed(session.model),
                                mask_claim=claim, densities=densities)
-            meta_up = {**extra, "num_samples": int(self.tensors.labels.shape[0]), "steps": stats.steps,
-                       "train_loss": float(stats.loss), "train_s": float(train_s)}
+            fields = {**extra, "num_samples": int(self.tensors.labels.shape[0]), "steps": stats.steps,
+                      "train_loss": float(stats.loss), "train_s": float(train_s)}
             with meter.phase("encode"):
                 update = session.client.make_update(task.round, session.model, stats)
-                meta_up = {**dict(update.meta), **meta_up}
-                codec.encode(self.update_message(session, task.round, update, meta_up))
+                body = codec.encode_body(update.groups, update.meta)
             if inference is None:
                 inference = model_arrays(session.model)
             self.state.write_pending(session.run_id, task.round, session.client.state_dict(), inference,
                                      self.inference_meta(session))
             record = self.close_meter_window(task.round)
             record["cpu_s_decode"] = decode_cpu_s
-            frame = codec.encode(self.update_message(session, task.round, update, {**meta_up, "meter": record}))
+            frame = codec.encode(self.update_message(session, task.round, update, {**fields, "record": record}),
+                                 body=body)
             del update, inference, snapshot
             trim_heap()
             self.outcome = Outcome(task.round, frame)
         except TrainingCancelled:
-            log.info("round %d abandoned: the agent is stopping", task.round)
+            why = "the coordinator cancelled it" if self.cancel_requested.is_set() else "the agent is stopping"
+            log.info("round %d abandoned: %s (its costs are metered in the next round's record)", task.round, why)
             return
         except Exception as exc:  # a failed round is reported, never fatal for the agent
             log.exception("round %d failed", task.round)
@@ -206,9 +215,9 @@ class Agent:
 
     def step(self) -> bool:
         """Called by the training loop before each step: count it (the watchdog's progress while training) and
-        say whether to stop."""
+        say whether to stop (the agent is stopping, or the coordinator cancelled the round)."""
         self.train_steps += 1
-        return self.stop_requested.is_set()
+        return self.stop_requested.is_set() or self.cancel_requested.is_set()
 
     def watchdog_count(self) -> int:
         """What systemd's watchdog sees as progress: training steps while a round trains (a hung step stops the
@@ -220,10 +229,10 @@ class Agent:
     def inference_meta(self, session: Session) -> dict[str, Any]:
         """What ``edge-agent predict`` needs beside the weights: the model spec and hash, the normalisation the
         device trained with, and the algorithm."""
-        return {"model": dict(session.meta["model"]), "model_hash": session.meta["model_hash"],
+        return {"model": dict(session.welcome.model), "model_hash": session.welcome.model_hash,
                 "mean": list(session.mean), "std": list(session.std), "features": str(self.data.train_x.dtype),
                 "task": session.task.kind,
-                "algorithm": session.meta["algorithm"]["name"]}
+                "algorithm": session.welcome.algorithm}
 
     def close_meter_window(self, round_number: int) -> dict[str, Any]:
         """End the meter's window and open the next one at once: windows tile time, so every byte, joule and CPU
@@ -234,11 +243,11 @@ class Agent:
         return record
 
     def update_message(self, session: Session, round_number: int, update: Payload,
-                       meta: dict[str, Any]) -> codec.Update:
-        """The uplink packet. It is encoded twice: once inside the metered encode phase, once more with the
-        meter's record of the round in its metadata (the record cannot describe its own packet)."""
+                       fields: dict[str, Any]) -> codec.Update:
+        """The uplink: the client half's groups and meta (their body is encoded once, in the metered encode
+        phase) and the runtime's fields, the meter's record of the round among them (in the header)."""
         return codec.Update(run_id=session.run_id, round=round_number, sender=self.settings.client_id,
-                            groups=dict(update.groups), meta=meta)
+                            groups=dict(update.groups), meta=dict(update.meta), **fields)
 
     def on_commit(self, round_number: int) -> None:
         if self.session is not None and self.state.confirm(self.session.run_id, round_number):
@@ -250,10 +259,16 @@ class Agent:
         for action in actions:
             if isinstance(action, Send):
                 self.send(transport, action.message)
+            elif isinstance(action, SendFrame):
+                transport.send(action.frame)  # its bytes are counted where they arrive (the coordinator)
+                log.info("round %d: sent update (%d bytes)", action.round, len(action.frame))
+            elif isinstance(action, CancelTraining):
+                if self.worker is not None and self.worker.is_alive():
+                    self.cancel_requested.set()
             elif isinstance(action, SayHello):
                 self.hello(transport)
             elif isinstance(action, Join):
-                self.on_join(transport, action.meta)
+                self.on_join(transport, action.welcome)
             elif isinstance(action, Train):
                 self.start_task(action.task, decode_cpu_s)
             elif isinstance(action, Confirm):
@@ -276,9 +291,6 @@ class Agent:
         outcome = self.outcome
         if outcome is not None and (self.worker is None or not self.worker.is_alive()):
             self.outcome = None
-            if outcome.frame is not None:
-                transport.send(outcome.frame)  # its bytes are counted where they arrive (the coordinator)
-                log.info("round %d: sent update (%d bytes)", outcome.round, len(outcome.frame))
             self.act(transport, self.protocol.finished(outcome.round, outcome.frame, outcome.error))
         elif outcome is None and self.protocol.holding is not None and \
                 (self.worker is None or not self.worker.is_alive()):
@@ -288,7 +300,8 @@ class Agent:
             self.meter.add_connection("DEALER", "ROUTER", identity=self.settings.client_id.encode(),
                                       mechanism="CURVE" if transport.curve else "NULL")
             self.act(transport, [self.protocol.hello_now(now)])  # a new connection: perhaps a restarted coordinator
-        self.act(transport, self.protocol.tick(now))
+        training = self.worker is not None and self.worker.is_alive()
+        self.act(transport, self.protocol.tick(now, self.train_steps - self.train_steps_at_start if training else 0))
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.warning("the process that started this agent is gone; stopping")
             self.stop_requested.set()

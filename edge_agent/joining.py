@@ -10,15 +10,18 @@ No sockets, no threads, no files. Must not know any algorithm by name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from fedge import codec
 from fedge.algorithms import make_client
 from fedge.algorithms.loop import TrainSettings, task_of
 from fedge.algorithms.task import BUILTIN_LOSSES, Task
+from fedge.codec import vocabulary as words
 from fedge.edge_agent.config import AgentSettings
 from fedge.edge_agent.data import DeviceData
 from fedge.fldata import DataError, normalize
@@ -32,7 +35,7 @@ class Session:
 
     run_id: str
     index: int
-    meta: dict[str, Any]
+    welcome: codec.Welcome
     model: torch.nn.Module
     client: Any
     train: TrainSettings
@@ -62,10 +65,10 @@ class Refused(Exception):
 
 
 
-def check_plugins(settings: AgentSettings, meta: dict[str, Any], spec: ModelSpec, loss: str) -> None:
+def check_plugins(settings: AgentSettings, described: Mapping[str, Any], spec: ModelSpec, loss: str) -> None:
     """Every plugin the welcome names must pass this device's rule before anything is imported, and match the
-    coordinator's distribution and version unless the device allows a mismatch."""
-    described = meta.get("plugins") or {}
+    coordinator's distribution and version (``described``: the welcome's plugins) unless the device allows a
+    mismatch."""
     named = [(kind, name) for kind, name in (("model", spec.name), ("loss", loss))
              if name not in (MODELS if kind == "model" else BUILTIN_LOSSES)]
     for kind, name in named:
@@ -73,47 +76,51 @@ def check_plugins(settings: AgentSettings, meta: dict[str, Any], spec: ModelSpec
             check_allowed(kind, name, settings.allow_plugins)
             here = describe(kind, name)
         except PluginError as exc:
-            raise Refused("plugin-refused", str(exc)) from None
+            raise Refused(words.PLUGIN_REFUSED, str(exc)) from None
         if settings.allow_plugin_mismatch:
             continue
         if kind not in described:
-            raise Refused("plugin-mismatch", f"the welcome does not describe the {kind} plugin {name!r}")
+            raise Refused(words.PLUGIN_MISMATCH, f"the welcome does not describe the {kind} plugin {name!r}")
         problem = version_mismatch(PluginRef.from_dict(described[kind]), here)
         if problem:
-            raise Refused("plugin-mismatch", problem)
+            raise Refused(words.PLUGIN_MISMATCH, problem)
 
 def join_session(settings: AgentSettings, data: DeviceData, device: torch.device,
-             meta: dict[str, Any]) -> tuple[Session, Tensors]:
+                 welcome: codec.Welcome) -> tuple[Session, Tensors]:
     """The session the welcome describes, built after every check; Refused naming what does not fit."""
-    spec = ModelSpec.from_dict(meta["model"])
-    train = TrainSettings(**meta["train"])
-    check_plugins(settings, meta, spec, train.loss)
+    try:
+        spec = ModelSpec.from_dict(welcome.model)
+        train = TrainSettings(**welcome.train)
+    except (TypeError, ValueError) as exc:
+        raise Refused(words.BAD_WELCOME, f"the welcome's model or train settings cannot be used: {exc}") from None
+    check_plugins(settings, welcome.plugins, spec, train.loss)
     if data.input_shape != spec.input_shape or data.num_outputs != spec.num_classes:
         kind = "targets" if data.has_targets else "classes"
-        raise Refused("data-mismatch", f"this device's data is {data.input_shape} with {data.num_outputs} "
+        raise Refused(words.DATA_MISMATCH, f"this device's data is {data.input_shape} with {data.num_outputs} "
                       f"{kind}; the session's model wants {spec.input_shape} with {spec.num_classes} outputs")
-    normalization = meta.get("normalization") or {}
+    normalization = welcome.normalization
     partition = data.partition_stats
     mean = tuple(normalization.get("mean") or (data.mean if partition else ()))
     std = tuple(normalization.get("std") or (data.std if partition else ()))
     if not mean:
-        raise Refused("no-normalization", "this device's data comes from a callable and the session carries "
+        raise Refused(words.NO_NORMALIZATION, "this device's data comes from a callable and the session carries "
                       "no normalisation: set data.mean and data.std on the coordinator")
     try:
-        if definition_hash(spec) != meta["model_hash"]:
-            raise Refused("model-mismatch", "this agent builds the model differently from the coordinator "
+        if definition_hash(spec) != welcome.model_hash:
+            raise Refused(words.MODEL_MISMATCH, "this agent builds the model differently from the coordinator "
                           "(different Fedge, torch or plugin versions?)")
-        model = build(spec, seed=int(meta["seed"])).to(device)
+        model = build(spec, seed=welcome.seed).to(device)
         task = task_of(train, torch.from_numpy(data.train_y[:1]))
     except (PluginError, ValueError) as exc:
-        raise Refused("model-failed", f"cannot build the session's model or loss here: {exc}") from None
-    algorithm = dict(meta["algorithm"])
-    name = algorithm.pop("name")
-    client = make_client(name, algorithm, int(meta["client_index"]))
-    session = Session(run_id=meta["run_id"], index=int(meta["client_index"]), meta=meta, model=model,
+        raise Refused(words.MODEL_FAILED, f"cannot build the session's model or loss here: {exc}") from None
+    try:
+        client = make_client(welcome.algorithm, dict(welcome.algorithm_options), welcome.client_index)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Refused(words.BAD_WELCOME, f"cannot build the client half of {welcome.algorithm!r}: {exc}") from None
+    session = Session(run_id=welcome.run_id, index=welcome.client_index, welcome=welcome, model=model,
                       client=client, train=train, task=task, mean=tuple(float(v) for v in mean),
-                      std=tuple(float(v) for v in std), heartbeat_s=float(meta["heartbeat_s"]),
-                      liveness_s=float(meta["liveness_s"]))
+                      std=tuple(float(v) for v in std), heartbeat_s=welcome.heartbeat_s,
+                      liveness_s=welcome.liveness_s)
     tensors = data_tensors(session, data, device)
     batch = min(2, int(tensors.labels.shape[0]))
     try:
@@ -121,18 +128,18 @@ def join_session(settings: AgentSettings, data: DeviceData, device: torch.device
             model.eval()
             task.check(model(tensors.inputs[:batch]), tensors.labels[:batch])
     except ValueError as exc:
-        raise Refused("data-mismatch", str(exc)) from None
+        raise Refused(words.DATA_MISMATCH, str(exc)) from None
     return session, tensors
 
 def data_tensors(session: Session, data: DeviceData, device: torch.device) -> Tensors:
     """The device's arrays as normalised tensors (the session's statistics), on the training device."""
-    limit = int(session.meta.get("data", {}).get("train_limit", 0))
+    limit = session.welcome.train_limit
     count = data.train_y.shape[0] if limit <= 0 else min(limit, data.train_y.shape[0])
     try:
         inputs = torch.from_numpy(normalize(data.train_x[:count], session.mean, session.std)).to(device)
         test_inputs = torch.from_numpy(normalize(data.test_x, session.mean, session.std)).to(device)
     except DataError as exc:
-        raise Refused("data-mismatch", f"cannot normalise this device's data: {exc}") from None
+        raise Refused(words.DATA_MISMATCH, f"cannot normalise this device's data: {exc}") from None
     return Tensors(inputs, torch.from_numpy(np.ascontiguousarray(data.train_y[:count])).to(device), test_inputs,
                    torch.from_numpy(np.ascontiguousarray(data.test_y)).to(device))
 

@@ -1,13 +1,16 @@
 """The agent's side of the round protocol, with no I/O: frames and the current time in, actions out.
 
 ``AgentProtocol`` decides what a message from the coordinator means for this device: a welcome to join (or to
-ignore, when it welcomes us back), a task to train (unless the agent already holds one), a commit to confirm, a bye
-that ends the session or means "wait, I will be back", an error to answer with a hello; and, from the clock, when to
-say hello (nothing heard for longer than the liveness) and when to send a heartbeat. A session-level refusal (the
+ignore, when it welcomes us back), a task to train (unless the agent already holds one), a cancel that stops it, a
+commit to confirm, a bye that ends the session (code ``finished``) or means "wait, I will be back", an error to
+answer with a hello; when the finished update goes out (at once, or, for a paced task, when its grant comes); and,
+from the clock, when to say hello (nothing heard for longer than the liveness) and when to send a heartbeat. A session-level refusal (the
 coordinator's protocol or model mismatch or full session, or this device declining the session's plugin or model)
 does not stop the agent: it says hello again with exponential backoff, capped at 15 minutes, so that a fixed
 coordinator, a new session or a rolling upgrade recovers the fleet with no operator. A malformed
-packet, or a welcome that lacks what a session needs, is refused with a reason and changes nothing. The driver
+packet changes nothing: it is logged, a packet of an older wire format is answered by backing off (the coordinator
+must be upgraded), a welcome whose settings do not decode is declined (``bad-welcome``), and a task whose body does
+not decode is reported as a failed round, so the coordinator stops waiting for it. The driver
 (``edge_agent.agent``) owns the socket, the training thread, the device state and the meter, and carries out the
 actions. No sockets, threads or clocks here; no algorithm by name.
 """
@@ -16,19 +19,24 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from fedge import codec
+from fedge.codec import vocabulary as words
 
-WELCOME_KEYS = ("run_id", "client_index", "seed", "model", "model_hash", "algorithm", "train", "heartbeat_s",
-                "liveness_s")
-BACK_OFF_ON = ("protocol-mismatch", "model-mismatch", "session-full")  # session-level refusals by the coordinator
 MAX_BACKOFF_S = 900.0
 
 
 @dataclass(frozen=True)
 class Send:
     message: codec.Message
+
+
+@dataclass(frozen=True)
+class SendFrame:
+    """Send the round's encoded update (``round``)."""
+
+    round: int
+    frame: bytes
 
 
 @dataclass(frozen=True)
@@ -40,12 +48,19 @@ class SayHello:
 class Join:
     """Build the session the welcome describes (``edge_agent.joining``), then call ``AgentProtocol.joined``."""
 
-    meta: dict[str, Any]
+    welcome: codec.Welcome
 
 
 @dataclass(frozen=True)
 class Train:
     task: codec.Task
+
+
+@dataclass(frozen=True)
+class CancelTraining:
+    """Stop the training of ``round`` at its next step; it ends with no outcome."""
+
+    round: int
 
 
 @dataclass(frozen=True)
@@ -67,7 +82,7 @@ class Noted:
     text: str
 
 
-Action = Send | SayHello | Join | Train | Confirm | Stop | Noted
+Action = Send | SendFrame | SayHello | Join | Train | CancelTraining | Confirm | Stop | Noted
 
 
 class AgentProtocol:
@@ -84,6 +99,8 @@ class AgentProtocol:
         self.last_hello = -1e18
         self.last_heartbeat = -1e18
         self.holding: int | None = None  # the round of the task being trained (or whose outcome is unsent)
+        self.paced = False               # the held task's update waits for a grant
+        self.held: bytes | None = None   # the finished update of a paced task, until its grant
         self.refusals = 0                # session-level refusals in a row
         self.hello_after = -1e18         # no hello before this time (backoff)
 
@@ -91,20 +108,27 @@ class AgentProtocol:
     def receive(self, frame: bytes, now: float) -> list[Action]:
         try:
             message = codec.decode(frame)
+        except codec.UnsupportedVersion as exc:
+            return [Noted(logging.ERROR, f"the coordinator speaks wire-format version {exc.version}, this agent "
+                                         f"{codec.PROTOCOL_VERSION}: upgrade the coordinator"), self.back_off(now)]
         except codec.CodecError as exc:
-            return [Noted(logging.WARNING, f"dropped a malformed packet from the coordinator: {exc}")]
+            return self.on_malformed(frame, exc, now)
         self.last_heard = now
         if isinstance(message, codec.Welcome):
-            return self.on_welcome(message, now)
+            return self.on_welcome(message)
         if isinstance(message, codec.Task):
             return self.on_task(message)
+        if isinstance(message, codec.Cancel):
+            return self.on_cancel(message)
+        if isinstance(message, codec.Grant):
+            return self.on_grant(message)
         if isinstance(message, codec.Commit):
             if self.joined_run(message.run_id):
                 return [Confirm(message.round)]
             return [Noted(logging.WARNING, f"ignored a commit of run {message.run_id!r} (we are in "
                                            f"{self.run_id or 'none'})")]
         if isinstance(message, codec.Bye):
-            if message.reason.startswith(codec.SESSION_FINISHED):
+            if message.code == words.BYE_FINISHED:
                 return [Noted(logging.INFO, f"coordinator says goodbye: {message.reason}"),
                         Stop(0, message.reason)]
             self.last_heard = 0.0  # say hello again as soon as the interval allows
@@ -112,27 +136,35 @@ class AgentProtocol:
                                            "back")]
         if isinstance(message, codec.ErrorMessage):
             actions: list[Action] = [Noted(logging.WARNING, f"coordinator: {message.code}: {message.reason}")]
-            if message.code == "hello-first":
+            if message.code == words.HELLO_FIRST:
                 actions.append(SayHello())
-            elif message.code in BACK_OFF_ON:
+            elif message.code in words.SESSION_REFUSALS:
                 actions.append(self.back_off(now))
             return actions
         if isinstance(message, codec.Heartbeat):
             return []
         return [Noted(logging.WARNING, f"ignored a {type(message).__name__} from the coordinator")]
 
-    def on_welcome(self, welcome: codec.Welcome, now: float) -> list[Action]:
-        meta = dict(welcome.meta)
-        if self.index is not None and meta.get("run_id") == self.run_id and meta.get("client_index") == self.index:
+    def on_malformed(self, frame: bytes, error: codec.CodecError, now: float) -> list[Action]:
+        """A packet that does not decode: a welcome is declined, a task of our run reported as a failed round (its
+        header still names the round), anything else dropped; each with one line."""
+        noted = Noted(logging.WARNING, f"dropped a malformed packet from the coordinator: {error}")
+        if codec.packet_kind(frame) is codec.Welcome:
+            return self.refuse(words.BAD_WELCOME, f"the welcome does not decode: {error}", now)
+        try:
+            header = codec.read_header(frame)
+        except codec.CodecError:
+            return [noted]
+        if header.cls is codec.Task and self.joined_run(header.run_id) and self.holding is None:
+            return [noted, Send(codec.ErrorMessage(run_id=self.run_id, round=header.round, sender=self.client_id,
+                                                   code=words.ROUND_FAILED,
+                                                   reason=f"the task does not decode: {error}"))]
+        return [noted]
+
+    def on_welcome(self, welcome: codec.Welcome) -> list[Action]:
+        if self.index is not None and welcome.run_id == self.run_id and welcome.client_index == self.index:
             return [Noted(logging.INFO, f"coordinator welcomed us back (run {self.run_id}, round {welcome.round})")]
-        missing = [key for key in WELCOME_KEYS if key not in meta]
-        if missing:
-            return self.refuse("bad-welcome", f"the welcome lacks {', '.join(missing)}", now)
-        if not isinstance(meta["model"], dict) or not isinstance(meta["train"], dict) or \
-                not isinstance(meta["algorithm"], dict) or "name" not in meta["algorithm"]:
-            return self.refuse("bad-welcome", "the welcome's model, train and algorithm must be maps (the "
-                                              "algorithm with a name)", now)
-        return [Join(meta)]
+        return [Join(welcome)]
 
     def refuse(self, code: str, reason: str, now: float) -> list[Action]:
         """Decline the session: tell the coordinator (it frees our index), and say hello again later."""
@@ -146,7 +178,7 @@ class AgentProtocol:
         self.refusals += 1
         delay = min(MAX_BACKOFF_S, self.hello_interval_s * 2 ** (self.refusals - 1))
         self.hello_after = now + delay
-        self.run_id, self.index, self.holding = "", None, None
+        self.run_id, self.index, self.holding, self.held = "", None, None, None
         return Noted(logging.WARNING, f"refused by or refusing the session ({self.refusals} in a row): saying "
                                       f"hello again in {delay:.0f} s")
 
@@ -164,23 +196,50 @@ class AgentProtocol:
         if self.holding is not None:
             level = logging.INFO if task.round == self.holding else logging.WARNING  # a resend of ours is benign
             return [Noted(level, f"ignoring the task of round {task.round}: still holding round {self.holding}")]
-        self.holding = task.round
+        self.holding, self.paced, self.held = task.round, task.paced, None
         return [Train(task)]
+
+    def on_cancel(self, cancel: codec.Cancel) -> list[Action]:
+        if not self.joined_run(cancel.run_id) or cancel.round != self.holding:
+            return [Noted(logging.INFO, f"ignored a cancel of round {cancel.round} (holding "
+                                        f"{self.holding if self.holding is not None else 'none'})")]
+        if self.held is not None:  # trained, waiting for a grant: drop the update
+            self.holding, self.held = None, None
+            return [Noted(logging.INFO, f"round {cancel.round} cancelled: {cancel.reason}; its update is dropped")]
+        return [Noted(logging.INFO, f"round {cancel.round} cancelled: {cancel.reason}"), CancelTraining(cancel.round)]
+
+    def on_grant(self, grant: codec.Grant) -> list[Action]:
+        if not self.joined_run(grant.run_id) or self.held is None or grant.round != self.holding:
+            return [Noted(logging.INFO, f"ignored a grant for round {grant.round} (no update of it is waiting)")]
+        frame, self.held, self.holding = self.held, None, None
+        return [SendFrame(grant.round, frame)]
 
     # ------------------------------------------------------------------------------------------ the clock
     def finished(self, round_number: int, frame: bytes | None, error: str = "") -> list[Action]:
-        """Training ended: the update to send, or the failure to report; the agent holds no task any more."""
-        self.holding = None
+        """Training ended: the failure to report, or the update to send now (or, for a paced task, to hold until
+        its grant, saying so in a heartbeat at once)."""
+        if self.holding != round_number:  # cancelled, or the session was left meanwhile
+            return [Noted(logging.INFO, f"round {round_number} ended after it was cancelled; nothing is sent")]
         if frame is None:
+            self.holding = None
             return [Send(codec.ErrorMessage(run_id=self.run_id, round=round_number, sender=self.client_id,
-                                            code="round-failed", reason=error))]
-        return []  # the driver sends the already encoded update frame itself
+                                            code=words.ROUND_FAILED, reason=error))]
+        if self.paced:
+            self.held = frame
+            return [Send(self.heartbeat())]
+        self.holding = None
+        return [SendFrame(round_number, frame)]
 
     def abandoned(self) -> None:
-        """Training stopped without an outcome (the agent is stopping): it holds no task any more."""
-        self.holding = None
+        """Training stopped without an outcome (cancelled, or the agent is stopping): it holds no task any more."""
+        self.holding, self.held = None, None
 
-    def tick(self, now: float) -> list[Action]:
+    def heartbeat(self, steps: int = 0) -> codec.Heartbeat:
+        return codec.Heartbeat(run_id=self.run_id, round=self.holding or 0, sender=self.client_id, steps=steps,
+                               ready=self.held is not None)
+
+    def tick(self, now: float, steps: int = 0) -> list[Action]:
+        """What the clock asks for; ``steps``: training steps taken in the held round (for the heartbeat)."""
         actions: list[Action] = []
         heard_recently = self.index is not None and now - self.last_heard < self.liveness_s
         if not heard_recently and now - self.last_hello >= self.hello_interval_s and now >= self.hello_after:
@@ -190,22 +249,21 @@ class AgentProtocol:
             actions.append(self.hello_now(now))
         if self.index is not None and now - self.last_heartbeat >= self.heartbeat_s:
             self.last_heartbeat = now
-            actions.append(Send(codec.Heartbeat(run_id=self.run_id, round=self.holding or 0,
-                                                sender=self.client_id)))
+            actions.append(Send(self.heartbeat(steps)))
         return actions
 
     def hello_now(self, now: float) -> SayHello:
         self.last_hello = now
         return SayHello()
 
-    def holds(self) -> dict[str, Any]:
-        """The Hello's claim to the task this agent holds, or nothing."""
+    def holds(self) -> tuple[str, int] | None:
+        """The Hello's claim to the task this agent holds: (run id, round), or None."""
         if self.holding is None or self.index is None:
-            return {}
-        return {codec.HELLO_HOLDS: [self.run_id, self.holding]}
+            return None
+        return (self.run_id, self.holding)
 
     def leaving(self) -> list[Action]:
         if self.index is None:
             return []
         return [Send(codec.Bye(run_id=self.run_id, round=self.holding or 0, sender=self.client_id,
-                               reason="agent stopping"))]
+                               code=words.BYE_STOPPING, reason="agent stopping"))]

@@ -40,19 +40,18 @@ def test_a_refreshing_callable_is_called_each_task_and_the_agent_evaluates_for_a
     settings = AgentSettings(coordinator="tcp://127.0.0.1:9", client_id="pi", data="in-process",
                              state_dir=str(tmp_path / "state"), allow_plugins=(PLUGIN,), data_refresh="every-task")
     agent = Agent(settings, data=DeviceData.from_function(windows, "in-process"))
-    meta = welcome()
-    meta["normalization"] = {"mean": [3.0] * 3, "std": [1.5] * 3}
+    meta = welcome(normalization={"mean": [3.0] * 3, "std": [1.5] * 3})
     session = agent.join(meta)
     agent.session = session
     agent.begin_session(session)
-    model = build(ModelSpec.from_dict(meta["model"]), seed=0)
+    model = build(ModelSpec.from_dict(meta.model), seed=0)
     server = make_server("fedavg", {}, state_to_arrays(model),
                          ServerContext(num_clients=1, layout=ModelLayout.of(model)))
     frames = []
     for round_number in (1, 2):
         down = server.downlink(round_number, 0)
         task = codec.Task(run_id="r1", round=round_number, sender="coordinator", groups=dict(down.groups),
-                          meta={**dict(down.meta), "last_accepted_round": round_number - 1, "evaluate": True})
+                          meta=dict(down.meta), last_accepted_round=round_number - 1, evaluate=True)
         agent.train_round(session, task, 0.0)
         assert agent.outcome is not None and agent.outcome.frame is not None, agent.outcome
         frames.append(codec.decode(agent.outcome.frame))
@@ -60,8 +59,9 @@ def test_a_refreshing_callable_is_called_each_task_and_the_agent_evaluates_for_a
     assert len(calls) == 3  # at start, then before each of the two rounds
     for update in frames:
         assert isinstance(update, codec.Update)
-        assert update.meta["eval_samples"] == 10 and 0 <= update.meta["eval"]["accuracy"] <= 1
-        assert update.meta["eval"]["mse"] is None and update.meta["eval"]["f1_macro"] is not None
+        assert update.eval_samples == 10 and 0 <= update.evaluation["accuracy"] <= 1
+        assert update.evaluation["mse"] is None and update.evaluation["f1_macro"] is not None
+        assert update.record["round"] == update.round and update.meta == {}  # the runtime's fields are typed
 
     from fedge.edge_agent.predict import Predictor
 
@@ -123,8 +123,9 @@ def test_an_agent_that_declines_frees_its_index_unless_it_trained() -> None:
     assert registry.release("refuses") and registry.index_of("pi-2") == 0
     registry.get("pi-1").last_accepted_round = 3  # type: ignore[union-attr]
     assert not registry.release("pi-1") and registry.index_of("pi-1") == 1
-    codes = set(re.findall(r'Refused\("([a-z-]+)"', (ROOT / "edge_agent" / "joining.py").read_text()))
-    assert codes and codes <= codec.JOIN_REFUSALS, codes - codec.JOIN_REFUSALS
+    names = set(re.findall(r"Refused\(words\.([A-Z_]+)", (ROOT / "edge_agent" / "joining.py").read_text()))
+    codes = {getattr(codec.vocabulary, name) for name in names}
+    assert len(codes) >= 6 and codes <= codec.vocabulary.JOIN_REFUSALS, codes - codec.vocabulary.JOIN_REFUSALS
 
 
 def test_the_watchdog_follows_training_steps_while_a_round_trains(tmp_path: Path) -> None:

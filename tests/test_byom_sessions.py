@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedge import codec
+
 from fedge import api
 from fedge.coordinator.config import ConfigError
 from fedge.edge_agent.agent import Agent, Refused
@@ -95,17 +97,18 @@ def sensor_shard(path: Path, classes: int = 3) -> Path:
     return path
 
 
-def welcome(model: str = PLUGIN, plugins: dict[str, Any] | None = None, loss: str = "cross_entropy") -> dict[str, Any]:
+def welcome(model: str = PLUGIN, plugins: dict[str, Any] | None = None, loss: str = "cross_entropy",
+            num_classes: int = 3, normalization: dict[str, list[float]] | None = None) -> codec.Welcome:
     from fedge.models import ModelSpec, definition_hash
 
-    spec = ModelSpec(name=model, input_shape=(3, 32), num_classes=3)
+    spec = ModelSpec(name=model, input_shape=(3, 32), num_classes=num_classes)
     described = {"model": spec.plugin().as_dict()} if plugins is None and not spec.builtin else (plugins or {})
-    return {"run_id": "r1", "client_index": 0, "num_clients": 1, "seed": 0, "model": spec.as_dict(),
-            "model_hash": definition_hash(spec) if model == PLUGIN else "x", "algorithm": {"name": "fedavg"},
-            "train": {"epochs": 1, "batch_size": 16, "lr": 0.01, "optimizer": "adam", "momentum": 0.0,
-                      "weight_decay": 0.0, "loss": loss, "class_weights": []},
-            "data": {"train_limit": 0}, "heartbeat_s": 1.0, "liveness_s": 5.0, "plugins": described,
-            "normalization": None}
+    return codec.Welcome(run_id="r1", round=0, sender="coordinator", client_index=0, num_clients=1, seed=0,
+                         model=spec.as_dict(), model_hash=definition_hash(spec) if model == PLUGIN else "x",
+                         algorithm="fedavg", algorithm_options={},
+                         train={"epochs": 1, "batch_size": 16, "lr": 0.01, "optimizer": "adam", "momentum": 0.0,
+                                "weight_decay": 0.0, "loss": loss, "class_weights": []},
+                         heartbeat_s=1.0, liveness_s=5.0, plugins=described, normalization=normalization or {})
 
 
 def agent(tmp_path: Path, **settings: Any) -> Agent:
@@ -122,7 +125,7 @@ def test_an_agent_imports_only_what_its_own_toml_allows(tmp_path: Path) -> None:
     with pytest.raises(Refused, match="'os:system' is not installed"):
         agent(tmp_path, allow_plugins=(PLUGIN,)).join(welcome(loss="os:system"))
     session = agent(tmp_path, allow_plugins=(PLUGIN,)).join(welcome())
-    assert session.spec_name if hasattr(session, "spec_name") else session.meta["model"]["name"] == PLUGIN
+    assert session.welcome.model["name"] == PLUGIN
 
 
 def test_a_plugin_version_mismatch_is_refused_unless_allowed(tmp_path: Path) -> None:
@@ -150,10 +153,8 @@ def test_an_entry_point_installed_on_the_device_is_allowed(tmp_path: Path, monke
 
 def test_data_that_does_not_fit_the_session_is_refused(tmp_path: Path) -> None:
     a = agent(tmp_path, allow_plugins=(PLUGIN,))
-    meta = welcome()
-    meta["model"]["num_classes"] = 4
     with pytest.raises(Refused, match="3 classes; the session's model wants"):
-        a.join(meta)
+        a.join(welcome(num_classes=4))
     with pytest.raises(Refused, match="takes float32 targets"):
         a.join(welcome(loss="mse"))
 

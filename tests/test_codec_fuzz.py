@@ -1,7 +1,7 @@
 """Decoding hostile bytes: only CodecError subclasses escape, quickly, and nothing is allocated past the limits.
 
-Mutations are applied both to raw packets (where the zstd checksum catches most of them) and to
-the msgpack body re-wrapped in a valid frame (which reaches every structural check).
+Mutations are applied both to raw packets (where the header CRC and the zstd checksum catch most of them) and to
+the msgpack header and body re-wrapped with a valid CRC and frame (which reaches every structural check).
 """
 
 from __future__ import annotations
@@ -33,13 +33,23 @@ from fedge.codec import (
     Welcome,
     decode,
     encode,
+    read_header,
 )
-from fedge.codec.frames import compress, decompress
-
-HEARTBEAT_PREFIX = b"FEDG" + bytes((PROTOCOL_VERSION, 6, 0, 0))
+from fedge.codec.frames import compress
+from tests.packets import head, parts, rebuild
 
 MAX_SECONDS = 2.0
 DEFAULT_LIMITS = Limits()
+
+
+def welcome() -> Welcome:
+    return Welcome("r", 0, "c", client_index=1, num_clients=3, seed=7, model_hash="h",
+                   model={"name": "cnn", "input_shape": [1, 28, 28], "num_classes": 10, "pan": "none", "pan_a": 1.0,
+                          "pan_t": 1.0, "options": {}},
+                   algorithm="fedavg", algorithm_options={"keep": 0.5},
+                   train={"epochs": 1, "batch_size": 64, "lr": 0.001, "optimizer": "adam", "momentum": 0.0,
+                          "weight_decay": 0.0, "loss": "cross_entropy", "class_weights": []},
+                   heartbeat_s=5.0, liveness_s=30.0, normalization={"mean": [0.5], "std": [0.25]})
 
 
 def corpus() -> list[bytes]:
@@ -58,9 +68,12 @@ def corpus() -> list[bytes]:
                      "flags": np.array([True, False])}
             packets.append(encode(Update("run", 1, "agent", {"g": TensorGroup(dense, section, encoding),
                                                               "empty": TensorGroup()}, {"a": [1, {"b": None}]})))
-    packets += [encode(m) for m in (Hello("r", 0, "a", "0.1", 1, "2.3", "abc", ("sparse",), 10),
-                                    Welcome("r", 0, "c", {"k": 1.5}), ErrorMessage("r", 1, "c", "E", "bad"),
-                                    Bye("r", 1, "a", "done"), Task("r", 2, "c"))]
+    packets += [encode(m) for m in (Hello("r", 0, "a", "0.1", (PROTOCOL_VERSION,), "2.3", "abc", ("sparse",), 10,
+                                          "cpu", (1, 28, 28), 10, ("r", 2)),
+                                    welcome(), ErrorMessage("r", 1, "c", "stale", "bad"),
+                                    Bye("r", 1, "a", "finished", "done"), Task("r", 2, "c", deadline_s=3.5),
+                                    Update("r", 2, "a", num_samples=5, record={"cpu_s": 0.5},
+                                           evaluation={"accuracy": 0.5}, eval_samples=3))]
     return packets
 
 
@@ -76,12 +89,6 @@ def assert_rejects_cleanly(data: bytes, limits: Limits = DEFAULT_LIMITS) -> None
     assert time.perf_counter() - start < MAX_SECONDS
 
 
-def body_of(packet: bytes) -> Any:
-    return msgpack.unpackb(decompress(packet[8:], max_size=1 << 24, where="test", need_checksum=True), raw=False)
-
-
-def rewrap(packet: bytes, body: Any) -> bytes:
-    return packet[:8] + compress(msgpack.packb(body, use_bin_type=True))
 
 
 @settings(max_examples=150, deadline=None)
@@ -104,8 +111,10 @@ def test_bit_flips_in_packets(index: int, flips: list[tuple[float, int]]) -> Non
 @settings(max_examples=150, deadline=None)
 @given(data=st.binary(max_size=300), prefixed=st.booleans(), kind=st.integers(0, 9))
 def test_random_bytes(data: bytes, prefixed: bool, kind: int) -> None:
-    assert_rejects_cleanly((b"FEDG" + bytes([1, kind, 0, 0]) + data) if prefixed else data)
-    assert_rejects_cleanly(b"FEDG" + bytes([1, kind, 0, 0]) + compress(data))
+    prefix = b"FEDG" + bytes([PROTOCOL_VERSION, kind, 0, 0])
+    assert_rejects_cleanly((prefix + data) if prefixed else data)
+    assert_rejects_cleanly(head(kind, data) + compress(data))
+    assert_rejects_cleanly(head(kind, msgpack.packb({"v": PROTOCOL_VERSION, "k": kind})) + data)
 
 
 LEAVES: list[Any] = [None, True, False, 0, -1, 1, 2, 3, 31, 255, 2**32, 2**63 - 1, -(2**63), 2**64 - 1, 0.5,
@@ -140,10 +149,10 @@ def mutated(value: Any, choice: int, amount: int) -> Any:
 @settings(max_examples=400, deadline=None)
 @given(index=st.integers(0, len(CORPUS) - 1), edits=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 4),
                                                                         st.integers(0, 2**16)), min_size=1, max_size=3))
-def test_structural_mutations_of_the_body(index: int, edits: list[tuple[float, int, int]]) -> None:
-    body = body_of(CORPUS[index])
+def test_structural_mutations_of_header_and_body(index: int, edits: list[tuple[float, int, int]]) -> None:
+    body = parts(CORPUS[index])
     for where, choice, amount in edits:
-        targets = paths(body)
+        targets = paths(body)[1:]  # not the tree itself: its two parts and everything in them
         path = targets[int(where * (len(targets) - 1))]
         parent = body
         for key in path[:-1]:
@@ -153,7 +162,7 @@ def test_structural_mutations_of_the_body(index: int, edits: list[tuple[float, i
         else:
             body = mutated(body, choice, amount)
     try:
-        packet = rewrap(CORPUS[index], body)
+        packet = rebuild(CORPUS[index], body)
     except (OverflowError, ValueError):  # e.g. an integer msgpack cannot hold: no packet to test
         assume(False)
     assert_rejects_cleanly(packet)
@@ -167,23 +176,27 @@ def frame_declaring(size: int) -> bytes:
 
 
 def test_decompression_bombs_are_refused_from_the_header() -> None:
+    task = encode(Task("r", 2, "c"))
+    task_head = task[:read_header(task).body_at]
     for size in (1 << 40, 300 << 20):
         with pytest.raises(TooLarge):
-            decode(HEARTBEAT_PREFIX + frame_declaring(size))
+            decode(task_head + frame_declaring(size))
     zeros = compress(b"\x00" * (2 << 20))
     with pytest.raises(TooLarge):
-        decode(HEARTBEAT_PREFIX + zeros, Limits(max_decompressed_bytes=1 << 20))
+        decode(task_head + zeros, Limits(max_decompressed_bytes=1 << 20))
+    with pytest.raises(TooLarge, match="header"):
+        decode(head(6, b"\x80" * (2 << 20)))
 
 
 def test_a_huge_declared_tensor_is_refused_before_allocation() -> None:
-    body = body_of(CORPUS[0])
-    section = body["g"]["g"]["sp"]
+    tree = parts(CORPUS[0])
+    section = tree["body"]["g"]["g"]["sp"]
     section["shapes"][5] = [1 << 30, 1 << 30]
     with pytest.raises(TooLarge):
-        decode(rewrap(CORPUS[0], body))
-    body["g"]["g"]["t"] = [[f"n{i}", "f32", [0]] for i in range(5000)]
+        decode(rebuild(CORPUS[0], tree))
+    tree["body"]["g"]["g"]["t"] = [[f"n{i}", "f32", [0]] for i in range(5000)]
     with pytest.raises((TooLarge, Malformed)):
-        decode(rewrap(CORPUS[0], body))
+        decode(rebuild(CORPUS[0], tree))
 
 
 def test_inner_bitmap_and_rice_bombs_are_refused() -> None:
@@ -192,18 +205,22 @@ def test_inner_bitmap_and_rice_bombs_are_refused() -> None:
     mask[::3] = True
     packet = encode(Task("r", 0, "c", {"m": TensorGroup({}, SparseSection.with_mask(names, shapes, mask,
                                                                                       np.ones(334, np.float32)))}))
-    body = body_of(packet)
-    segment = body["g"]["m"]["sp"]["ix"][0]
+    tree = parts(packet)
+    segment = tree["body"]["g"]["m"]["sp"]["ix"][0]
     assert segment[0] == 0  # a bitmap at density 1/3
     segment[2] = frame_declaring(1 << 40)
     with pytest.raises(Malformed):
-        decode(rewrap(packet, body))
-    body["g"]["m"]["sp"]["ix"][0] = [1, 0, b"\x00" * 100_000 + b"\x01", b""]  # a quotient stream far too long
+        decode(rebuild(packet, tree))
+    tree["body"]["g"]["m"]["sp"]["ix"][0] = [1, 0, b"\x00" * 100_000 + b"\x01", b""]  # a quotient stream far too long
     with pytest.raises(Malformed):
-        decode(rewrap(packet, body))
+        decode(rebuild(packet, tree))
 
 
 def test_msgpack_headers_claiming_huge_lengths() -> None:
+    task = encode(Task("r", 2, "c"))
+    task_head = task[:read_header(task).body_at]
     for body in (b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xc6\xff\xff\xff\xff", b"\x91" * 5000 + b"\x00"):
         with pytest.raises(Malformed):
-            decode(HEARTBEAT_PREFIX + compress(body))
+            decode(task_head + compress(body))
+        with pytest.raises(Malformed):
+            decode(head(6, body))

@@ -8,7 +8,6 @@ import pytest
 from fedge.codec import (
     ChecksumError,
     CodecError,
-    Heartbeat,
     Limits,
     MaskMismatch,
     NonFinite,
@@ -19,7 +18,6 @@ from fedge.codec import (
     TensorGroup,
     TooLarge,
     Update,
-    Welcome,
     decode,
     encode,
 )
@@ -55,10 +53,15 @@ def test_tensor_and_element_limits_cover_all_groups() -> None:
         decode(packet, Limits(max_elements=69))
 
 
-def test_meta_size_limit() -> None:
-    packet = encode(Welcome("r", 0, "c", {"blob": "x" * 5000}))
+def test_meta_and_header_size_limits() -> None:
+    packet = encode(Task("r", 0, "c", {}, {"blob": "x" * 5000}))
     with pytest.raises(TooLarge, match="max_meta_bytes"):
         decode(packet, Limits(max_meta_bytes=4000))
+    packet = encode(Update("r", 0, "a", record={"blob": "x" * 5000}))
+    with pytest.raises(TooLarge, match="max_header_bytes"):
+        decode(packet, Limits(max_header_bytes=4000))
+    with pytest.raises(TooLarge, match="max_header_bytes"):  # an encoder refuses what no default decoder reads
+        encode(Update("r", 0, "a", record={f"k{i}": "x" * 60000 for i in range(20)}))
 
 
 def test_non_finite_values_are_rejected_by_default() -> None:
@@ -130,18 +133,16 @@ def test_values_only_sections_need_their_own_mask() -> None:
 
 
 def test_corrupt_index_field_fails_its_crc() -> None:
-    import msgpack
-
-    from fedge.codec.frames import compress, decompress
+    from tests.packets import parts, rebuild
 
     mask = np.zeros(64, dtype=bool)
     mask[[1, 9, 40]] = True
     packet = encode(Task("r", 0, "c", {"m": TensorGroup({}, SparseSection.with_mask(["w"], [(64,)], mask,
                                                                                       np.ones(3, np.float32)))}))
-    body = msgpack.unpackb(decompress(packet[8:], max_size=1 << 20, where="t", need_checksum=True))
-    body["g"]["m"]["sp"]["crc"] ^= 1
+    tree = parts(packet)
+    tree["body"]["g"]["m"]["sp"]["crc"] ^= 1
     with pytest.raises(ChecksumError):
-        decode(packet[:8] + compress(msgpack.packb(body)))
+        decode(rebuild(packet, tree))
 
 
 def test_every_error_is_a_codec_error_with_a_reason() -> None:
@@ -153,4 +154,4 @@ def test_every_error_is_a_codec_error_with_a_reason() -> None:
     with pytest.raises(CodecError):
         decode("text, not bytes")  # type: ignore[arg-type]
     with pytest.raises(CodecError):
-        encode(Heartbeat("r", 0, "a", {"x": {1, 2}}))  # type: ignore[dict-item]
+        encode(Task("r", 0, "a", {}, {"x": {1, 2}}))  # type: ignore[dict-item]

@@ -1,4 +1,4 @@
-"""docs/wire-format.md's worked examples are what the codec really produces and accepts."""
+"""docs/wire-format.md's worked examples are what the codec really produces and accepts, byte for byte."""
 
 from __future__ import annotations
 
@@ -7,7 +7,18 @@ from pathlib import Path
 
 import numpy as np
 
-from fedge.codec import PROTOCOL_VERSION, Heartbeat, SparseSection, Task, TensorGroup, Update, decode, encode
+from fedge.codec import (
+    Bye,
+    Heartbeat,
+    SparseSection,
+    Task,
+    TensorGroup,
+    Update,
+    decode,
+    encode,
+    read_header,
+    version2_error,
+)
 from fedge.codec.frames import decompress
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "wire-format.md").read_text()
@@ -26,45 +37,61 @@ def code_blocks() -> list[str]:
     return [re.sub(r"\s+", "", b) for b in blocks if re.fullmatch(r"[0-9a-f\s]+", b)]
 
 
-def example_messages() -> tuple[Heartbeat, Task, Update, np.ndarray]:
-    mask = np.zeros(8, bool)
-    mask[[1, 6]] = True
+MASK = np.zeros(8, bool)
+MASK[[1, 6]] = True
+
+
+def downlink() -> Task:
     w = np.zeros((2, 4), np.float32)
     w.flat[1], w.flat[6] = 1.5, -0.25
-    task = Task("r1", 3, "c", {"model": TensorGroup({"b": np.array([0.5, -2.0], np.float32)},
-                                                    SparseSection.from_dense(["w"], [w], mask))})
-    update = Update("r1", 3, "a7", {"model": TensorGroup(
+    return Task("r1", 3, "c", {"model": TensorGroup({"b": np.array([0.5, -2.0], np.float32)},
+                                                    SparseSection.from_dense(["w"], [w], MASK))},
+                committed_round=2, last_accepted_round=2, deadline_s=30.0)
+
+
+def uplink() -> Update:
+    return Update("r1", 3, "a7", {"model": TensorGroup(
         {"b": np.array([0.125, 0.0], np.float32)},
-        SparseSection.masked_values(["w"], [(2, 4)], mask, np.array([0.125, -0.5, 1.0, 0.0, 2.0, -1.0], np.float32)))})
-    return Heartbeat("r1", 3, "a7", {"step": 12}), task, update, mask
+        SparseSection.masked_values(["w"], [(2, 4)], MASK, np.array([0.125, -0.5, 1.0, 0.0, 2.0, -1.0], np.float32)))},
+        num_samples=600, steps=10, train_loss=0.5, train_s=1.5, record={"cpu_s": 0.25})
 
 
 def body_hex(packet: bytes) -> str:
-    return decompress(packet[8:], max_size=1 << 20, where="test", need_checksum=True).hex()
+    return decompress(packet[read_header(packet).body_at:], max_size=1 << 20, where="test", need_checksum=True).hex()
 
 
-def test_heartbeat_example_is_byte_exact() -> None:
-    beat = example_messages()[0]
-    packet = encode(beat).hex()
-    assert packet in code_blocks()
-    assert decode(bytes.fromhex(packet)) == beat
+def test_heartbeat_and_bye_examples_are_byte_exact() -> None:
+    for message in (Heartbeat("r1", 3, "a7", steps=12, ready=False),
+                    Bye("r1", 50, "coordinator", code="finished", reason="session finished")):
+        packet = encode(message).hex()
+        assert packet in code_blocks()
+        assert decode(bytes.fromhex(packet)) == message
 
 
-def test_downlink_example_body_and_packet() -> None:
-    _, task, _, mask = example_messages()
+def test_downlink_example_packet_and_body() -> None:
+    task = downlink()
+    packet = encode(task)
     blocks = code_blocks()
-    assert body_hex(encode(task)) in blocks
-    packet = next(b for b in blocks if b.startswith("46454447" + f"{PROTOCOL_VERSION:02x}" + "030000"))
-    back = decode(bytes.fromhex(packet))
+    assert packet.hex() in blocks and body_hex(packet) in blocks
+    back = decode(bytes.fromhex(next(b for b in blocks if b == packet.hex())))
     assert isinstance(back, Task) and back.groups["model"].sparse is not None
-    assert np.array_equal(back.groups["model"].sparse.mask, mask)
+    assert (back.committed_round, back.last_accepted_round, back.deadline_s) == (2, 2, 30.0)
+    assert np.array_equal(back.groups["model"].sparse.mask, MASK)
     assert np.array_equal(back.groups["model"].sparse.to_dense()["w"].reshape(-1), [0, 1.5, 0, 0, 0, 0, -0.25, 0])
 
 
-def test_uplink_example_section() -> None:
-    _, _, update, mask = example_messages()
-    body = body_hex(encode(update))
-    section = next(b for b in code_blocks() if b.startswith("a27370"))
-    assert section in body
-    dense = decode(encode(update)).groups["model"].sparse.to_dense(mask)["w"]
+def test_uplink_example_header_and_section() -> None:
+    update = uplink()
+    packet = encode(update)
+    blocks = code_blocks()
+    assert packet[:read_header(packet).body_at].hex() in blocks
+    section = next(b for b in blocks if b.startswith("a27370"))
+    assert section in body_hex(packet)
+    back = decode(packet)
+    assert isinstance(back, Update) and (back.num_samples, back.steps, back.record) == (600, 10, {"cpu_s": 0.25})
+    dense = back.groups["model"].sparse.to_dense(MASK)["w"]
     assert np.array_equal(dense.reshape(-1), [0.125, 0, -0.5, 1.0, 0.0, 2.0, 0, -1.0])
+
+
+def test_the_older_version_refusal_example() -> None:
+    assert version2_error("r1", "coordinator", "protocol-mismatch", "upgrade the agent").hex() in code_blocks()

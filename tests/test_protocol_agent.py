@@ -4,19 +4,42 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
+
 from fedge import codec
-from fedge.edge_agent.protocol import AgentProtocol, Confirm, Join, SayHello, Send, Stop, Train
+from fedge.edge_agent.protocol import (
+    AgentProtocol,
+    CancelTraining,
+    Confirm,
+    Join,
+    SayHello,
+    Send,
+    SendFrame,
+    Stop,
+    Train,
+)
+from tests.packets import parts, rebuild
 
-WELCOME = {"run_id": "r1", "client_index": 2, "seed": 0, "model": {"name": "cnn"}, "model_hash": "h",
-           "algorithm": {"name": "fedavg"}, "train": {}, "heartbeat_s": 1.0, "liveness_s": 5.0}
+MODEL = {"name": "cnn", "input_shape": [1, 28, 28], "num_classes": 10, "pan": "none", "pan_a": 1.0, "pan_t": 1.0,
+         "options": {}}
+TRAIN = {"epochs": 1, "batch_size": 8, "lr": 0.01, "optimizer": "sgd", "momentum": 0.0, "weight_decay": 0.0,
+         "loss": "cross_entropy", "class_weights": []}
 
 
-def welcome(**meta: Any) -> bytes:
-    return codec.encode(codec.Welcome(run_id="r1", round=0, sender="coordinator", meta={**WELCOME, **meta}))
+def welcome(run_id: str = "r1", **changes: Any) -> bytes:
+    fields: dict[str, Any] = dict(client_index=2, num_clients=3, seed=0, model_hash="h", model=MODEL,
+                                  algorithm="fedavg", algorithm_options={}, train=TRAIN, heartbeat_s=1.0,
+                                  liveness_s=5.0)
+    fields.update(changes)
+    return codec.encode(codec.Welcome(run_id=run_id, round=0, sender="coordinator", **fields))
 
 
-def task(round_number: int, run_id: str = "r1") -> bytes:
-    return codec.encode(codec.Task(run_id=run_id, round=round_number, sender="coordinator", groups={}, meta={}))
+def task(round_number: int, run_id: str = "r1", **fields: Any) -> bytes:
+    return codec.encode(codec.Task(run_id=run_id, round=round_number, sender="coordinator", **fields))
+
+
+def from_coordinator(cls: type[codec.Message], round_number: int, run_id: str = "r1", **fields: Any) -> bytes:
+    return codec.encode(cls(run_id=run_id, round=round_number, sender="coordinator", **fields))  # type: ignore[arg-type]
 
 
 def kinds(actions: list[Any]) -> list[str]:
@@ -27,28 +50,55 @@ def kinds(actions: list[Any]) -> list[str]:
 def joined() -> AgentProtocol:
     p = AgentProtocol("pi", hello_interval_s=3.0)
     (join,) = [a for a in p.receive(welcome(), 0.0) if isinstance(a, Join)]
-    p.joined(join.meta["run_id"], join.meta["client_index"], 1.0, 5.0)
+    p.joined(join.welcome.run_id, join.welcome.client_index, 1.0, 5.0)
     return p
 
 
 def test_a_welcome_is_joined_once_and_a_welcome_back_changes_nothing() -> None:
     p = AgentProtocol("pi", 3.0)
-    assert kinds(p.receive(welcome(), 0.0)) == ["Join"]
+    (join,) = [a for a in p.receive(welcome(), 0.0) if isinstance(a, Join)]
+    assert join.welcome.train == TRAIN and join.welcome.algorithm == "fedavg"  # typed, as the coordinator sent them
     p.joined("r1", 2, 1.0, 5.0)
     assert kinds(p.receive(welcome(), 1.0)) == []
     assert kinds(p.receive(welcome(run_id="r2"), 2.0)) == ["Join"]  # a new session
 
 
-def test_a_malformed_welcome_is_refused_in_one_line_and_the_agent_backs_off() -> None:
+def test_a_malformed_welcome_is_declined_in_one_line_and_the_agent_backs_off() -> None:
+    packet = welcome()
+    tree = parts(packet)
+    del tree["header"]["mod"]
     p = AgentProtocol("pi", 3.0)
-    without_model = {k: v for k, v in WELCOME.items() if k != "model"}
-    frame = codec.encode(codec.Welcome(run_id="r1", round=0, sender="coordinator", meta=without_model))
-    actions = p.receive(frame, 0.0)
+    actions = p.receive(rebuild(packet, tree), 0.0)
     assert kinds(actions) == ["ErrorMessage"]  # plus one line for the log, and no Stop: it will try again
     error = next(a.message for a in actions if isinstance(a, Send))
-    assert error.code == "bad-welcome" and error.reason == "the welcome lacks model"  # type: ignore[attr-defined]
-    assert kinds(AgentProtocol("pi", 3.0).receive(welcome(algorithm=[1]), 0.0)) == ["ErrorMessage"]
+    assert error.code == "bad-welcome" and "missing ['mod']" in error.reason  # type: ignore[attr-defined]
+    tree = parts(packet)
+    tree["header"]["tr"] = {**TRAIN, "lr": "fast"}
+    assert kinds(AgentProtocol("pi", 3.0).receive(rebuild(packet, tree), 0.0)) == ["ErrorMessage"]
     assert p.index is None and kinds(p.tick(2.9)) == [] and kinds(p.tick(3.0)) == ["SayHello"]
+
+
+def test_a_task_whose_body_does_not_decode_is_reported_as_a_failed_round() -> None:
+    p = joined()
+    packet = task(4)
+    at = codec.read_header(packet).body_at
+    actions = p.receive(packet[:at] + codec.frames.compress(msgpack.packb({"g": 1, "m": b""})), 0.0)
+    assert kinds(actions) == ["ErrorMessage"] and p.holding is None
+    error = next(a.message for a in actions if isinstance(a, Send))
+    assert (error.code, error.round) == ("round-failed", 4)  # type: ignore[attr-defined]
+    assert kinds(joined().receive(b"\x00\x01garbage", 0.0)) == []  # no header: nothing to answer
+    foreign = task(4, run_id="other")
+    at = codec.read_header(foreign).body_at
+    assert kinds(p.receive(foreign[:at] + b"junk", 0.0)) == []  # not our run: dropped
+
+
+def test_a_packet_of_an_older_wire_format_backs_off_with_the_reason() -> None:
+    p = AgentProtocol("pi", 3.0)
+    older = codec.version2_error("r1", "coordinator", "protocol-mismatch", "upgrade")
+    actions = p.receive(older, 0.0)
+    notes = [a.text for a in actions if type(a).__name__ == "Noted"]
+    assert any("version 2" in n and "upgrade the coordinator" in n for n in notes)
+    assert p.refusals == 1 and p.hello_after == 3.0
 
 
 def test_session_level_refusals_back_off_exponentially_up_to_fifteen_minutes() -> None:
@@ -73,10 +123,37 @@ def test_a_task_is_trained_only_in_the_joined_run_and_only_when_none_is_held() -
     assert kinds(p.receive(task(1, run_id="other"), 0.0)) == []
     assert kinds(p.receive(task(1), 0.0)) == ["Train"] and p.holding == 1
     assert kinds(p.receive(task(1), 0.1)) == []  # a resent task while training: ignored
-    assert p.holds() == {codec.HELLO_HOLDS: ["r1", 1]}
-    assert kinds(p.finished(1, b"frame")) == [] and p.holding is None and p.holds() == {}
+    assert p.holds() == ("r1", 1)
+    assert p.finished(1, b"frame") == [SendFrame(1, b"frame")] and p.holding is None and p.holds() is None
     assert kinds(p.receive(task(2), 0.2)) == ["Train"]
     assert kinds(p.finished(2, None, "OOM")) == ["ErrorMessage"]
+
+
+def test_a_cancel_stops_the_round_it_names_and_nothing_is_sent_for_it() -> None:
+    p = joined()
+    p.receive(task(1), 0.0)
+    assert kinds(p.receive(from_coordinator(codec.Cancel, 2, reason="x"), 0.1)) == []  # another round
+    assert kinds(p.receive(from_coordinator(codec.Cancel, 1, run_id="r0", reason="x"), 0.1)) == []  # another run
+    assert [a for a in p.receive(from_coordinator(codec.Cancel, 1, reason="late"), 0.2)
+            if isinstance(a, CancelTraining)] == [CancelTraining(1)]
+    p.abandoned()  # the driver's worker ended without an outcome
+    assert p.holding is None and kinds(p.finished(1, b"late frame")) == []  # an outcome after all: not sent
+    assert kinds(p.receive(task(2), 0.3)) == ["Train"]
+
+
+def test_a_paced_update_waits_for_its_grant() -> None:
+    p = joined()
+    p.receive(task(1, paced=True), 0.0)
+    (beat,) = [a.message for a in p.finished(1, b"update-1") if isinstance(a, Send)]
+    assert isinstance(beat, codec.Heartbeat) and beat.ready and beat.round == 1 and p.holds() == ("r1", 1)
+    assert kinds(p.receive(task(1), 0.1)) == []  # still held: a resent task is not trained again
+    assert kinds(p.receive(from_coordinator(codec.Grant, 2), 0.1)) == []  # another round's grant
+    assert p.receive(from_coordinator(codec.Grant, 1), 0.2)[-1] == SendFrame(1, b"update-1")
+    assert p.holding is None and kinds(p.receive(from_coordinator(codec.Grant, 1), 0.3)) == []  # once
+    p.receive(task(2, paced=True), 0.4)
+    p.finished(2, b"update-2")
+    assert kinds(p.receive(from_coordinator(codec.Cancel, 2, reason="closed"), 0.5)) == []  # dropped, not sent
+    assert p.holding is None and kinds(p.receive(from_coordinator(codec.Grant, 2), 0.6)) == []
 
 
 def test_commits_are_confirmed_only_for_the_joined_run_and_malformed_packets_change_nothing() -> None:
@@ -85,17 +162,19 @@ def test_commits_are_confirmed_only_for_the_joined_run_and_malformed_packets_cha
     assert [a for a in p.receive(commit, 0.0) if isinstance(a, Confirm)] == [Confirm(3)]
     foreign = codec.encode(codec.Commit(run_id="r0", round=3, sender="coordinator"))
     assert kinds(p.receive(foreign, 0.0)) == []
-    assert kinds(p.receive(b"\x00\x01garbage", 0.0)) == [] and p.index == 2
+    assert kinds(p.receive(commit + b"\x00", 0.0)) == [] and p.index == 2  # a commit has no body: malformed
 
 
 def test_byes_and_errors() -> None:
     p = joined()
-    finished = codec.encode(codec.Bye(run_id="r1", round=5, sender="coordinator", reason=codec.SESSION_FINISHED))
+    finished = from_coordinator(codec.Bye, 5, code="finished", reason="session finished")
     assert [a.exit_code for a in p.receive(finished, 0.0) if isinstance(a, Stop)] == [0]
     p = joined()
-    later = codec.encode(codec.Bye(run_id="r1", round=5, sender="coordinator", reason="coordinator stopping"))
+    later = from_coordinator(codec.Bye, 5, code="stopping", reason="coordinator stopping")
     assert kinds(p.receive(later, 10.0)) == [] and p.last_heard == 0.0
     assert kinds(p.tick(10.0)) == ["SayHello", "Heartbeat"]  # a hello at once, then the heartbeat is due
+    unknown = from_coordinator(codec.Bye, 5, code="maintenance", reason="a code of a later version")
+    assert kinds(joined().receive(unknown, 0.0)) == []  # treated as "stopping": no Stop
     for code, expected in (("hello-first", ["SayHello"]), ("session-full", []), ("stale", [])):
         error = codec.encode(codec.ErrorMessage(run_id="r1", round=0, sender="coordinator", code=code, reason="x"))
         assert kinds(joined().receive(error, 0.0)) == expected, code
@@ -107,7 +186,11 @@ def test_hello_until_heard_and_heartbeats_on_time() -> None:
     assert kinds(p.tick(1.0)) == [] and kinds(p.tick(3.0)) == ["SayHello"]
     p = joined()  # heard at 0.0, liveness 5, heartbeat every 1 s
     assert kinds(p.tick(0.5)) == ["Heartbeat"] and kinds(p.tick(0.9)) == [] and kinds(p.tick(1.6)) == ["Heartbeat"]
-    assert "SayHello" in kinds(p.tick(6.0))  # nothing heard for longer than the liveness
-    assert isinstance(p.hello_now(7.0), SayHello) and kinds(p.tick(8.0)) == ["Heartbeat"]
-    assert kinds(p.leaving()) == ["Bye"] and kinds(AgentProtocol("x", 1.0).leaving()) == []
+    p.receive(task(3), 1.7)
+    (beat,) = [a.message for a in p.tick(2.7, steps=40) if isinstance(a, Send)]
+    assert isinstance(beat, codec.Heartbeat) and (beat.round, beat.steps, beat.ready) == (3, 40, False)
+    assert "SayHello" in kinds(p.tick(8.0))  # nothing heard for longer than the liveness
+    assert isinstance(p.hello_now(9.0), SayHello) and kinds(p.tick(10.0)) == ["Heartbeat"]
+    (bye,) = [a.message for a in p.leaving() if isinstance(a, Send)]
+    assert isinstance(bye, codec.Bye) and bye.code == "stopping" and kinds(AgentProtocol("x", 1.0).leaving()) == []
     assert isinstance(Train(codec.decode(task(1))).task, codec.Task)  # type: ignore[arg-type]

@@ -13,11 +13,19 @@ from fedge import codec
 from fedge.algorithms import make_server
 from fedge.algorithms.base import ModelLayout, ServerContext
 from fedge.coordinator.agents import AgentRegistry
-from fedge.coordinator.protocol import CoordinatorProtocol, Noted, RejectionLimiter, Send
+from fedge.coordinator.protocol import CoordinatorProtocol, Noted, RejectionLimiter, Send, SendFrame
 from fedge.models import build, definition_hash, state_to_arrays
 from tests.algo_helpers import TINY_MLP
 
 HASH = definition_hash(TINY_MLP)
+
+
+def welcome_fields(index: int) -> dict[str, Any]:
+    return dict(client_index=index, num_clients=3, seed=0, model_hash=HASH, model=TINY_MLP.as_dict(),
+                algorithm="fedavg", algorithm_options={},
+                train={"epochs": 1, "batch_size": 8, "lr": 0.01, "optimizer": "sgd", "momentum": 0.0,
+                       "weight_decay": 0.0, "loss": "cross_entropy", "class_weights": []},
+                heartbeat_s=1.0, liveness_s=5.0)
 
 
 def protocol(capacity: int = 3, algorithm: str = "fedavg", options: dict[str, Any] | None = None,
@@ -27,13 +35,13 @@ def protocol(capacity: int = 3, algorithm: str = "fedavg", options: dict[str, An
     server = make_server(algorithm, options or {}, arrays, ServerContext(capacity, ModelLayout.of(model)))
     shapes = {name: tuple(a.shape) for name, a in arrays.items()}
     return CoordinatorProtocol("run-1", HASH, shapes, AgentRegistry(capacity, liveness_s), server,
-                               lambda index: {"client_index": index})
+                               welcome_fields)
 
 
 def hello(sender: str, **changes: Any) -> bytes:
     fields: dict[str, Any] = dict(run_id="", round=0, sender=sender, fedge_version=fedge.__version__,
-                                  protocol_version=codec.PROTOCOL_VERSION, torch_version="x", model_hash=HASH,
-                                  capabilities=(), dataset_size=10, meta={})
+                                  versions=(codec.PROTOCOL_VERSION,), torch_version="x", model_hash=HASH,
+                                  capabilities=(), dataset_size=10)
     fields.update(changes)
     return codec.encode(codec.Hello(**fields))
 
@@ -61,7 +69,7 @@ def update(p: CoordinatorProtocol, sender: str, round_number: int, *, shift: flo
     model = {k: (v + shift).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in arrays.items()}
     return frame(codec.Update(run_id="run-1", round=round_number, sender=sender,
                               groups=groups if groups is not None else {"model": codec.TensorGroup(dense=model)},
-                              meta={"num_samples": 10}))
+                              num_samples=10))
 
 
 def test_hello_first_and_the_sender_must_be_the_connection() -> None:
@@ -78,8 +86,13 @@ def test_a_full_session_and_mismatched_protocols_and_models_are_refused() -> Non
     p = protocol(capacity=1)
     joined(p, "a")
     assert codes(p.receive(b"b", hello("b"), 0.0)) == ["session-full"]
-    assert codes(p.receive(b"c", hello("c", protocol_version=codec.PROTOCOL_VERSION + 1), 0.0)) == \
+    assert codes(p.receive(b"c", hello("c", versions=(codec.PROTOCOL_VERSION + 1,)), 0.0)) == \
         ["protocol-mismatch"]
+    older = bytearray(hello("e"))
+    older[4] = 2  # a version-2 agent: answered in version 2, which it can read
+    (answer,) = [e for e in p.receive(b"e", bytes(older), 0.0) if isinstance(e, SendFrame)]
+    assert answer.peer == b"e" and answer.frame[:8] == b"FEDG\x02\x07\x00\x00" and b"protocol-mismatch" in \
+        codec.frames.decompress(answer.frame[8:], max_size=1 << 16, where="t", need_checksum=True)
     assert codes(p.receive(b"d", hello("d", model_hash="0" * 16), 0.0)) == ["model-mismatch"]
     assert sorted(p.registry.agents) == ["a"]
 
@@ -95,9 +108,9 @@ def test_a_re_hello_mid_round_resends_the_task_only_to_an_agent_that_holds_none(
     joined(p, "a", "b")
     tasks = sent(p.open_round(1, [0, 1], 0.0, 30.0))
     assert [type(m) for m in tasks] == [codec.Task, codec.Task]
-    holding = hello("a", meta={codec.HELLO_HOLDS: ["run-1", 1]})
+    holding = hello("a", holds=("run-1", 1))
     assert [type(m) for m in sent(p.receive(b"a", holding, 1.0))] == [codec.Welcome]
-    stale_claim = hello("a", meta={codec.HELLO_HOLDS: ["run-0", 1]})  # a task of another run is not this one
+    stale_claim = hello("a", holds=("run-0", 1))  # a task of another run is not this one
     assert [type(m) for m in sent(p.receive(b"a", stale_claim, 1.0))] == [codec.Welcome, codec.Task]
     assert [type(m) for m in sent(p.receive(b"b", hello("b"), 1.0))] == [codec.Welcome, codec.Task]
     p.receive(b"b", update(p, "b", 1), 2.0)
@@ -129,8 +142,6 @@ def test_invalid_updates_are_refused_with_the_reason() -> None:
     for expected, groups in cases.items():
         events = p.receive(b"a", update(p, "a", 1, groups=groups), 0.0)
         assert codes(events) == ["invalid-update"] and expected in sent(events)[0].reason  # type: ignore[attr-defined]
-    no_samples = frame(codec.Update(run_id="run-1", round=1, sender="a", groups={}, meta={}))
-    assert codes(p.receive(b"a", no_samples, 0.0)) == ["invalid-update"]
     nan = {k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v for k, v in arrays.items()}
     events = p.receive(b"a", update(p, "a", 1, groups={"model": codec.TensorGroup(dense=nan)}), 0.0)
     assert codes(events) == ["malformed"] and "NaN" in sent(events)[0].reason  # type: ignore[attr-defined]
@@ -160,7 +171,10 @@ def test_commits_go_only_to_the_agents_whose_updates_were_aggregated() -> None:
     p.receive(b"a", update(p, "a", 1), 1.0)
     p.receive(b"c", update(p, "c", 1), 1.0)
     assert not p.complete(1.0) and p.complete(31.0)  # b is awaited until the deadline
-    closed = p.close_round()
+    closed, cancels = p.close_round()
+    (cancel,) = cancels  # b, still training, is told to stop
+    assert isinstance(cancel, Send) and cancel.peer == b"b" and isinstance(cancel.message, codec.Cancel) and \
+        cancel.message.round == 1
     with pytest.raises(RuntimeError):
         p.commits(2)
     commits = [e for e in p.commits(closed.number) if isinstance(e, Send)]
@@ -172,7 +186,7 @@ def test_commits_go_only_to_the_agents_whose_updates_were_aggregated() -> None:
 
 def test_a_bye_in_each_state() -> None:
     p = protocol()
-    bye = frame(codec.Bye(run_id="run-1", round=0, sender="a", reason="agent stopping"))
+    bye = frame(codec.Bye(run_id="run-1", round=0, sender="a", code="stopping", reason="agent stopping"))
     assert codes(p.receive(b"a", bye, 0.0)) == ["hello-first"]  # before registering
     joined(p, "a", "b", "c")
     p.receive(b"a", bye, 0.0)  # idle
@@ -180,11 +194,13 @@ def test_a_bye_in_each_state() -> None:
     joined(p, "a")
     p.open_round(1, [0, 1, 2], 0.0, 30.0)
     p.receive(b"b", update(p, "b", 1), 1.0)
-    p.receive(b"b", frame(codec.Bye(run_id="run-1", round=1, sender="b", reason="agent stopping")), 1.0)
+    p.receive(b"b", frame(codec.Bye(run_id="run-1", round=1, sender="b", code="stopping", reason="agent stopping")),
+              1.0)
     p.receive(b"a", bye, 1.0)  # selected and still training: no longer awaited
     assert p.current.failed == {0} and 1 in p.current.updates  # type: ignore[union-attr]
     assert not p.complete(1.0)  # c is still awaited
-    p.receive(b"c", frame(codec.Bye(run_id="run-1", round=1, sender="c", reason="agent stopping")), 1.0)
+    p.receive(b"c", frame(codec.Bye(run_id="run-1", round=1, sender="c", code="stopping", reason="agent stopping")),
+              1.0)
     assert p.complete(1.0)
     assert codes(p.receive(b"a", update(p, "a", 1), 1.0)) == ["hello-first"]  # gone means gone
 
@@ -224,3 +240,24 @@ def test_a_peer_that_keeps_sending_junk_is_answered_a_few_times_per_window() -> 
         p.receive(f"p{i}".encode(), b"\x01", 30.0)
     assert len(p.limiter.table) == 4
     joined(p, "a")  # and serving goes on
+
+
+def test_the_welcome_and_the_task_carry_typed_session_and_round_fields() -> None:
+    p = protocol()
+    p.task_flags = lambda number: {"personal_eval": number == 1, "evaluate": False}
+    (welcome,) = sent(p.receive(b"a", hello("a"), 0.0))
+    assert isinstance(welcome, codec.Welcome) and welcome.client_index == 0 and welcome.model_hash == HASH
+    assert welcome.train["optimizer"] == "sgd" and welcome.algorithm == "fedavg"
+    (task,) = sent(p.open_round(1, [0], 10.0, 30.0))
+    assert isinstance(task, codec.Task) and (task.committed_round, task.last_accepted_round) == (0, 0)
+    assert task.deadline_s == 30.0 and task.personal_eval and not task.evaluate and not task.paced
+    assert task.meta == {}  # FedAvg's downlink has no meta of its own: the runtime's fields are not in it
+
+
+def test_an_agent_cannot_send_what_only_a_coordinator_sends() -> None:
+    p = protocol()
+    joined(p, "a")
+    for message in (codec.Commit(run_id="run-1", round=1, sender="a"),
+                    codec.Cancel(run_id="run-1", round=1, sender="a", reason="x"),
+                    codec.Grant(run_id="run-1", round=1, sender="a")):
+        assert codes(p.receive(b"a", frame(message), 0.0)) == ["unexpected"]
