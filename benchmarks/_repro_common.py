@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from fedge.algorithms.base import load_into
-from fedge.algorithms.inprocess import Fleet
 from fedge.algorithms.loop import evaluate
 from fedge.fldata import ClientShard, normalize
+from fedge.simulation.inprocess import Fleet
 
 Cell = str | int | float
 

@@ -23,11 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedge.algorithms.inprocess import make_fleet, run_round  # noqa: E402
 from fedge.algorithms.loop import TrainSettings  # noqa: E402
 from fedge.algorithms.task import evaluate_task, make_task  # noqa: E402
 from fedge.fldata import dataset_from_arrays, normalize, partition  # noqa: E402
 from fedge.models import ModelSpec, arrays_to_state, build, parameter_count  # noqa: E402
+from fedge.simulation.inprocess import make_fleet, run_round  # noqa: E402
 
 PLUGIN = "benchmarks.sensor_plugin:activity_cnn"
 RUNS = [("fedavg", {}), ("ef-fedprox", {"keep": 0.3, "value_dtype": "ternary", "mu": 0.01}),

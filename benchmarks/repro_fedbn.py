@@ -37,10 +37,10 @@ from _repro_common import (
     write_json,
 )
 
-from fedge.algorithms.inprocess import make_fleet, run_round
 from fedge.algorithms.loop import TrainSettings
 from fedge.fldata import load_dataset, partition
 from fedge.models import ModelSpec, build
+from fedge.simulation.inprocess import make_fleet, run_round
 
 ALGORITHMS = ("fedavg", "fedbn")
 SPEC = ModelSpec(name="cnn-bn", input_shape=(1, 28, 28), num_classes=10)

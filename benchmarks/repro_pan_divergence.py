@@ -38,10 +38,10 @@ from _repro_common import (
 )
 
 from fedge.algorithms.base import load_into
-from fedge.algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round
 from fedge.algorithms.loop import TrainSettings, evaluate
 from fedge.fldata import load_dataset, normalize, partition
 from fedge.models import ModelSpec, build, state_to_arrays
+from fedge.simulation.inprocess import Fleet, global_arrays, make_fleet, run_round
 
 LAYERS = ("fc1.weight", "fc2.weight", "fc3.weight")
 HIDDEN = ("fc1.weight", "fc2.weight")

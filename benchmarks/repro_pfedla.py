@@ -60,10 +60,10 @@ from _repro_common import (  # noqa: E402
 from pfedla_figure import plot  # noqa: E402
 
 from fedge.algorithms.hypernetwork import HyperNetwork, descend, normalise  # noqa: E402
-from fedge.algorithms.inprocess import Fleet, make_fleet, run_round  # noqa: E402
 from fedge.algorithms.loop import TrainSettings  # noqa: E402
 from fedge.fldata import load_dataset, partition  # noqa: E402
 from fedge.models import ModelSpec, build  # noqa: E402
+from fedge.simulation.inprocess import Fleet, make_fleet, run_round  # noqa: E402
 
 CLIENTS = 8
 SPEC = ModelSpec(name="mlp", input_shape=(1, 28, 28), num_classes=10)

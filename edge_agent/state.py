@@ -13,14 +13,13 @@ Beside the client half's state, each round's file holds the model the device wou
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedge.plumbing import load_arrays_and_model, save_arrays
+from fedge.plumbing import load_arrays_and_model, replace_durably, save_arrays
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ class DeviceState:
             self.pending_path.unlink(missing_ok=True)
             return False
         if pending.round == accepted_round:
-            os.replace(self.pending_path, self.committed_path)
+            replace_durably(self.pending_path, self.committed_path)
             return True
         if pending.round < accepted_round:
             self.pending_path.unlink(missing_ok=True)

@@ -6,18 +6,39 @@ never torch or zmq.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 __all__ = ["DirectoryLocked", "atomic_write_bytes", "fsync_directory", "hold_directory", "load_arrays",
-           "load_arrays_and_model", "save_arrays"]
+           "load_arrays_and_model", "replace_durably", "save_arrays", "without_fsync"]
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def without_fsync() -> Iterator[None]:
+    """Within this block, in this thread, writes stay atomic (temporary file and rename) but are not forced to disk:
+    for in-process simulations and tests, where a power cut loses nothing that matters. Never used by a service."""
+    before = getattr(_local, "skip", False)
+    _local.skip = True
+    try:
+        yield
+    finally:
+        _local.skip = before
+
+
+def _fsync(fd: int) -> None:
+    if not getattr(_local, "skip", False):
+        os.fsync(fd)
 
 
 class DirectoryLocked(OSError):
@@ -55,11 +76,17 @@ def fsync_directory(directory: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
+        _fsync(fd)
     except OSError:
         pass
     finally:
         os.close(fd)
+
+
+def replace_durably(source: Path, target: Path) -> None:
+    """Rename ``source`` over ``target`` (same directory) and fsync the directory so the rename survives."""
+    os.replace(source, target)
+    fsync_directory(target.parent)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -71,7 +98,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            _fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -3,8 +3,8 @@ have none."""
 
 from __future__ import annotations
 
-from fedge.algorithms.inprocess import make_fleet, run_round
 from fedge.edge_agent.metering import mask_figures
+from fedge.simulation.inprocess import make_fleet, run_round
 from tests.algo_helpers import ADAM, TINY_MLP, client_data
 
 

@@ -5,6 +5,7 @@ Every round goes through the real codec (encode -> bytes -> decode); payload siz
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
@@ -16,11 +17,11 @@ import torch
 from fedge import codec
 from fedge.algorithms import dssa, fedavg, fedprox, scaffold
 from fedge.algorithms.base import ClientUpdate, Payload
-from fedge.algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round, through_codec
 from fedge.algorithms.loop import TrainSettings
 from fedge.algorithms.registry import REGISTRY, AlgorithmSpec
 from fedge.algorithms.sparse import FlatLayout
 from fedge.codec import TensorGroup
+from fedge.simulation.inprocess import Fleet, global_arrays, make_fleet, run_round, through_codec
 from tests.algo_helpers import ADAM, SGD, TINY_MLP, client_data, same_arrays
 
 NAMES = {"dssa-fedavg": fedavg, "dssa-fedprox": fedprox, "dssa-scaffold": scaffold}
@@ -304,8 +305,8 @@ def test_pruned_evaluation_and_checkpoint_round_trip() -> None:
     arrays, meta = fleet.server.state_dict()
     twin = make_fleet("dssa-scaffold", {"warmup_rounds": 1}, TINY_MLP, clients=2, seed=9)
     twin.server.load_state_dict(arrays, meta)
-    for a, b in zip(fleet.clients, twin.clients, strict=True):
-        b.load_state_dict(a.state_dict())
+    for a, b in zip(fleet.states, twin.states, strict=True):  # the devices' committed state, as a restart finds it
+        shutil.copyfile(a.committed_path, b.committed_path)
     for f in (fleet, twin):
         run_round(f, 2, DATA, ADAM, seed=9)
     assert same_arrays(global_arrays(fleet), global_arrays(twin))

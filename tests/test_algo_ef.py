@@ -12,9 +12,9 @@ import torch
 from fedge import codec
 from fedge.algorithms import ef, fedavg, fedprox
 from fedge.algorithms.base import ClientUpdate, Payload
-from fedge.algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round
 from fedge.algorithms.registry import REGISTRY, AlgorithmSpec
 from fedge.models import state_to_arrays
+from fedge.simulation.inprocess import Fleet, global_arrays, make_fleet, run_round
 from tests.algo_helpers import ADAM, TINY_CNN_BN, TINY_MLP, client_data, same_arrays
 
 DATA = client_data(TINY_MLP, 4, samples=32)
@@ -121,8 +121,8 @@ def test_keep_one_in_f32_is_fedavg_with_deltas_bit_for_bit() -> None:
 
 def test_error_feedback_keeps_what_was_not_sent_on_both_sides() -> None:
     fleet = make_fleet("ef-fedavg", {"keep": 0.1, "value_dtype": "f32"}, TINY_MLP, clients=1, seed=5)
-    client, server = fleet.clients[0], fleet.server
     run_round(fleet, 1, DATA, ADAM, seed=5)
+    client, server = fleet.clients[0], fleet.server
     start = server.layout.flat(client.replica)
     trained = server.layout.flat(state_to_arrays(fleet.models[0]))
     delta = trained - start

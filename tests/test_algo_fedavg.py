@@ -8,10 +8,10 @@ import torch
 
 from fedge.algorithms import fedavg
 from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
-from fedge.algorithms.inprocess import global_arrays, make_fleet, run_round
 from fedge.algorithms.loop import round_seed, train_local
 from fedge.codec import TensorGroup
 from fedge.models import build, state_to_arrays
+from fedge.simulation.inprocess import global_arrays, make_fleet, run_round
 from tests.algo_helpers import ADAM, SGD, TINY_CNN_BN, TINY_MLP, client_data, max_difference, same_arrays
 
 

@@ -9,16 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedge import codec
-from fedge.algorithms import fedavg, fedbn, inprocess, registry
+from fedge.algorithms import fedavg, fedbn, registry
 from fedge.algorithms.base import Payload
 from fedge.algorithms.loop import TrainSettings, evaluate
 from fedge.models import ModelSpec, arrays_to_state, batch_norm_names, build, state_to_arrays
+from fedge.simulation import inprocess
 
 BN_SPEC = ModelSpec(name="cnn-bn", input_shape=(1, 8, 8), num_classes=4)
 PLAIN_SPEC = ModelSpec(name="cnn", input_shape=(1, 8, 8), num_classes=4)
 SETTINGS = TrainSettings(epochs=1, batch_size=16, lr=0.05, optimizer="sgd")
-USE_CODEC = hasattr(codec, "encode")
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +77,7 @@ def test_bn_tensors_are_what_local_training_produced_and_survive_a_restart() -> 
             checked.append(index)
 
     for round_number in range(1, 4):
-        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=1, use_codec=USE_CODEC, inspect=inspect)
+        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=1, inspect=inspect)
         for index, model in enumerate(fleet.models):
             after_training[index] = bn_of(model)
             state = fleet.clients[index].state_dict()
@@ -111,7 +110,7 @@ def test_bn_tensors_never_travel(upload: str) -> None:
     downlinks: list[Payload] = []
     uploads = record_uploads(fleet)
     for round_number in range(1, 3):
-        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=2, use_codec=USE_CODEC,
+        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=2,
                             inspect=lambda i, payload, m: downlinks.append(payload))
     payloads = downlinks + [p for per_client in uploads for p in per_client]
     assert len(payloads) == 8
@@ -126,7 +125,7 @@ def test_shared_tensors_are_the_weighted_mean_and_identical_everywhere(weighting
     data = domains(sizes, seed=3)
     fleet = inprocess.make_fleet("fedbn", {"weighting": weighting}, BN_SPEC, clients=3, seed=3)
     uploads = record_uploads(fleet)
-    inprocess.run_round(fleet, 1, data, SETTINGS, seed=3, use_codec=USE_CODEC)
+    inprocess.run_round(fleet, 1, data, SETTINGS, seed=3)
     weights = np.array(sizes) / sum(sizes) if weighting == "samples" else np.full(3, 1 / 3)
     received = []
     for index in range(3):
@@ -150,7 +149,7 @@ def test_a_model_without_batch_norm_runs_exactly_as_fedavg() -> None:
     for name in ("fedavg", "fedbn"):
         fleet = inprocess.make_fleet(name, {}, PLAIN_SPEC, clients=2, seed=4)
         for round_number in range(1, 4):
-            inprocess.run_round(fleet, round_number, data, SETTINGS, seed=4, use_codec=USE_CODEC)
+            inprocess.run_round(fleet, round_number, data, SETTINGS, seed=4)
         runs[name] = (inprocess.global_arrays(fleet), [state_to_arrays(m) for m in fleet.models])
     (avg_global, avg_models), (bn_global, bn_models) = runs["fedavg"], runs["fedbn"]
     assert set(avg_global) == set(bn_global)
@@ -166,7 +165,7 @@ def test_feature_shift_fedbn_is_at_least_as_accurate_as_fedavg() -> None:
     for name in ("fedavg", "fedbn"):
         fleet = inprocess.make_fleet(name, {"weighting": "uniform"}, BN_SPEC, clients=2, seed=5)
         for round_number in range(1, 21):
-            inprocess.run_round(fleet, round_number, train, SETTINGS, seed=5, use_codec=USE_CODEC)
+            inprocess.run_round(fleet, round_number, train, SETTINGS, seed=5)
         scores = []
         for index, (inputs, labels) in enumerate(test):
             model = copy.deepcopy(fleet.models[index])

@@ -12,15 +12,15 @@ import torch
 import torch.nn.functional as F
 
 from fedge import codec
-from fedge.algorithms import fedavg, fedcos, inprocess, registry
+from fedge.algorithms import fedavg, fedcos, registry
 from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from fedge.algorithms.loop import TrainSettings, train_local
 from fedge.models import ModelSpec, build, state_to_arrays
+from fedge.simulation import inprocess
 
 MLP = ModelSpec(name="mlp", input_shape=(1, 8, 8), num_classes=4)
 SGD = TrainSettings(epochs=1, batch_size=16, lr=0.05, optimizer="sgd")
 FULL_BATCH = TrainSettings(epochs=1, batch_size=1000, lr=0.05, optimizer="sgd")
-USE_CODEC = hasattr(codec, "encode")
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +128,7 @@ def test_zero_rate_and_zero_c_is_plain_local_sgd() -> None:
     models = {}
     for name, options in (("fedavg", {}), ("fedcos", {"eta_c": 0.0})):
         fleet = inprocess.make_fleet(name, options, MLP, clients=2, seed=1)
-        inprocess.run_round(fleet, 1, data, SGD, seed=1, use_codec=USE_CODEC)
+        inprocess.run_round(fleet, 1, data, SGD, seed=1)
         models[name] = [state_to_arrays(m) for m in fleet.models]
         if name == "fedcos":
             assert all(not c.any() for c in fleet.clients[0].c.values())
@@ -155,7 +155,7 @@ def test_one_drift_corrected_step_by_hand() -> None:
 def test_c_persists_across_rounds_and_restarts_unless_reset() -> None:
     data = client_data(2, seed=2)
     fleet = inprocess.make_fleet("fedcos", {"eta_c": 0.05, "sample_rate": 1.0}, MLP, clients=2, seed=2)
-    inprocess.run_round(fleet, 1, data, SGD, seed=2, use_codec=USE_CODEC)
+    inprocess.run_round(fleet, 1, data, SGD, seed=2)
     state = fleet.clients[0].state_dict()
     assert int(state["rounds"]) == 1 and any(np.abs(v).max() > 0 for k, v in state.items() if k.startswith("c/"))
     restarted = registry.make_client("fedcos", {"eta_c": 0.05}, 0)
@@ -173,7 +173,7 @@ def test_cv_every_updates_c_on_every_kth_participation() -> None:
     fleet = inprocess.make_fleet("fedcos", {"eta_c": 0.05, "cv_every": 3, "sample_rate": 1.0}, MLP, clients=1)
     history = []
     for round_number in range(1, 6):
-        inprocess.run_round(fleet, round_number, data, SGD, use_codec=USE_CODEC)
+        inprocess.run_round(fleet, round_number, data, SGD)
         history.append({n: c.clone() for n, c in fleet.clients[0].c.items()})
     changed = [not all(torch.equal(a[n], b[n]) for n in a) for a, b in zip(history, history[1:], strict=False)]
     assert changed == [False, False, True, False]
@@ -195,7 +195,7 @@ def test_warm_start_sends_the_mean_gradient_as_everyones_initial_c() -> None:
     data = client_data(3, size=24, seed=4)
     fleet = inprocess.make_fleet("fedcos", {"eta_c": 0.0, "warm_start": True}, MLP, clients=3, seed=4)
     initial = copy.deepcopy(fleet.server.model)
-    inprocess.run_round(fleet, 1, data, FULL_BATCH, seed=4, participants=[0, 1], use_codec=USE_CODEC)
+    inprocess.run_round(fleet, 1, data, FULL_BATCH, seed=4, participants=[0, 1])
     assert all(np.array_equal(fleet.server.model[n], initial[n]) for n in initial)
     assert all(np.array_equal(state_to_arrays(fleet.models[0])[n], initial[n]) for n in initial)
     gradients = []
@@ -207,11 +207,11 @@ def test_warm_start_sends_the_mean_gradient_as_everyones_initial_c() -> None:
     for name, value in fleet.server.initial_c.items():
         assert np.allclose(value, (gradients[0][name] + gradients[1][name]) / 2, atol=1e-6)
     received = []
-    inprocess.run_round(fleet, 2, data, SGD, seed=4, use_codec=USE_CODEC,
+    inprocess.run_round(fleet, 2, data, SGD, seed=4,
                         inspect=lambda i, payload, model: received.append((i, set(payload.groups))))
     assert received == [(0, {"model", "cv"}), (1, {"model", "cv"}), (2, {"model", "cv"})]
     assert all(torch.allclose(fleet.clients[2].c[n], torch.from_numpy(v)) for n, v in fleet.server.initial_c.items())
-    inprocess.run_round(fleet, 3, data, SGD, seed=4, use_codec=USE_CODEC,
+    inprocess.run_round(fleet, 3, data, SGD, seed=4,
                         inspect=lambda i, payload, model: received.append((i, set(payload.groups))))
     assert received[3:] == [(0, {"model"}), (1, {"model"}), (2, {"model"})]
     with pytest.raises(ValueError, match="reset_each_round"):
@@ -240,7 +240,6 @@ def test_selection_rate_and_boosted_reselection_after_a_missed_deadline() -> Non
         registry.make_config("fedcos", {"sample_rate": 0.2})
 
 
-@pytest.mark.skipif(not USE_CODEC, reason="needs the codec")
 def test_8_bit_uploads_are_dequantised_before_averaging() -> None:
     data = client_data(2, seed=6)
     fleet = inprocess.make_fleet("fedcos", {"eta_c": 0.05, "quantize": True, "sample_rate": 1.0}, MLP, clients=2)
@@ -248,8 +247,8 @@ def test_8_bit_uploads_are_dequantised_before_averaging() -> None:
     sent: list[Payload] = []
     original = fleet.clients[0].make_update
     fleet.clients[0].make_update = lambda r, m, s: sent.append(original(r, m, s)) or sent[-1]
-    metrics = inprocess.run_round(fleet, 1, data, SGD, use_codec=True)
-    inprocess.run_round(exact, 1, data, SGD, use_codec=True)
+    metrics = inprocess.run_round(fleet, 1, data, SGD)
+    inprocess.run_round(exact, 1, data, SGD)
     assert sent[0].groups["delta"].value_dtype == "int8"
     assert abs(sum(metrics["cos_weights"].values()) - 1) < 1e-9
     for name, value in exact.server.model.items():
@@ -263,8 +262,7 @@ def test_server_state_round_trip_and_full_rounds() -> None:
     fleet = inprocess.make_fleet("fedcos", {"eta_c": 0.05}, MLP, clients=4, seed=7)
     for round_number in range(1, 4):
         chosen = fleet.server.select(round_number, list(range(4)), np.random.default_rng(round_number))
-        metrics = inprocess.run_round(fleet, round_number, data, SGD, seed=7, participants=chosen,
-                                      use_codec=USE_CODEC)
+        metrics = inprocess.run_round(fleet, round_number, data, SGD, seed=7, participants=chosen)
         assert len(chosen) == 2 and abs(sum(metrics["cos_weights"].values()) - 1) < 1e-9
     arrays, meta = fleet.server.state_dict()
     resumed = make_server(clients=4)

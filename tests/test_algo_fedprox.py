@@ -6,10 +6,10 @@ import torch
 
 from fedge.algorithms import fedprox
 from fedge.algorithms.base import Payload
-from fedge.algorithms.inprocess import global_arrays, make_fleet, run_round
 from fedge.algorithms.loop import TrainSettings, train_local
 from fedge.codec import TensorGroup
 from fedge.models import build, state_to_arrays
+from fedge.simulation.inprocess import global_arrays, make_fleet, run_round
 from tests.algo_helpers import ADAM, TINY_MLP, client_data, same_arrays
 
 

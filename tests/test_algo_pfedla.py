@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedge import codec
-from fedge.algorithms import inprocess, pfedla, registry
+from fedge.algorithms import pfedla, registry
 from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from fedge.algorithms.hypernetwork import (
     HyperNetwork,
@@ -25,11 +25,11 @@ from fedge.algorithms.hypernetwork import (
 )
 from fedge.algorithms.loop import TrainSettings, round_seed, train_local
 from fedge.models import ModelSpec, build, state_to_arrays
+from fedge.simulation import inprocess
 
 MLP = ModelSpec(name="mlp", input_shape=(1, 8, 8), num_classes=4)
 BN_CNN = ModelSpec(name="cnn-bn", input_shape=(1, 8, 8), num_classes=4)
 SETTINGS = TrainSettings(epochs=1, batch_size=16, lr=0.05, optimizer="sgd")
-USE_CODEC = hasattr(codec, "encode")
 HEUR = types.ModuleType("heurpfedla")
 HEUR.Config, HEUR.Server, HEUR.Client = pfedla.HeurConfig, pfedla.Server, pfedla.Client  # type: ignore[attr-defined]
 
@@ -157,7 +157,7 @@ def test_one_hot_self_alpha_is_pure_local_training() -> None:
             downlink = fleet.server.downlink(round_number, index)
             for name, value in downlink.groups["model"].dense.items():
                 assert np.array_equal(value, fleet.server.theta[name][index])
-        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=1, use_codec=USE_CODEC)
+        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=1)
         for index, model in enumerate(local):
             train_local(model, fleet.clients[index], *data[index], SETTINGS, round_seed(1, round_number, index))
     for index in range(3):
@@ -269,7 +269,7 @@ def test_heurpfedla_retains_exactly_k_layers_bit_identical_and_not_downloaded(k:
             seen_rounds.append(index)
 
     for round_number in range(1, 4):
-        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=2, use_codec=USE_CODEC, inspect=inspect)
+        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=2, inspect=inspect)
         trained = {i: state_to_arrays(m) for i, m in enumerate(fleet.models)}
     assert sorted(seen_rounds) == [0, 0, 1, 1, 2, 2]
 
@@ -294,7 +294,7 @@ def test_heurpfedla_with_k_zero_is_pfedla_bit_for_bit() -> None:
     for name, options in (("pfedla", {}), ("heurpfedla", {"k": 0})):
         fleet = inprocess.make_fleet(name, options, BN_CNN, clients=3, seed=3)
         for round_number in range(1, 4):
-            inprocess.run_round(fleet, round_number, data, SETTINGS, seed=3, use_codec=USE_CODEC,
+            inprocess.run_round(fleet, round_number, data, SETTINGS, seed=3,
                                 participants=[0, 2] if round_number == 2 else None)
         runs.append((fleet.server.state_dict()[0], [state_to_arrays(m) for m in fleet.models]))
     (server_a, models_a), (server_b, models_b) = runs
@@ -323,7 +323,7 @@ def test_personal_buffers_stay_on_the_device() -> None:
             assert np.array_equal(arrays[name], previous[index][name])
 
     for round_number in range(1, 4):
-        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=4, use_codec=USE_CODEC, inspect=inspect)
+        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=4, inspect=inspect)
         after = {i: state_to_arrays(m) for i, m in enumerate(fleet.models)}
         assert any(not np.array_equal(after[0][n], previous[0][n]) for n in buffers)
         previous = after
@@ -338,7 +338,7 @@ def test_checkpoint_resume_is_bit_exact() -> None:
     data = client_data(3, seed=5)
     fleet = inprocess.make_fleet("heurpfedla", {}, BN_CNN, clients=3, seed=5)
     for round_number in (1, 2):
-        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=5, use_codec=USE_CODEC)
+        inprocess.run_round(fleet, round_number, data, SETTINGS, seed=5)
     arrays, meta = fleet.server.state_dict()
     meta = json.loads(json.dumps(meta))
     resumed = registry.make_server("heurpfedla", {}, state_to_arrays(build(BN_CNN)), fleet.server.context)

@@ -10,11 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedge.algorithms import fedavg, inprocess, scaffold
+from fedge.algorithms import fedavg, scaffold
 from fedge.algorithms.base import ClientUpdate, LocalStats, ModelLayout, ServerContext
-from fedge.algorithms.inprocess import Fleet, global_arrays, make_fleet, run_round, through_codec
 from fedge.algorithms.loop import TrainSettings, round_seed
 from fedge.algorithms.registry import REGISTRY, AlgorithmSpec
+from fedge.simulation import inprocess
+from fedge.simulation.inprocess import Fleet, global_arrays, make_fleet, run_round, through_codec
 from tests.algo_helpers import ADAM, SGD, TINY_MLP, client_data, max_difference
 
 

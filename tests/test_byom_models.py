@@ -10,11 +10,11 @@ import torch
 
 from fedge.algorithms import fedavg
 from fedge.algorithms.base import ModelLayout
-from fedge.algorithms.inprocess import global_arrays, make_fleet, run_round
 from fedge.algorithms.loop import TrainSettings, evaluate, train_local
 from fedge.algorithms.task import evaluate_task, make_task
 from fedge.models import ModelSpec, build, definition_hash, state_to_arrays
 from fedge.plugins import PluginError
+from fedge.simulation.inprocess import global_arrays, make_fleet, run_round
 from tests.plugin_models import sensor_windows
 
 PLUGIN = "tests.plugin_models:sensor_cnn"

@@ -13,9 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedge import codec
-
-from fedge import api
+from fedge import api, codec
 from fedge.coordinator.config import ConfigError
 from fedge.edge_agent.agent import Agent, Refused
 from fedge.edge_agent.config import AgentSettings

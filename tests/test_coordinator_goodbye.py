@@ -27,7 +27,7 @@ def session_with(agents: list[Agent], answer_after: int | None) -> tuple[Session
     pumps: list[int] = []
 
     def send(peer: bytes, message: codec.Bye) -> int:
-        assert isinstance(message, codec.Bye) and message.reason == "session finished" and message.round == 5
+        assert isinstance(message, codec.Bye) and message.code == "finished" and message.round == 5
         sent.append(peer)
         return 1
 
@@ -49,7 +49,7 @@ def agents() -> list[Agent]:
 
 def test_the_coordinator_serves_until_every_told_agent_has_answered() -> None:
     session, sent, pumps = session_with(agents(), answer_after=3)
-    session.say_goodbye("session finished", wait_s=5.0)
+    session.say_goodbye("finished", "session finished", wait_s=5.0)
     assert sent == [b"dev-0", b"dev-1"]
     assert len(pumps) == 3
 
@@ -57,12 +57,12 @@ def test_the_coordinator_serves_until_every_told_agent_has_answered() -> None:
 def test_the_wait_is_bounded_when_an_agent_never_answers() -> None:
     session, sent, pumps = session_with(agents(), answer_after=None)
     start = time.monotonic()
-    session.say_goodbye("session finished", wait_s=0.3)
+    session.say_goodbye("finished", "session finished", wait_s=0.3)
     assert 0.3 <= time.monotonic() - start < 2.0 and len(pumps) >= 3
     assert sent == [b"dev-0", b"dev-1"]
 
 
 def test_no_wait_asked_means_no_serving() -> None:
     session, sent, pumps = session_with(agents(), answer_after=1)
-    session.say_goodbye("session finished")
+    session.say_goodbye("finished", "session finished")
     assert sent == [b"dev-0", b"dev-1"] and pumps == []

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from fedge import codec
 from fedge.algorithms import registry
-from fedge.algorithms.inprocess import through_codec
 from fedge.models import ModelSpec, PanSpec, build, state_to_arrays
 from fedge.models.shuffle import (
     HiddenLayer,
@@ -26,6 +25,7 @@ from fedge.models.shuffle import (
     shuffle_mlp,
     shuffle_permutation,
 )
+from fedge.simulation.inprocess import through_codec
 
 AMPLITUDES = (0.01, 0.05, 0.1, 0.25, 0.5)
 SEEDS = (0, 1, 2)
