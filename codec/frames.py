@@ -89,14 +89,14 @@ def content_size(frame: bytes | memoryview, *, where: str, need_checksum: bool) 
 
 
 def decompress(frame: bytes | memoryview, *, max_size: int, where: str, need_checksum: bool,
-               exact_size: int | None = None) -> bytes:
+               exact_size: int | None = None, limit: str = "Limits.max_decompressed_bytes") -> bytes:
     """Inflate exactly one zstd frame, refusing it before allocation if it declares too much."""
     size = content_size(frame, where=where, need_checksum=need_checksum)
     if exact_size is not None and size != exact_size:
         raise Malformed(f"{where}: zstd frame declares {size} bytes of content, expected {exact_size}")
     if size > max_size:
         raise TooLarge(f"{where}: zstd frame declares {size} bytes of content, over the limit of "
-                       f"{max_size} bytes (raise Limits.max_decompressed_bytes if it is legitimate)")
+                       f"{max_size} bytes (raise {limit} if it is legitimate)")
     try:
         out = _decompressor().decompress(frame, max_output_size=max(size, 1), allow_extra_data=False)
     except zstandard.ZstdError as exc:

@@ -1,7 +1,8 @@
 """Packets: `encode` turns a message into bytes, `decode` turns bytes back into a message.
 
-A packet is a 12-byte prefix (magic "FEDG", version, kind, zero flags, the header's length), the header (one
-uncompressed msgpack map: who, which round, and the message's typed fields), a CRC-32 of everything before it, and,
+A packet is a 12-byte prefix (magic "FEDG", version, kind, flags, the header's length), the header (one msgpack
+map: who, which round, and the message's typed fields; a long one, such as an Update's meter record, in its own
+zstd frame, flagged), a CRC-32 of everything before it, and,
 for a Task or an Update only, the body: exactly one zstd frame (content size declared, content checksum on) around
 one msgpack map of the tensor groups and the algorithm's meta. The body can be encoded on its own
 (`encode_body`) and joined to a header later, so an Update's tensors are encoded once and its header can still
@@ -51,6 +52,8 @@ PREFIX_BYTES = 12  # magic, version, kind, flags, header length
 CRC_BYTES = 4
 MAX_GROUPS = 256
 MAX_HEADER_MAP = 1024
+HEADER_ZSTD = 0x01           # flags bit: the header is one zstd frame of the msgpack map
+COMPRESS_HEADER_FROM = 512   # the encoder compresses headers this long or longer (meter records), when it pays
 COMMON_KEYS = ("v", "k", "run", "r", "s")
 DEFAULT_LIMITS = Limits()
 
@@ -97,7 +100,12 @@ def encode_header(message: Message) -> bytes:
     if len(packed) > DEFAULT_LIMITS.max_header_bytes:
         raise TooLarge(f"the header is {len(packed)} bytes, over Limits.max_header_bytes = "
                        f"{DEFAULT_LIMITS.max_header_bytes}")
-    head = MAGIC + bytes((PROTOCOL_VERSION, cls.kind_code, 0, 0)) + struct.pack("<I", len(packed)) + packed
+    flags = 0
+    if len(packed) >= COMPRESS_HEADER_FROM:
+        squeezed = frames.compress(packed, level=1, checksum=True)
+        if len(squeezed) < len(packed):
+            packed, flags = squeezed, HEADER_ZSTD
+    head = MAGIC + bytes((PROTOCOL_VERSION, cls.kind_code, flags, 0)) + struct.pack("<I", len(packed)) + packed
     return head + struct.pack("<I", zlib.crc32(head))
 
 
@@ -143,8 +151,9 @@ def read_header(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_L
         raise UnknownKind(f"unknown message kind code {view[5]} (known: {sorted(KINDS)})")
     if view.nbytes < PREFIX_BYTES + CRC_BYTES:
         raise Malformed(f"a packet is at least {PREFIX_BYTES + CRC_BYTES} bytes, got {view.nbytes}")
-    if view[6] or view[7]:
-        raise Malformed(f"prefix flags are {view[6]:02x}{view[7]:02x}; version {PROTOCOL_VERSION} defines none")
+    if view[6] & ~HEADER_ZSTD or view[7]:
+        raise Malformed(f"prefix flags are {view[6]:02x}{view[7]:02x}; version {PROTOCOL_VERSION} defines only "
+                        f"bit 0 of the first byte (a compressed header)")
     size = struct.unpack_from("<I", view, 8)[0]
     if size > limits.max_header_bytes:
         raise TooLarge(f"header of {size} bytes is over Limits.max_header_bytes = {limits.max_header_bytes}")
@@ -153,8 +162,12 @@ def read_header(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_L
         raise Malformed(f"the packet ends inside its header ({view.nbytes} bytes, the header needs {end + 4})")
     if zlib.crc32(view[:end]) != struct.unpack_from("<I", view, end)[0]:
         raise ChecksumError("the header's CRC-32 does not match: the packet was damaged")
+    packed: memoryview | bytes = view[PREFIX_BYTES:end]
+    if view[6] & HEADER_ZSTD:
+        packed = frames.decompress(packed, max_size=limits.max_header_bytes, where="header", need_checksum=True,
+                                   limit="Limits.max_header_bytes")
     try:
-        header = msgpack.unpackb(view[PREFIX_BYTES:end], raw=False, strict_map_key=True, use_list=True,
+        header = msgpack.unpackb(packed, raw=False, strict_map_key=True, use_list=True,
                                  max_str_len=MAX_TEXT_BYTES, max_bin_len=0, max_array_len=MAX_LIST_ITEMS,
                                  max_map_len=MAX_HEADER_MAP, max_ext_len=0)
     except Exception as exc:  # msgpack raises several unrelated types for bad input

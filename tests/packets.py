@@ -22,7 +22,10 @@ def head(kind: int, header: bytes, version: int = 3) -> bytes:
 def parts(packet: bytes) -> dict[str, Any]:
     """{"header": the header map, "body": the body map or None}."""
     size = struct.unpack_from("<I", packet, 8)[0]
-    header = msgpack.unpackb(packet[12:12 + size], raw=False)
+    raw = packet[12:12 + size]
+    if packet[6] & 1:
+        raw = decompress(raw, max_size=1 << 24, where="test", need_checksum=True)
+    header = msgpack.unpackb(raw, raw=False)
     rest = packet[read_header(packet).body_at:]
     body = msgpack.unpackb(decompress(rest, max_size=1 << 24, where="test", need_checksum=True), raw=False) \
         if rest else None

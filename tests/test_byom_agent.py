@@ -148,3 +148,31 @@ def test_the_watchdog_follows_training_steps_while_a_round_trains(tmp_path: Path
     finally:
         hung.set()
         agent.worker.join(5)
+
+
+def test_a_cancel_stops_the_training_thread_at_its_next_step(tmp_path: Path) -> None:
+    import time
+
+    from fedge.edge_agent.protocol import CancelTraining
+
+    settings = AgentSettings(coordinator="tcp://127.0.0.1:9", client_id="pi", data="in-process",
+                             state_dir=str(tmp_path / "state"), allow_plugins=(PLUGIN,))
+    agent = Agent(settings, data=DeviceData.from_function(lambda: sensor_windows(count=600, seed=1), "in-process"))
+    meta = welcome(normalization={"mean": [3.0] * 3, "std": [1.5] * 3})
+    slow = codec.Welcome(**{**meta.__dict__, "train": {**meta.train, "epochs": 10_000, "batch_size": 4}})
+    session = agent.join(slow)
+    agent.session = session
+    agent.begin_session(session)
+    agent.protocol.joined(session.run_id, session.index, 1.0, 5.0)
+    model = build(ModelSpec.from_dict(slow.model), seed=0)
+    down = make_server("fedavg", {}, state_to_arrays(model), ServerContext(1, ModelLayout.of(model))).downlink(1, 0)
+    task = codec.Task(run_id="r1", round=1, sender="coordinator", groups=dict(down.groups))
+    (train,) = [a for a in agent.protocol.receive(codec.encode(task), 0.0) if type(a).__name__ == "Train"]
+    agent.start_task(train.task, 0.0)  # type: ignore[attr-defined]
+    while agent.train_steps < 3:
+        time.sleep(0.01)
+    agent.act(None, [CancelTraining(1)])  # type: ignore[arg-type]
+    assert agent.worker is not None
+    agent.worker.join(timeout=30)
+    assert not agent.worker.is_alive() and agent.outcome is None and agent.train_steps < 10_000
+    assert not agent.state.pending_path.exists()  # nothing of the cancelled round was kept

@@ -248,3 +248,39 @@ def test_codes_in_the_vocabulary_are_well_formed() -> None:
     for code in vocabulary.ERROR_CODES | vocabulary.BYE_CODES:
         assert vocabulary.CODE_PATTERN.fullmatch(code)
     assert vocabulary.JOIN_REFUSALS <= vocabulary.ERROR_CODES and vocabulary.SESSION_REFUSALS <= vocabulary.ERROR_CODES
+
+
+def test_a_long_header_travels_compressed_and_is_bounded_before_it_is_inflated() -> None:
+    from fedge.codec import Limits, TooLarge
+    from fedge.codec.frames import compress
+
+    record = {f"bytes_{name}_{i}": i * 1.5 for i, name in enumerate(["up", "down", "zmtp", "payload"] * 20)}
+    update = Update("run-1", 4, "agent-07", num_samples=600, record=record)
+    packet = encode(update)
+    assert packet[6] == 0x01 and decode(packet) == update
+    size = int.from_bytes(packet[8:12], "little")
+    assert size < len(msgpack.packb(parts_header(update)))  # smaller than the plain map it holds
+    assert encode(Heartbeat("r", 1, "a"))[6] == 0x00  # short headers stay readable
+    with pytest.raises(TooLarge, match="max_header_bytes"):
+        decode(packet, Limits(max_header_bytes=size + 10))  # the declared content size is checked first
+    bomb = head(6, compress(b"\x00" * (2 << 20)))
+    bomb = bomb[:6] + b"\x01" + bomb[7:]
+    with pytest.raises(ChecksumError):  # the CRC no longer matches the changed flag ...
+        decode(bomb)
+    flagged = head_with_flags(6, compress(b"\x00" * (2 << 20)), 0x01)  # ... and with a valid CRC it is too large
+    with pytest.raises(TooLarge, match="max_header_bytes"):
+        decode(flagged)
+    with pytest.raises(Malformed, match="flags"):
+        decode(head_with_flags(6, b"\x80", 0x02))
+
+
+def parts_header(update: Update) -> dict[str, Any]:
+    return parts(encode(update))["header"]
+
+
+def head_with_flags(kind: int, header: bytes, flags: int) -> bytes:
+    import struct
+    import zlib
+
+    start = b"FEDG" + bytes((PROTOCOL_VERSION, kind, flags, 0)) + struct.pack("<I", len(header)) + header
+    return start + struct.pack("<I", zlib.crc32(start))
