@@ -1,8 +1,8 @@
 """The algorithm interface: what a server half and a client half of an algorithm offer, and what they exchange.
 
 An algorithm is one module with ``Config`` (a frozen dataclass), ``Server`` and ``Client``. The coordinator calls the
-server half (``select``, ``downlink``, ``aggregate``, ``evaluation_arrays``, ``state_dict``); the agent's single
-training loop (``algorithms.loop``) calls the client half's hooks (``on_receive``, ``extra_loss``,
+server half (``select``, ``downlink``, ``check_update``, ``aggregate``, ``evaluation_arrays``, ``state_dict``); the
+agent's single training loop (``algorithms.loop``) calls the client half's hooks (``on_receive``, ``extra_loss``,
 ``after_backward``, ``after_step``, ``make_update``, ``state_dict``). They exchange ``Payload``s: named codec tensor
 groups plus a small metadata map, which the runtime encodes into packets. Must not import a transport or know
 sockets; it knows models only through named numpy arrays and the torch module the loop trains.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +127,39 @@ def wrapper_config(config_cls: type, base_module: Any, options: Mapping[str, Any
         raise ValueError(f"unknown option(s) {sorted(unknown)} for this algorithm; valid: {sorted(known)}")
     base = config_from_options(base_module.Config, {k: v for k, v in options.items() if k not in own})
     return config_cls(base=base, **typed_options(config_cls, {k: v for k, v in options.items() if k in own}))
+
+
+def lacking(payload: Payload, required: Mapping[str, Collection[str]]) -> str:
+    """What a server half's aggregate would miss in an update: a reason naming a group it does not take, the first
+    required group that is absent, or the first tensor (dense or sparse) a required group lacks; '' when the
+    update carries exactly the required groups, each with at least its tensors. Server halves
+    answer ``check_update`` with it, so that the coordinator refuses such an update (``invalid-update``) instead of
+    failing in the middle of an aggregate."""
+    extra = sorted(set(payload.groups) - set(required))
+    if extra:
+        return f"the update carries group {extra[0]!r}, which this algorithm does not take (it takes: " \
+               f"{', '.join(sorted(required))})"
+    for group_name, names in required.items():
+        group = payload.groups.get(group_name)
+        if group is None:
+            carried = ", ".join(sorted(payload.groups)) or "none"
+            return f"the update lacks its group {group_name!r} (it carries: {carried})"
+        present = set(group.dense) | (set(group.sparse.names) if group.sparse is not None else set())
+        missing = [name for name in names if name not in present]
+        if missing:
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            return f"group {group_name!r} lacks tensor {missing[0]!r}{more}"
+    return ""
+
+
+def mistyped(payload: Payload, types: Mapping[str, type | tuple[type, ...]]) -> str:
+    """A reason when a meta key the aggregate reads holds a value of another type (bools are not numbers), or ''."""
+    for key, kinds in types.items():
+        if key in payload.meta:
+            value = payload.meta[key]
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                return f"meta.{key} must be {getattr(kinds, '__name__', kinds)}, got {value!r:.40}"
+    return ""
 
 
 def weights_of(updates: Sequence[ClientUpdate], weighting: str) -> np.ndarray:

@@ -152,6 +152,11 @@ class Server:
                   for name, group in payload.groups.items()}
         return Payload(groups=groups, meta=payload.meta)
 
+    def check_update(self, round_number: int, update: ClientUpdate) -> str:
+        """The base's rule (DSSA's uplink carries the base's groups and tensors, split into values and dense)."""
+        check = getattr(self.base, "check_update", None)
+        return str(check(round_number, update)) if check is not None else ""
+
     def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         self.last_round = round_number
         if not self.is_sparse(round_number):

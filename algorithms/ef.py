@@ -38,6 +38,8 @@ from fedge.algorithms.base import (
     Payload,
     ServerContext,
     WrappedClient,
+    lacking,
+    mistyped,
     weights_of,
     wrapper_config,
 )
@@ -156,6 +158,18 @@ class Server:
     def forget(self, client_index: int) -> None:
         """The next downlink to this client is a dense copy (e.g. after it reported a lost replica)."""
         self.synced[client_index] = -1
+
+    def check_update(self, round_number: int, update: ClientUpdate) -> str:
+        """What ``aggregate`` needs of an update (or a reason): one ``update`` group whose sparse section covers the
+        float tensors in the layout's order, the integer tensors dense, and the replica version it was made from."""
+        integers = [name for name in self.public if name not in self.layout.names]
+        problem = lacking(update.payload, {"update": integers}) or mistyped(update.payload, {"ef_base": int})
+        if problem:
+            return problem
+        sparse = update.payload.groups["update"].sparse
+        if sparse is None or tuple(sparse.names) != self.layout.names:
+            return "an ef update must carry the float tensors as one sparse section, in the model's order"
+        return ""
 
     def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         current = [u for u in updates if int(u.payload.meta.get("ef_base", -2)) == self.version]

@@ -23,6 +23,7 @@ from fedge.algorithms.base import (
     LocalStats,
     Payload,
     ServerContext,
+    lacking,
     load_into,
     model_arrays,
     weighted_sum,
@@ -75,6 +76,10 @@ class Server:
 
     def downlink(self, round_number: int, client_index: int) -> Payload:
         return Payload(groups={"model": TensorGroup(dense=self.model)})
+
+    def check_update(self, round_number: int, update: ClientUpdate) -> str:
+        """What ``aggregate`` needs of an update (or a reason): the configured upload group, every model tensor."""
+        return lacking(update.payload, {self.config.upload: self.model})
 
     def uploaded(self, update: ClientUpdate) -> tuple[Arrays, bool]:
         """The arrays a client uploaded and whether they are deltas."""

@@ -45,6 +45,7 @@ from fedge.algorithms.base import (
     LocalStats,
     Payload,
     ServerContext,
+    lacking,
     load_into,
     model_arrays,
 )
@@ -140,6 +141,11 @@ class Server:
         if self.initial_c and client_index not in self.c_sent:
             groups["cv"] = TensorGroup(dense=self.initial_c, value_dtype=self.config.value_dtype)
         return Payload(groups=groups)
+
+    def check_update(self, round_number: int, update: ClientUpdate) -> str:
+        """What ``aggregate`` needs of an update (or a reason): the mean gradients while warming up, afterwards
+        the delta of every model tensor."""
+        return lacking(update.payload, {"grad": ()} if not self.warmed else {"delta": self.model})
 
     def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if not updates:

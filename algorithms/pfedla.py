@@ -44,6 +44,7 @@ from fedge.algorithms.base import (
     LocalStats,
     Payload,
     ServerContext,
+    lacking,
     load_into,
     model_arrays,
 )
@@ -145,6 +146,10 @@ class Server:
                     del model[name]
         meta = {"retained": [self.layers[row][0] for row in retained]}
         return Payload(groups={"model": TensorGroup(dense=model)}, meta=meta)
+
+    def check_update(self, round_number: int, update: ClientUpdate) -> str:
+        """What ``aggregate`` needs of an update (or a reason): the delta of every aggregated tensor."""
+        return lacking(update.payload, {"delta": self.theta})
 
     def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         trained: dict[int, Arrays] = {}

@@ -44,6 +44,8 @@ from fedge.algorithms.base import (
     ModelLayout,
     Payload,
     ServerContext,
+    lacking,
+    mistyped,
     model_arrays,
 )
 from fedge.algorithms.base import weights_of as base_weights
@@ -103,6 +105,12 @@ class Server:
         meta = {} if self.lr is None else {"lr": self.lr}
         return Payload(groups={"model": TensorGroup(dense=self.model), "control": TensorGroup(dense=self.control)},
                        meta=meta)
+
+    def check_update(self, round_number: int, update: ClientUpdate) -> str:
+        """What ``aggregate`` needs of an update (or a reason): every model tensor as a delta, every control
+        variate's change, and a numeric learning rate."""
+        return lacking(update.payload, {"delta": self.model, "control": self.control}) or \
+            mistyped(update.payload, {"lr": (int, float), "steps": int})
 
     def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         weights = base_weights(updates, self.config.weighting) * self.config.global_lr

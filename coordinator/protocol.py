@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedge import codec
-from fedge.algorithms.base import Payload
+from fedge.algorithms.base import ClientUpdate, Payload
 from fedge.codec import vocabulary as words
 from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.records import check_update
@@ -230,12 +230,25 @@ class CoordinatorProtocol:
         if index in current.updates:
             return self.refuse(peer, words.DUPLICATE, f"a second update from client {index} in round {update.round}",
                                now)
-        problem = check_update(update, self.shapes, current.masks.get(index, set()))
+        problem = check_update(update, self.shapes, current.masks.get(index, set())) or \
+            self.server_check(index, update)
         if problem:
             return self.refuse(peer, words.INVALID_UPDATE, problem, now)
         current.updates[index] = (update, size)
         current.failed.discard(index)
         return []
+
+    def server_check(self, index: int, update: codec.Update) -> str:
+        """The server half's own rule for what its aggregate needs of an update (every group and tensor it reads,
+        the meta keys it converts), so a lacking update is refused here, never failing inside an aggregate."""
+        check = getattr(self.server, "check_update", None)
+        if check is None:
+            return ""
+        agent = self.registry.by_index(index)
+        return str(check(update.round, ClientUpdate(client_id=agent.client_id, index=index,
+                                                    num_samples=update.num_samples,
+                                                    payload=Payload(groups=dict(update.groups),
+                                                                    meta=dict(update.meta)))))
 
     def on_bye(self, client_id: str, index: int, bye: codec.Bye) -> list[Event]:
         """The agent leaves: it is no longer awaited in the round in progress."""

@@ -157,11 +157,12 @@ def test_masked_values_must_be_bound_to_a_mask_sent_this_round() -> None:
     other = ~sparse.mask
     values = np.zeros(int(other.sum()), np.float32)
     foreign = codec.SparseSection.masked_values(sparse.names, sparse.shapes, other, values, select=True)
-    events = p.receive(b"a", update(p, "a", 1, groups={"delta": codec.TensorGroup(sparse=foreign)}), 0.0)
+    rest = {n: a for n, a in p.server.evaluation_arrays().items() if n not in sparse.names}  # the dense tensors
+    events = p.receive(b"a", update(p, "a", 1, groups={"model": codec.TensorGroup(rest, foreign)}), 0.0)
     assert codes(events) == ["invalid-update"] and "not sent this round" in sent(events)[0].reason  # type: ignore[attr-defined]
     bound = codec.SparseSection.masked_values(sparse.names, sparse.shapes, sparse.mask,
                                               np.zeros(int((~sparse.mask).sum()), np.float32))
-    assert codes(p.receive(b"a", update(p, "a", 1, groups={"delta": codec.TensorGroup(sparse=bound)}), 0.0)) == []
+    assert codes(p.receive(b"a", update(p, "a", 1, groups={"model": codec.TensorGroup(rest, bound)}), 0.0)) == []
 
 
 def test_commits_go_only_to_the_agents_whose_updates_were_aggregated() -> None:

@@ -11,6 +11,7 @@ import pytest
 from fedge import codec
 from fedge.algorithms.base import Payload
 from fedge.algorithms.loop import TrainSettings
+from fedge.algorithms.registry import REGISTRY
 from fedge.edge_agent.state import DeviceState
 from fedge.plumbing import without_fsync
 from fedge.simulation.inprocess import RUN_ID, make_fleet, run_round
@@ -78,3 +79,39 @@ def test_device_state_is_forced_to_disk_except_in_a_simulation(tmp_path: Path, m
         state.write_pending("r", 2, {"x": np.ones(2, np.float32)})
         assert state.confirm("r", 2)
     assert len(calls) == durable and np.array_equal(state.committed("r")["x"], np.ones(2, np.float32))
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_algorithm_refuses_an_update_its_aggregate_could_not_use(name: str) -> None:
+    """An honest update passes (the driver would fail otherwise); the same update lacking a tensor, or under a
+    group the algorithm does not take, is refused as invalid-update before any aggregate sees it."""
+    import dataclasses
+
+    from fedge.coordinator.protocol import Rejected
+
+    options = {"warmup_rounds": 0} if name.startswith("dssa") else {}
+    fleet = make_fleet(name, options, TINY_MLP, clients=2, seed=4)
+    receive = fleet.coordinator.receive
+    refusals: list[str] = []
+
+    def tampering(peer: bytes, frame: bytes, now: float) -> list[object]:
+        update = codec.decode(frame)
+        if isinstance(update, codec.Update) and peer == b"c0":
+            group_name, group = next(iter(update.groups.items()))
+            if group.dense:
+                dropped = dict(list(group.dense.items())[1:])
+                lacking = {**update.groups, group_name: dataclasses.replace(group, dense=dropped)}
+            else:
+                lacking = {**{k: v for k, v in update.groups.items() if k != group_name}, "other": group}
+            renamed = {**{k: v for k, v in update.groups.items() if k != group_name}, "other": group}
+            for groups in (lacking, renamed):
+                bad = codec.encode(dataclasses.replace(update, groups=groups))
+                refusals.extend(e.reason for e in receive(peer, bad, now) if isinstance(e, Rejected)
+                                and e.code == "invalid-update")
+        return receive(peer, frame, now)
+
+    fleet.coordinator.receive = tampering  # type: ignore[method-assign]
+    for round_number in (1, 2):
+        run_round(fleet, round_number, DATA[:2], SGD, seed=4)
+    assert len(refusals) == 4, refusals  # two tampered copies in each of the two rounds
+    assert all("lacks" in r or "does not take" in r for r in refusals), refusals
