@@ -14,7 +14,7 @@ import dataclasses
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -24,6 +24,15 @@ from fedge.codec import TensorGroup
 from fedge.models import arrays_to_state, state_to_arrays
 
 Arrays = dict[str, np.ndarray]
+
+# The group names of the built-in algorithms: the model, a model update as a difference, and anything else a base
+# sends beside them (SCAFFOLD's "control"). DSSA and ef read their base's payloads through these names.
+MODEL_GROUP = "model"
+DELTA_GROUP = "delta"
+UPDATE_GROUPS = (MODEL_GROUP, DELTA_GROUP)
+
+if TYPE_CHECKING:
+    from fedge.algorithms.loop import TrainSettings
 
 
 @dataclass(frozen=True)
@@ -36,12 +45,21 @@ class Payload:
 
 @dataclass(frozen=True)
 class ModelLayout:
-    """What the server half knows of the model: tensor names by class, in state-dict order."""
+    """What the server half knows of the model: tensor names by class, in state-dict order. ``parameters`` and
+    ``buffers`` split ``names`` (trained by gradient, or kept beside); ``statistics`` are the BatchNorm buffers
+    (running mean and variance, the batch count)."""
 
     names: tuple[str, ...]
     prunable: tuple[str, ...]
     batch_norm: tuple[str, ...]
     layers: Mapping[str, tuple[str, ...]]
+    parameters: tuple[str, ...] = ()
+    buffers: tuple[str, ...] = ()
+
+    @property
+    def statistics(self) -> tuple[str, ...]:
+        buffers = set(self.buffers)
+        return tuple(name for name in self.batch_norm if name in buffers)
 
     @classmethod
     def of(cls, model: nn.Module) -> ModelLayout:
@@ -51,6 +69,8 @@ class ModelLayout:
             names=tuple(model.state_dict()),
             prunable=tuple(prunable_names(model)),
             batch_norm=tuple(batch_norm_names(model)),
+            parameters=tuple(name for name, _ in model.named_parameters()),
+            buffers=tuple(name for name, _ in model.named_buffers()),
             layers={k: tuple(v) for k, v in layer_groups(model).items()},
         )
 
@@ -92,6 +112,18 @@ _KINDS: dict[Any, tuple[str, Callable[[Any], bool]]] = {
     bool: ("true or false", lambda v: isinstance(v, bool)),
     str: ("a string", lambda v: isinstance(v, str)),
 }
+
+
+def is_float(array: np.ndarray) -> bool:
+    """Float tensors are averaged; integer ones (BatchNorm's batch count) are not."""
+    return bool(np.issubdtype(np.asarray(array).dtype, np.floating))
+
+
+def learned_floats(layout: ModelLayout, arrays: Mapping[str, np.ndarray]) -> list[str]:
+    """The float tensors of the model that are not BatchNorm statistics, in state-dict order: what SCAFFOLD keeps
+    control variates for, pFedLA mixes per layer and fedcos compares. The one place this rule lives."""
+    statistics = set(layout.statistics)
+    return [name for name in layout.names if name in arrays and is_float(arrays[name]) and name not in statistics]
 
 
 def typed_options(config_cls: type, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -193,27 +225,170 @@ def model_arrays(model: nn.Module) -> Arrays:
     return state_to_arrays(model)
 
 
-def parameters_by_name(model: nn.Module) -> dict[str, torch.Tensor]:
-    return dict(model.named_parameters())
+class ServerHalf(Protocol):
+    """What the coordinator calls on an algorithm's server half. ``BaseServer`` gives every optional hook its
+    default (``select``: the runtime's own selection; ``check_update``: nothing to add; ``missed``, ``forget``:
+    nothing to do; ``pruned_evaluation_arrays``: none); an algorithm overrides what it needs."""
+
+    def select(self, round_number: int, available: Sequence[int], rng: np.random.Generator) -> list[int] | None:
+        """The clients of this round among ``available``, or None for the runtime's fraction/count rule."""
+    def downlink(self, round_number: int, client_index: int) -> Payload:
+        """What client ``client_index`` receives in this round."""
+    def check_update(self, round_number: int, update: ClientUpdate) -> str:
+        """A reason to refuse an update that ``aggregate`` could not use (a group, tensor or meta key), or ''."""
+    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        """Fold the round's accepted updates into the server state; returns metrics for metrics.jsonl."""
+    def missed(self, round_number: int, client_indices: Sequence[int]) -> None:
+        """Selected clients that sent nothing before the round closed."""
+    def forget(self, client_index: int) -> None:
+        """Drop what the server half assumes of a device's state (it failed a round, or left the session)."""
+    def evaluation_arrays(self) -> Arrays | None:
+        """The global model to evaluate, or None when the algorithm keeps none."""
+    def pruned_evaluation_arrays(self) -> Arrays | None:
+        """A second model to evaluate (DSSA's pruned one), or None."""
+    def state_dict(self) -> tuple[Arrays, dict[str, Any]]:
+        """Everything needed to resume: arrays and JSON-able meta (the checkpoint)."""
+    def load_state_dict(self, arrays: Arrays, meta: dict[str, Any]) -> None:
+        """The inverse of ``state_dict``."""
 
 
-class WrappedClient:
+class ClientHalf(Protocol):
+    """What an agent (and THE loop) calls on an algorithm's client half. ``BaseClient`` gives every optional hook
+    its default (no extra loss, nothing before training or after a backward pass or a step, every weight
+    trainable, nothing to freeze, predictions from the received model)."""
+
+    @property
+    def inference_after_training(self) -> bool:
+        """Predictions use the model as trained on the device (True) or as received (False)."""
+    def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
+        """Load what the round's task carries into the model (and the half's own state)."""
+    def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                        settings: TrainSettings) -> None:
+        """Called once before the first step of a round."""
+    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
+        """A term added to the task's loss, or None."""
+    def after_backward(self, model: nn.Module) -> None:
+        """Called after each backward pass, before the optimizer step (gradient corrections)."""
+    def after_step(self, model: nn.Module) -> None:
+        """Called after each optimizer step."""
+    def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
+        """What the device uploads for this round."""
+    def trainable_masks(self) -> dict[str, np.ndarray] | None:
+        """For the meter: per prunable tensor, True where a weight is trainable this round; None: all of them."""
+    def freeze(self, frozen: Mapping[str, np.ndarray]) -> None:
+        """Keep per-coordinate state untouched where ``frozen`` is True (DSSA's retained coordinates)."""
+    def state_dict(self) -> Arrays:
+        """The device state kept between rounds (committed in two phases by the agent)."""
+    def load_state_dict(self, state: Arrays) -> None:
+        """The inverse of ``state_dict``; an empty map is a new device."""
+
+
+class GlobalModelServer(ServerHalf, Protocol):
+    """A server half that keeps one global model, which a wrapper (DSSA) may read and replace between the base's
+    steps: FedAvg's, FedProx's and SCAFFOLD's."""
+
+    def global_model(self) -> Arrays:
+        """The global model x (the server half's own arrays: a caller copies before it changes them)."""
+    def set_global_model(self, arrays: Arrays) -> None:
+        """Replace the global model x."""
+
+
+class BaseServer:
+    """The defaults of ``ServerHalf``'s optional hooks."""
+
+    def select(self, round_number: int, available: Sequence[int], rng: np.random.Generator) -> list[int] | None:
+        return None
+
+    def check_update(self, round_number: int, update: ClientUpdate) -> str:
+        return ""
+
+    def missed(self, round_number: int, client_indices: Sequence[int]) -> None:
+        return None
+
+    def forget(self, client_index: int) -> None:
+        return None
+
+    def pruned_evaluation_arrays(self) -> Arrays | None:
+        return None
+
+
+class BaseClient:
+    """The defaults of ``ClientHalf``'s optional hooks."""
+
+    @property
+    def inference_after_training(self) -> bool:
+        return False
+
+    def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                        settings: TrainSettings) -> None:
+        return None
+
+    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
+        return None
+
+    def after_backward(self, model: nn.Module) -> None:
+        return None
+
+    def after_step(self, model: nn.Module) -> None:
+        return None
+
+    def trainable_masks(self) -> dict[str, np.ndarray] | None:
+        return None
+
+    def freeze(self, frozen: Mapping[str, np.ndarray]) -> None:
+        return None
+
+
+class WrappedServer(BaseServer):
+    """Hook delegation for wrapper algorithms (DSSA): every optional hook and the evaluation go to ``self.base``,
+    the base algorithm's server half; a wrapper overrides only what it changes."""
+
+    base: ServerHalf
+
+    def select(self, round_number: int, available: Sequence[int], rng: np.random.Generator) -> list[int] | None:
+        return self.base.select(round_number, available, rng)
+
+    def check_update(self, round_number: int, update: ClientUpdate) -> str:
+        return self.base.check_update(round_number, update)
+
+    def missed(self, round_number: int, client_indices: Sequence[int]) -> None:
+        self.base.missed(round_number, client_indices)
+
+    def forget(self, client_index: int) -> None:
+        self.base.forget(client_index)
+
+    def evaluation_arrays(self) -> Arrays | None:
+        return self.base.evaluation_arrays()
+
+    def pruned_evaluation_arrays(self) -> Arrays | None:
+        return self.base.pruned_evaluation_arrays()
+
+
+class WrappedClient(BaseClient):
     """Hook delegation for wrapper algorithms (DSSA, ef-*): every training hook goes to ``self.base``, the base
     algorithm's client half; a wrapper overrides only what it changes and calls these for the rest."""
 
-    base: Any
+    base: ClientHalf
 
-    def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, settings: Any) -> None:
-        hook = getattr(self.base, "before_training", None)
-        if hook is not None:
-            hook(model, inputs, labels, settings)
+    @property
+    def inference_after_training(self) -> bool:
+        return self.base.inference_after_training
+
+    def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                        settings: TrainSettings) -> None:
+        self.base.before_training(model, inputs, labels, settings)
 
     def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
-        result: torch.Tensor | None = self.base.extra_loss(model)
-        return result
+        return self.base.extra_loss(model)
 
     def after_backward(self, model: nn.Module) -> None:
         self.base.after_backward(model)
 
     def after_step(self, model: nn.Module) -> None:
         self.base.after_step(model)
+
+    def trainable_masks(self) -> dict[str, np.ndarray] | None:
+        return self.base.trainable_masks()
+
+    def freeze(self, frozen: Mapping[str, np.ndarray]) -> None:
+        self.base.freeze(frozen)

@@ -15,10 +15,11 @@ One module for every base (fedavg, fedprox, scaffold): the registry passes the b
   variates, integer buffers: no lambda); then the wrapper sets w[M] = w~[M] and w[C] = lambda sum_i p_i dw_i[C].
 
 Decisions where ALGORITHMS.md is silent:
-- Group convention: a base's group named "model" holds the model; "model" or "delta" is the update group; any other
-  group holds quantities of the trainable set T (control variates and their deltas). Base servers keep their global
-  model in ``.model``; a base client that keeps per-coordinate state offers ``freeze(masks)`` (SCAFFOLD does), so
-  c_i stays untouched on retained coordinates.
+- Group convention (``algorithms.base``): the base's ``MODEL_GROUP`` holds the model; ``MODEL_GROUP`` or
+  ``DELTA_GROUP`` is the update group; any other group holds quantities of the trainable set T (control variates
+  and their deltas). A base server is a ``GlobalModelServer`` (``global_model`` / ``set_global_model``); a base
+  client that keeps per-coordinate state overrides ``freeze(masks)`` (SCAFFOLD does), so c_i stays untouched on
+  retained coordinates.
 - ``value_dtype`` (f32 | f16 | bf16 | int8) applies to the sparse rounds' packets only; warm-up rounds are the base's.
   With a lossy dtype the server's pruned model is the model as the clients decode it, so both sides agree bit for
   bit on the retained weights, and aggregation is around what the clients actually received.
@@ -45,20 +46,22 @@ from torch import nn
 
 from fedge import codec
 from fedge.algorithms.base import (
+    MODEL_GROUP,
+    UPDATE_GROUPS,
     Arrays,
     ClientUpdate,
+    GlobalModelServer,
     LocalStats,
     Payload,
     ServerContext,
     WrappedClient,
+    WrappedServer,
     weights_of,
     wrapper_config,
 )
 from fedge.algorithms.sparse import FlatLayout, compress, decoded
 from fedge.codec import SparseSection, TensorGroup
 
-MODEL_GROUP = "model"
-UPDATE_GROUPS = ("model", "delta")
 VALUE_DTYPES = ("f32", "f16", "bf16", "int8")
 
 
@@ -117,8 +120,10 @@ def group_arrays(group: TensorGroup, mask: np.ndarray) -> Arrays:
     return arrays
 
 
-class Server:
+class Server(WrappedServer):
     """The base's server half, with the mask, the pruning and the lambda-scaled complement around it."""
+
+    base: GlobalModelServer
 
     def __init__(self, config: Config, initial: Arrays, context: ServerContext, base_module: ModuleType) -> None:
         self.config = config
@@ -140,7 +145,7 @@ class Server:
     def round_state(self, round_number: int) -> tuple[np.ndarray, Arrays]:
         """This round's mask and pruned model, computed once from the dense model at the start of the round."""
         if self.cached is None or self.cached[0] != round_number:
-            self.cached = (round_number, *self.prune(self.base.model))
+            self.cached = (round_number, *self.prune(self.base.global_model()))
         return self.cached[1], self.cached[2]
 
     def downlink(self, round_number: int, client_index: int) -> Payload:
@@ -153,9 +158,18 @@ class Server:
         return Payload(groups=groups, meta=payload.meta)
 
     def check_update(self, round_number: int, update: ClientUpdate) -> str:
-        """The base's rule (DSSA's uplink carries the base's groups and tensors, split into values and dense)."""
-        check = getattr(self.base, "check_update", None)
-        return str(check(round_number, update)) if check is not None else ""
+        """The base's rule (DSSA's uplink carries the base's groups and tensors, split into values and dense), and
+        in a sparse round no indexed value at a retained coordinate."""
+        problem = self.base.check_update(round_number, update)
+        if problem or not self.is_sparse(round_number):
+            return problem
+        mask, _ = self.round_state(round_number)
+        for name, group in update.payload.groups.items():
+            section = group.sparse
+            if section is not None and section.kind == "indices" and \
+                    (tuple(section.names) != self.layout.names or mask[section.positions()].any()):
+                return f"group {name!r} carries values at retained coordinates (or not over the prunable tensors)"
+        return ""
 
     def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         self.last_round = round_number
@@ -176,23 +190,19 @@ class Server:
                         arrays.update(self.layout.split(np.where(mask, pruned_flat, flat)))
                 groups[name] = TensorGroup(dense=arrays)
             dense_updates.append(dataclasses.replace(update, payload=Payload(groups, update.payload.meta)))
-        self.base.model = dict(pruned)
+        self.base.set_global_model(dict(pruned))
         metrics = dict(self.base.aggregate(round_number, dense_updates))
         scaled = (self.config.scale * complement).astype(np.float32)
         pruned_flat[~mask] = scaled
-        self.base.model.update(self.layout.split(pruned_flat))
+        self.base.set_global_model({**self.base.global_model(), **self.layout.split(pruned_flat)})
         return {**metrics, "dssa_sparse": 1, "dssa_retained": int(np.count_nonzero(mask)),
                 "dssa_prunable": self.layout.size, "dssa_complement_norm": float(np.linalg.norm(scaled))}
-
-    def evaluation_arrays(self) -> Arrays | None:
-        result: Arrays | None = self.base.evaluation_arrays()
-        return result
 
     def pruned_evaluation_arrays(self) -> Arrays | None:
         """w~ of the current global model (what the next sparse round transmits); None while warm-up continues."""
         if not self.is_sparse(self.last_round + 1):
             return None
-        return self.prune(self.base.model)[1]
+        return self.prune(self.base.global_model())[1]
 
     def state_dict(self) -> tuple[Arrays, dict[str, Any]]:
         arrays, meta = self.base.state_dict()
@@ -229,8 +239,7 @@ class Client(WrappedClient):
         params = dict(model.named_parameters())
         self.frozen = [(params[name], torch.from_numpy(masks[name].copy()), params[name].detach().clone())
                        for name in self.layout.names]
-        if hasattr(self.base, "freeze"):
-            self.base.freeze(masks)
+        self.base.freeze(masks)
 
     def after_backward(self, model: nn.Module) -> None:
         self.base.after_backward(model)

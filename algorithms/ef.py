@@ -31,13 +31,18 @@ import numpy as np
 from torch import nn
 
 from fedge import codec
+from fedge.algorithms import fedavg
 from fedge.algorithms.base import (
+    DELTA_GROUP,
+    MODEL_GROUP,
     Arrays,
+    BaseServer,
     ClientUpdate,
     LocalStats,
     Payload,
     ServerContext,
     WrappedClient,
+    is_float,
     lacking,
     mistyped,
     weights_of,
@@ -68,10 +73,6 @@ class Config:
 def make_config(base_module: ModuleType, options: Mapping[str, Any]) -> Config:
     """ef's own options plus the base's (e.g. FedProx's mu); an option neither knows is an error."""
     return wrapper_config(Config, base_module, options)  # type: ignore[no-any-return]
-
-
-def is_float(array: np.ndarray) -> bool:
-    return bool(np.issubdtype(np.asarray(array).dtype, np.floating))
 
 
 def float_layout(arrays: Mapping[str, np.ndarray]) -> FlatLayout:
@@ -110,10 +111,13 @@ class Delta:
     integers: Arrays
 
 
-class Server:
+class Server(BaseServer):
     """Keeps the public model, its own residual, the recent broadcast deltas and every client's version."""
 
     def __init__(self, config: Config, initial: Arrays, context: ServerContext, base_module: ModuleType) -> None:
+        if base_module.Server is not fedavg.Server:
+            raise ValueError(f"ef aggregates as FedAvg does (its server half replaces the base's): its base must "
+                             f"have FedAvg's server half (fedavg, fedprox), not {base_module.__name__}'s")
         self.config = config
         self.context = context
         self.layout = float_layout(initial)
@@ -264,13 +268,13 @@ class Client(WrappedClient):
 
     def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
         self.sync(payload)
-        model_group = {"model": TensorGroup(dense=self.replica)}
+        model_group = {MODEL_GROUP: TensorGroup(dense=self.replica)}
         self.base.on_receive(round_number, Payload(groups=model_group, meta=payload.meta), model)
 
     def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
         payload: Payload = self.base.make_update(round_number, model, stats)
-        is_model = "model" in payload.groups
-        trained = dict(payload.groups["model" if is_model else "delta"].dense)
+        is_model = MODEL_GROUP in payload.groups
+        trained = dict(payload.groups[MODEL_GROUP if is_model else DELTA_GROUP].dense)
         layout = float_layout(self.replica)
         delta = layout.flat(trained) - layout.flat(self.replica) if is_model else layout.flat(trained)
         if self.residual is None or self.residual.size != layout.size:

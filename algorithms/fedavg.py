@@ -14,15 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from fedge.algorithms.base import (
+    DELTA_GROUP,
+    MODEL_GROUP,
     Arrays,
+    BaseClient,
+    BaseServer,
     ClientUpdate,
     LocalStats,
     Payload,
     ServerContext,
+    is_float,
     lacking,
     load_into,
     model_arrays,
@@ -31,7 +35,7 @@ from fedge.algorithms.base import (
 )
 from fedge.codec import TensorGroup
 
-UPLOADS = ("model", "delta")
+UPLOADS = (MODEL_GROUP, DELTA_GROUP)
 
 
 @dataclass(frozen=True)
@@ -44,10 +48,6 @@ class Config:
             raise ValueError(f"algorithm.weighting must be 'samples' or 'uniform', got {self.weighting!r}")
         if self.upload not in UPLOADS:
             raise ValueError(f"algorithm.upload must be one of {UPLOADS}, got {self.upload!r}")
-
-
-def is_float(array: np.ndarray) -> bool:
-    return bool(np.issubdtype(array.dtype, np.floating))
 
 
 def average(base: Arrays, uploads: Sequence[Arrays], weights: np.ndarray, as_delta: bool,
@@ -66,7 +66,14 @@ def average(base: Arrays, uploads: Sequence[Arrays], weights: np.ndarray, as_del
     return result
 
 
-class Server:
+def receive_model(payload: Payload, model: nn.Module) -> Arrays:
+    """Load the downlink's model group into the model; returns a copy of what was received."""
+    received = {name: array.copy() for name, array in payload.groups[MODEL_GROUP].dense.items()}
+    load_into(model, received)
+    return received
+
+
+class Server(BaseServer):
     """Holds the global model x and averages what the clients upload."""
 
     def __init__(self, config: Config, initial: Arrays, context: ServerContext) -> None:
@@ -75,7 +82,7 @@ class Server:
         self.model: Arrays = {name: array.copy() for name, array in initial.items()}
 
     def downlink(self, round_number: int, client_index: int) -> Payload:
-        return Payload(groups={"model": TensorGroup(dense=self.model)})
+        return Payload(groups={MODEL_GROUP: TensorGroup(dense=self.model)})
 
     def check_update(self, round_number: int, update: ClientUpdate) -> str:
         """What ``aggregate`` needs of an update (or a reason): the configured upload group, every model tensor."""
@@ -84,9 +91,9 @@ class Server:
     def uploaded(self, update: ClientUpdate) -> tuple[Arrays, bool]:
         """The arrays a client uploaded and whether they are deltas."""
         groups = update.payload.groups
-        if "model" in groups:
-            return dict(groups["model"].dense), False
-        return dict(groups["delta"].dense), True
+        if MODEL_GROUP in groups:
+            return dict(groups[MODEL_GROUP].dense), False
+        return dict(groups[DELTA_GROUP].dense), True
 
     def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         weights = weights_of(updates, self.config.weighting)
@@ -99,6 +106,12 @@ class Server:
     def evaluation_arrays(self) -> Arrays | None:
         return self.model
 
+    def global_model(self) -> Arrays:
+        return self.model
+
+    def set_global_model(self, arrays: Arrays) -> None:
+        self.model = arrays
+
     def state_dict(self) -> tuple[Arrays, dict[str, Any]]:
         return {f"model/{k}": v for k, v in self.model.items()}, {}
 
@@ -106,7 +119,7 @@ class Server:
         self.model = {k[len("model/"):]: v for k, v in arrays.items() if k.startswith("model/")}
 
 
-class Client:
+class Client(BaseClient):
     """Loads the received model, trains it through the loop unchanged, and uploads the result."""
 
     def __init__(self, config: Config, client_index: int) -> None:
@@ -115,27 +128,17 @@ class Client:
         self.received: Arrays = {}
 
     def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
-        self.received = {name: array.copy() for name, array in payload.groups["model"].dense.items()}
-        load_into(model, self.received)
-
-    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
-        return None
-
-    def after_backward(self, model: nn.Module) -> None:
-        return None
-
-    def after_step(self, model: nn.Module) -> None:
-        return None
+        self.received = receive_model(payload, model)
 
     def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
         trained = model_arrays(model)
-        if self.config.upload == "model":
-            return Payload(groups={"model": TensorGroup(dense=trained)})
+        if self.config.upload == MODEL_GROUP:
+            return Payload(groups={MODEL_GROUP: TensorGroup(dense=trained)})
         delta = {
             name: (value - self.received[name]) if is_float(value) else value
             for name, value in trained.items()
         }
-        return Payload(groups={"delta": TensorGroup(dense=delta)})
+        return Payload(groups={DELTA_GROUP: TensorGroup(dense=delta)})
 
     def state_dict(self) -> Arrays:
         return {}

@@ -41,11 +41,14 @@ from torch import nn
 
 from fedge.algorithms.base import (
     Arrays,
+    BaseClient,
+    BaseServer,
     ClientUpdate,
     LocalStats,
     Payload,
     ServerContext,
     lacking,
+    learned_floats,
     load_into,
     model_arrays,
 )
@@ -54,7 +57,6 @@ from fedge.algorithms.loop import TrainSettings
 from fedge.codec import TensorGroup
 
 NORM_FLOOR = 1e-6
-BUFFER_SUFFIXES = (".running_mean", ".running_var", ".num_batches_tracked")
 
 
 @dataclass(frozen=True)
@@ -104,18 +106,18 @@ def cosine_weights(deltas: Sequence[np.ndarray], sizes: Sequence[int], tau: floa
     return weights, kept
 
 
-class Server:
+class Server(BaseServer):
     """The global model, the cosine weighting, the participant selection and the warm-start c."""
 
     def __init__(self, config: Config, initial: Arrays, context: ServerContext) -> None:
         self.config = config
         self.context = context
         self.model: Arrays = {name: array.copy() for name, array in initial.items()}
-        layout, bn = context.layout, set(context.layout.batch_norm)
+        layout = context.layout
         layers = [names for names in layout.layers.values()]
         chosen = layers[-config.cos_layers:] if config.cos_layers else layers
-        self.cos_names = [n for names in chosen for n in names if is_float(initial[n])
-                          and not (n in bn and n.endswith(BUFFER_SUFFIXES))]
+        learned = set(learned_floats(layout, initial))
+        self.cos_names = [n for names in chosen for n in names if n in learned]
         self.boosted: dict[int, int] = {}
         self.warmed = not config.warm_start
         self.initial_c: Arrays = {}
@@ -185,7 +187,7 @@ class Server:
         self.c_sent = {int(i) for i in meta.get("c_sent", [])}
 
 
-class Client:
+class Client(BaseClient):
     """Drift-corrected local steps; c persists on the device; uploads the delta (or, warming up, the mean gradient)."""
 
     def __init__(self, config: Config, client_index: int) -> None:
@@ -221,9 +223,6 @@ class Client:
             own = self.c.get(name)
             self.c[name] = torch.zeros_like(parameter.detach()) if own is None else own.to(parameter)
         self.update_c = self.rounds % self.config.cv_every == 0
-
-    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
-        return None
 
     @torch.no_grad()
     def after_backward(self, model: nn.Module) -> None:

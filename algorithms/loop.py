@@ -45,9 +45,12 @@ class TrainSettings:
 
 
 class TrainingHooks(Protocol):
-    """The client half's hooks. ``before_training(model, inputs, labels, settings)`` is optional: called once
-    before the first step (SCAFFOLD's Option I gradient at the received model, fedcos's learning rate)."""
+    """The client half's hooks the loop calls (``algorithms.base.ClientHalf``; ``BaseClient`` gives each a no-op).
+    ``before_training`` is called once before the first step (SCAFFOLD's Option I gradient at the received model,
+    fedcos's learning rate)."""
 
+    def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                        settings: TrainSettings) -> None: ...
     def extra_loss(self, model: nn.Module) -> torch.Tensor | None: ...
     def after_backward(self, model: nn.Module) -> None: ...
     def after_step(self, model: nn.Module) -> None: ...
@@ -82,9 +85,7 @@ def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, la
     polled between steps: when it returns True, ``TrainingCancelled`` is raised. The loss is ``task``'s (default:
     the one ``settings.loss`` names)."""
     task = task or task_of(settings, labels)
-    prepare = getattr(hooks, "before_training", None)
-    if prepare is not None:
-        prepare(model, inputs, labels, settings)
+    hooks.before_training(model, inputs, labels, settings)
     model.train()
     generator = torch.Generator().manual_seed(seed)
     optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], settings)

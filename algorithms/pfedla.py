@@ -15,8 +15,8 @@ Decisions where the paper and its references are silent:
 - A layer is a module of ``context.layout.layers`` (weight and bias share one alpha row); its aggregated tensors are
   its float tensors minus the BatchNorm buffers. Personal tensors (BN running statistics, num_batches_tracked, any
   non-float tensor) are never sent down or up; they stay on the device untouched (one-hot self by construction).
-- The server tells BN buffers apart by name suffix within ``layout.batch_norm`` (running_mean, running_var,
-  num_batches_tracked), since the layout does not list parameters; the client uses ``named_parameters``.
+- The server tells BN buffers apart with the layout (``algorithms.base.learned_floats``); the client uses
+  ``named_parameters``.
 - A client that has never reported gets its retained layers too (from theta_i, the initial model): it has no local
   values of its own yet. From its second participation on they are absent from the downlink. A device without
   local state starts from fresh BN running statistics (mean 0, var 1, count 0), the same on every device.
@@ -40,18 +40,19 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedge.algorithms.base import (
     Arrays,
+    BaseClient,
+    BaseServer,
     ClientUpdate,
     LocalStats,
     Payload,
     ServerContext,
     lacking,
+    learned_floats,
     load_into,
     model_arrays,
 )
 from fedge.algorithms.hypernetwork import HyperNetwork, descend, layer_weights, mix, weight_gradient
 from fedge.codec import TensorGroup
-
-BUFFER_SUFFIXES = (".running_mean", ".running_var", ".num_batches_tracked")
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,7 @@ class HeurConfig(Config):
     k: int = 1
 
 
-def aggregated_names(initial: Arrays, names: Sequence[str], batch_norm: Sequence[str]) -> list[str]:
-    bn = set(batch_norm)
-    return [n for n in names if np.issubdtype(initial[n].dtype, np.floating)
-            and not (n in bn and n.endswith(BUFFER_SUFFIXES))]
-
-
-class Server:
+class Server(BaseServer):
     """theta_j of every client, one hypernetwork per client, no global model."""
 
     def __init__(self, config: Config, initial: Arrays, context: ServerContext) -> None:
@@ -90,8 +85,9 @@ class Server:
         self.context = context
         layout = context.layout
         self.layers: list[tuple[str, list[str]]] = []
+        learned = set(learned_floats(layout, initial))
         for module, names in layout.layers.items():
-            own = aggregated_names(initial, names, layout.batch_norm)
+            own = [name for name in names if name in learned]
             if own:
                 self.layers.append((module, own))
         if config.k > len(self.layers):
@@ -194,11 +190,13 @@ class Server:
         self.seen = {int(i) for i in meta.get("seen", [])}
 
 
-class Client:
+class Client(BaseClient):
     """Loads its own local model, then the personalised downlink; uploads trained - received per parameter.
     Predictions on the device use its model after local training (``inference_after_training``)."""
 
-    inference_after_training = True
+    @property
+    def inference_after_training(self) -> bool:
+        return True
 
     def __init__(self, config: Config, client_index: int) -> None:
         self.config = config
@@ -216,15 +214,6 @@ class Client:
         load_into(model, payload.groups["model"].dense)
         arrays = model_arrays(model)
         self.received = {name: arrays[name] for name, _ in model.named_parameters()}
-
-    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
-        return None
-
-    def after_backward(self, model: nn.Module) -> None:
-        return None
-
-    def after_step(self, model: nn.Module) -> None:
-        return None
 
     def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
         self.local = model_arrays(model)

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedge.algorithms import dssa, ef, fedavg, fedbn, fedcos, fedprox, heurpfedla, pfedla, scaffold
-from fedge.algorithms.base import Arrays, ServerContext, config_from_options
+from fedge.algorithms.base import Arrays, ClientHalf, ServerContext, ServerHalf, config_from_options
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,13 @@ REGISTRY: dict[str, AlgorithmSpec] = {
 }
 
 
+if TYPE_CHECKING:  # mypy checks every shipped half against the contract it is called through
+    SERVER_HALVES: tuple[type[ServerHalf], ...] = (fedavg.Server, fedbn.Server, scaffold.Server, pfedla.Server,
+                                                   fedcos.Server, dssa.Server, ef.Server)
+    CLIENT_HALVES: tuple[type[ClientHalf], ...] = (fedavg.Client, fedprox.Client, fedbn.Client, scaffold.Client,
+                                                   pfedla.Client, fedcos.Client, dssa.Client, ef.Client)
+
+
 def spec_of(name: str) -> AlgorithmSpec:
     if name not in REGISTRY:
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(REGISTRY))}")
@@ -52,17 +59,21 @@ def make_config(name: str, options: Mapping[str, Any]) -> Any:
     return spec.module.make_config(spec.base, options)
 
 
-def make_server(name: str, options: Mapping[str, Any], initial: Arrays, context: ServerContext) -> Any:
+def make_server(name: str, options: Mapping[str, Any], initial: Arrays, context: ServerContext) -> ServerHalf:
     spec = spec_of(name)
     config = make_config(name, options)
     if spec.base is None:
-        return spec.module.Server(config, initial, context)
-    return spec.module.Server(config, initial, context, spec.base)
+        server: ServerHalf = spec.module.Server(config, initial, context)
+    else:
+        server = spec.module.Server(config, initial, context, spec.base)
+    return server
 
 
-def make_client(name: str, options: Mapping[str, Any], client_index: int) -> Any:
+def make_client(name: str, options: Mapping[str, Any], client_index: int) -> ClientHalf:
     spec = spec_of(name)
     config = make_config(name, options)
     if spec.base is None:
-        return spec.module.Client(config, client_index)
-    return spec.module.Client(config, client_index, spec.base)
+        client: ClientHalf = spec.module.Client(config, client_index)
+    else:
+        client = spec.module.Client(config, client_index, spec.base)
+    return client

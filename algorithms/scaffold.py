@@ -38,13 +38,18 @@ from torch import nn
 
 from fedge.algorithms import fedavg
 from fedge.algorithms.base import (
+    DELTA_GROUP,
+    MODEL_GROUP,
     Arrays,
+    BaseClient,
+    BaseServer,
     ClientUpdate,
     LocalStats,
     ModelLayout,
     Payload,
     ServerContext,
     lacking,
+    learned_floats,
     mistyped,
     model_arrays,
 )
@@ -55,7 +60,6 @@ from fedge.codec import TensorGroup
 
 OPTIONS = ("II", "I")
 CORRECTIONS = ("update", "gradient")
-RUNNING_STATS = (".running_mean", ".running_var")
 
 
 @dataclass(frozen=True)
@@ -78,8 +82,7 @@ class Config:
 
 def control_names(layout: ModelLayout, initial: Arrays) -> list[str]:
     """The tensors that carry a control variate: float tensors that are not BatchNorm running statistics."""
-    running = {name for name in layout.batch_norm if name.endswith(RUNNING_STATS)}
-    return [name for name in layout.names if fedavg.is_float(initial[name]) and name not in running]
+    return learned_floats(layout, initial)
 
 
 def shifted(base: np.ndarray, arrays: Sequence[np.ndarray], weights: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -90,7 +93,7 @@ def shifted(base: np.ndarray, arrays: Sequence[np.ndarray], weights: Sequence[fl
     return total.astype(base.dtype)
 
 
-class Server:
+class Server(BaseServer):
     """Holds the global model x and the global control variate c."""
 
     def __init__(self, config: Config, initial: Arrays, context: ServerContext) -> None:
@@ -103,18 +106,18 @@ class Server:
 
     def downlink(self, round_number: int, client_index: int) -> Payload:
         meta = {} if self.lr is None else {"lr": self.lr}
-        return Payload(groups={"model": TensorGroup(dense=self.model), "control": TensorGroup(dense=self.control)},
+        return Payload(groups={MODEL_GROUP: TensorGroup(dense=self.model), "control": TensorGroup(dense=self.control)},
                        meta=meta)
 
     def check_update(self, round_number: int, update: ClientUpdate) -> str:
         """What ``aggregate`` needs of an update (or a reason): every model tensor as a delta, every control
         variate's change, and a numeric learning rate."""
-        return lacking(update.payload, {"delta": self.model, "control": self.control}) or \
+        return lacking(update.payload, {DELTA_GROUP: self.model, "control": self.control}) or \
             mistyped(update.payload, {"lr": (int, float), "steps": int})
 
     def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         weights = base_weights(updates, self.config.weighting) * self.config.global_lr
-        deltas = [update.payload.groups["delta"].dense for update in updates]
+        deltas = [update.payload.groups[DELTA_GROUP].dense for update in updates]
         controls = [update.payload.groups["control"].dense for update in updates]
         for name, value in self.model.items():
             uploaded = [np.asarray(delta[name]) for delta in deltas]
@@ -133,6 +136,12 @@ class Server:
 
     def evaluation_arrays(self) -> Arrays | None:
         return self.model
+
+    def global_model(self) -> Arrays:
+        return self.model
+
+    def set_global_model(self, arrays: Arrays) -> None:
+        self.model = arrays
 
     def state_dict(self) -> tuple[Arrays, dict[str, Any]]:
         arrays = {f"model/{k}": v for k, v in self.model.items()}
@@ -171,13 +180,13 @@ def full_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
     return grads
 
 
-class Client(fedavg.Client):
+class Client(BaseClient):
     """Trains with the (c - c_i) correction and keeps its own control variate c_i on the device."""
 
-    config: Config  # type: ignore[assignment]  # SCAFFOLD's Config replaces FedAvg's (no `upload` option)
-
     def __init__(self, config: Config, client_index: int) -> None:
-        super().__init__(config, client_index)  # type: ignore[arg-type]
+        self.config = config
+        self.client_index = client_index
+        self.received: Arrays = {}
         self.own: Arrays = {}
         self.last_lr: float | None = None
         self.reset_round({})
@@ -191,7 +200,7 @@ class Client(fedavg.Client):
         self.difference: dict[str, torch.Tensor] = {}
 
     def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
-        super().on_receive(round_number, payload, model)
+        self.received = fedavg.receive_model(payload, model)
         control = {name: np.array(value, copy=True) for name, value in payload.groups["control"].dense.items()}
         self.reset_round(control, payload.meta.get("lr"))
         params = dict(model.named_parameters())
@@ -207,7 +216,7 @@ class Client(fedavg.Client):
         self.settings_lr = settings.lr
         if self.config.option == "I":
             self.gradient_at_x = full_gradient(model, inputs, labels, settings.batch_size,
-                                               task_of(settings, labels) if hasattr(settings, "loss") else None)
+                                               task_of(settings, labels))
 
     def freeze(self, frozen: Mapping[str, np.ndarray]) -> None:
         """Coordinates (True) whose c_i stays unchanged this round; called after ``on_receive``."""

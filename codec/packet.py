@@ -96,7 +96,7 @@ def encode_header(message: Message) -> bytes:
                               "r": message.round, "s": message.sender}
     for attr, key, _kind in HEADER_FIELDS[cls]:
         header[key] = getattr(message, attr)
-    packed = msgpack.packb(header, use_bin_type=True)
+    packed: bytes = msgpack.packb(header, use_bin_type=True)
     if len(packed) > DEFAULT_LIMITS.max_header_bytes:
         raise TooLarge(f"the header is {len(packed)} bytes, over Limits.max_header_bytes = "
                        f"{DEFAULT_LIMITS.max_header_bytes}")

@@ -19,7 +19,6 @@ from fedge.codec.errors import Limits, Malformed, ShapeMismatch, TooLarge
 
 MAX_NAME_BYTES = 1024
 MAX_NDIM = 32
-MAX_U64 = (1 << 64) - 1
 MAX_I64 = (1 << 63) - 1
 
 

@@ -63,7 +63,8 @@ def rotate_left(rows: U8) -> U8:
     """(n, w) value bytes -> the same values with each w-byte little-endian word rotated left by one bit."""
     words = np.ascontiguousarray(rows).reshape(-1).view(WORD[rows.shape[1]])
     top = 8 * rows.shape[1] - 1
-    return ((words << 1) | (words >> top)).view(np.uint8).reshape(rows.shape)
+    rotated: U8 = ((words << 1) | (words >> top)).view(np.uint8).reshape(rows.shape)
+    return rotated
 
 
 @dataclass(frozen=True)

@@ -91,9 +91,6 @@ class LocalFleet:
             self.launch(agent)
         log.info("started %d local agents", len(self.agents))
 
-    def exited(self) -> dict[str, int]:
-        return {cid: p.returncode for cid, p in self.processes.items() if p.poll() is not None}
-
     def tail(self, agent: AgentSpec) -> str:
         """The last lines the agent wrote (stderr, then its log), for the coordinator's log."""
         for name in ("agent.stderr", "agent.log"):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedge import codec
-from fedge.algorithms.base import ClientUpdate, Payload
+from fedge.algorithms.base import ClientUpdate, Payload, ServerHalf
 from fedge.codec import vocabulary as words
 from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.records import check_update
@@ -116,7 +116,7 @@ class CoordinatorProtocol:
     ``evaluate``)."""
 
     def __init__(self, run_id: str, model_hash: str, shapes: dict[str, tuple[int, ...]], registry: AgentRegistry,
-                 server: Any, welcome_fields: Callable[[int], dict[str, Any]],
+                 server: ServerHalf, welcome_fields: Callable[[int], dict[str, Any]],
                  task_flags: Callable[[int], dict[str, bool]] | None = None,
                  limiter: RejectionLimiter | None = None) -> None:
         self.run_id = run_id
@@ -241,14 +241,10 @@ class CoordinatorProtocol:
     def server_check(self, index: int, update: codec.Update) -> str:
         """The server half's own rule for what its aggregate needs of an update (every group and tensor it reads,
         the meta keys it converts), so a lacking update is refused here, never failing inside an aggregate."""
-        check = getattr(self.server, "check_update", None)
-        if check is None:
-            return ""
         agent = self.registry.by_index(index)
-        return str(check(update.round, ClientUpdate(client_id=agent.client_id, index=index,
-                                                    num_samples=update.num_samples,
-                                                    payload=Payload(groups=dict(update.groups),
-                                                                    meta=dict(update.meta)))))
+        return self.server.check_update(update.round, ClientUpdate(
+            client_id=agent.client_id, index=index, num_samples=update.num_samples,
+            payload=Payload(groups=dict(update.groups), meta=dict(update.meta))))
 
     def on_bye(self, client_id: str, index: int, bye: codec.Bye) -> list[Event]:
         """The agent leaves: it is no longer awaited in the round in progress."""
@@ -281,9 +277,7 @@ class CoordinatorProtocol:
         return []
 
     def forget(self, index: int) -> None:
-        forget = getattr(self.server, "forget", None)
-        if forget is not None:
-            forget(index)
+        self.server.forget(index)
 
     # ------------------------------------------------------------------------------------------ the round
     def open_round(self, number: int, selected: Sequence[int], now: float, deadline_s: float) -> list[Event]:

@@ -174,8 +174,7 @@ class Session:
     # ----------------------------------------------------------------------------------------- the round
     def select(self, round_number: int, available: list[int]) -> list[int]:
         rng = np.random.default_rng([self.config.run.seed, round_number])
-        chooser = getattr(self.server, "select", None)
-        chosen = chooser(round_number, available, rng) if chooser is not None else None
+        chosen = self.server.select(round_number, available, rng)
         if chosen is not None:
             return sorted(int(i) for i in chosen)
         r = self.config.round
@@ -225,9 +224,7 @@ class Session:
         missing = [i for i in current.selected if i not in current.updates]
         if missing:
             log.warning("round %d: no update from client(s) %s before the deadline", number, missing)
-            notify = getattr(self.server, "missed", None)
-            if notify is not None:
-                notify(number, missing)
+            self.server.missed(number, missing)
         ordered = sorted(current.updates.items())
         updates = [ClientUpdate(client_id=self.registry.by_index(i).client_id, index=i, num_samples=u.num_samples,
                                 payload=Payload(groups=dict(u.groups), meta=dict(u.meta)))
@@ -284,8 +281,7 @@ class Session:
         if arrays is not None:
             row.update({f"test_{name}": value for name, value in self.evaluator(dict(arrays)).items()},
                        eval_source="coordinator")
-        pruned = getattr(self.server, "pruned_evaluation_arrays", None)
-        pruned_arrays = pruned() if pruned is not None else None
+        pruned_arrays = self.server.pruned_evaluation_arrays()
         if pruned_arrays is not None:
             row["test_accuracy_pruned"] = self.evaluator(dict(pruned_arrays))["accuracy"]
 

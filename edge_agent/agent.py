@@ -28,7 +28,7 @@ from fedge.algorithms.loop import TrainingCancelled, round_seed, train_local
 from fedge.algorithms.task import evaluate_task
 from fedge.edge_agent.config import AgentSettings
 from fedge.edge_agent.data import DeviceData
-from fedge.edge_agent.joining import Refused, Session, data_tensors, join_session
+from fedge.edge_agent.joining import JoinedSession, Refused, data_tensors, join_session
 from fedge.edge_agent.metering import mask_figures, tcp_peer
 from fedge.edge_agent.protocol import (
     Action,
@@ -80,7 +80,7 @@ class Agent:
         self.data = data or DeviceData.open(settings.data)  # first: bad data is refused before anything is written
         self.state = DeviceState(settings.state_dir)
         self.device = self.pick_device(settings.device)
-        self.session: Session | None = None
+        self.session: JoinedSession | None = None
         self.worker: threading.Thread | None = None
         self.outcome: Outcome | None = None
         self.protocol = AgentProtocol(settings.client_id, settings.hello_interval_s)
@@ -123,15 +123,15 @@ class Agent:
         self.protocol.joined(session.run_id, session.index, session.heartbeat_s, session.liveness_s)
         self.begin_session(session)
 
-    def join(self, welcome: codec.Welcome) -> Session:
+    def join(self, welcome: codec.Welcome) -> JoinedSession:
         """The session the welcome describes (``edge_agent.joining``), with this device's data as tensors."""
         session, self.tensors = join_session(self.settings, self.data, self.device, welcome)
         return session
 
-    def load_tensors(self, session: Session, data: DeviceData) -> None:
+    def load_tensors(self, session: JoinedSession, data: DeviceData) -> None:
         self.tensors = data_tensors(session, data, self.device)
 
-    def begin_session(self, session: Session) -> None:
+    def begin_session(self, session: JoinedSession) -> None:
         count = int(self.tensors.labels.shape[0])
         batch_size = session.train.batch_size
         sizes = [batch_size] + ([count % batch_size] if count % batch_size else [])
@@ -153,7 +153,7 @@ class Agent:
                                        name=f"train-round-{task.round}")
         self.worker.start()
 
-    def train_round(self, session: Session, task: codec.Task, decode_cpu_s: float) -> None:
+    def train_round(self, session: JoinedSession, task: codec.Task, decode_cpu_s: float) -> None:
         meter = self.meter
         try:
             if self.settings.data_refresh == "every-task" and self.data.from_callable:
@@ -166,7 +166,7 @@ class Agent:
                 session.client.load_state_dict(self.state.committed(session.run_id))
                 payload = Payload(groups=dict(task.groups), meta=dict(task.meta))
                 session.client.on_receive(task.round, payload, session.model)
-            after_training = bool(getattr(session.client, "inference_after_training", False))
+            after_training = session.client.inference_after_training
             inference = None if after_training else model_arrays(session.model)
             extra: dict[str, Any] = {}
             if (task.personal_eval or task.evaluate) and self.tensors.test_labels.numel():
@@ -226,7 +226,7 @@ class Agent:
             return self.train_steps
         return self.progress + self.train_steps
 
-    def inference_meta(self, session: Session) -> dict[str, Any]:
+    def inference_meta(self, session: JoinedSession) -> dict[str, Any]:
         """What ``edge-agent predict`` needs beside the weights: the model spec and hash, the normalisation the
         device trained with, and the algorithm."""
         return {"model": dict(session.welcome.model), "model_hash": session.welcome.model_hash,
@@ -242,7 +242,7 @@ class Agent:
         self.meter.begin_round(round_number + 1)
         return record
 
-    def update_message(self, session: Session, round_number: int, update: Payload,
+    def update_message(self, session: JoinedSession, round_number: int, update: Payload,
                        fields: dict[str, Any]) -> codec.Update:
         """The uplink: the client half's groups and meta (their body is encoded once, in the metered encode
         phase) and the runtime's fields, the meter's record of the round among them (in the header)."""

@@ -30,7 +30,7 @@ from fedge.plugins import PluginError, PluginRef, check_allowed, describe, versi
 
 
 @dataclass
-class Session:
+class JoinedSession:
     """What the welcome told this agent, and what it built from it."""
 
     run_id: str
@@ -86,7 +86,7 @@ def check_plugins(settings: AgentSettings, described: Mapping[str, Any], spec: M
             raise Refused(words.PLUGIN_MISMATCH, problem)
 
 def join_session(settings: AgentSettings, data: DeviceData, device: torch.device,
-                 welcome: codec.Welcome) -> tuple[Session, Tensors]:
+                 welcome: codec.Welcome) -> tuple[JoinedSession, Tensors]:
     """The session the welcome describes, built after every check; Refused naming what does not fit."""
     try:
         spec = ModelSpec.from_dict(welcome.model)
@@ -117,7 +117,7 @@ def join_session(settings: AgentSettings, data: DeviceData, device: torch.device
         client = make_client(welcome.algorithm, dict(welcome.algorithm_options), welcome.client_index)
     except (KeyError, TypeError, ValueError) as exc:
         raise Refused(words.BAD_WELCOME, f"cannot build the client half of {welcome.algorithm!r}: {exc}") from None
-    session = Session(run_id=welcome.run_id, index=welcome.client_index, welcome=welcome, model=model,
+    session = JoinedSession(run_id=welcome.run_id, index=welcome.client_index, welcome=welcome, model=model,
                       client=client, train=train, task=task, mean=tuple(float(v) for v in mean),
                       std=tuple(float(v) for v in std), heartbeat_s=welcome.heartbeat_s,
                       liveness_s=welcome.liveness_s)
@@ -131,7 +131,7 @@ def join_session(settings: AgentSettings, data: DeviceData, device: torch.device
         raise Refused(words.DATA_MISMATCH, str(exc)) from None
     return session, tensors
 
-def data_tensors(session: Session, data: DeviceData, device: torch.device) -> Tensors:
+def data_tensors(session: JoinedSession, data: DeviceData, device: torch.device) -> Tensors:
     """The device's arrays as normalised tensors (the session's statistics), on the training device."""
     limit = session.welcome.train_limit
     count = data.train_y.shape[0] if limit <= 0 else min(limit, data.train_y.shape[0])

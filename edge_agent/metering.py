@@ -7,19 +7,18 @@ offers ``trainable_masks()``) and open no socket.
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import numpy as np
 import torch
 
+from fedge.algorithms.base import ClientHalf
 from fedge.meter import densities_from_masks, mask_elements
 
 
-def mask_figures(client: Any, model: torch.nn.Module) -> tuple[int | None, dict[str, float] | None]:
+def mask_figures(client: ClientHalf, model: torch.nn.Module) -> tuple[int | None, dict[str, float] | None]:
     """The mask's own claim of updated elements and per-weight trainable densities, when the algorithm's client half
     trains a masked subset (``trainable_masks()``, e.g. DSSA); (None, None) otherwise."""
-    masks_of = getattr(client, "trainable_masks", None)
-    masks = masks_of() if masks_of is not None else None
+    masks = client.trainable_masks()
     if not masks:
         return None, None
     tensors = {name: torch.from_numpy(np.ascontiguousarray(mask)) for name, mask in masks.items()}

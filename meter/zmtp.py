@@ -53,12 +53,6 @@ def message_bytes(frames: Iterable[int], mechanism: Mechanism = "NULL") -> int:
     return sum(frame_bytes(size, mechanism) for size in frames)
 
 
-def framing_overhead(frames: Iterable[int], mechanism: Mechanism = "NULL") -> int:
-    """Bytes added by framing (and encryption) on top of the frame payloads."""
-    sizes = list(frames)
-    return message_bytes(sizes, mechanism) - sum(sizes)
-
-
 def properties_bytes(socket_type: str, identity: bytes = b"", metadata: Mapping[str, bytes] | None = None) -> int:
     """Encoded size of the metadata properties a libzmq socket announces in its READY (or CURVE INITIATE/READY).
 

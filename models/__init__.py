@@ -16,7 +16,6 @@ from fedge.models.registry import (
 from fedge.models.state import (
     arrays_to_state,
     batch_norm_names,
-    float_names,
     layer_groups,
     prunable_names,
     state_to_arrays,
@@ -24,6 +23,6 @@ from fedge.models.state import (
 
 __all__ = [
     "MODELS", "PAN_MODES", "SUPPORTED_INPUT_SHAPES", "ModelSpec", "PanSpec", "PositionEncoding",
-    "arrays_to_state", "batch_norm_names", "build", "definition_hash", "describe_models", "float_names",
+    "arrays_to_state", "batch_norm_names", "build", "definition_hash", "describe_models",
     "layer_groups", "parameter_count", "prunable_names", "state_to_arrays",
 ]

@@ -70,8 +70,3 @@ def layer_groups(model: nn.Module) -> dict[str, list[str]]:
         if own:
             groups[module_name] = own
     return groups
-
-
-def float_names(arrays: dict[str, np.ndarray]) -> list[str]:
-    """Names of floating-point tensors (the ones that are averaged); integer buffers are handled apart."""
-    return [n for n, a in arrays.items() if np.issubdtype(a.dtype, np.floating)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -21,12 +20,9 @@ DATA = client_data(TINY_MLP, 4, samples=32)
 PATTERN = [[0, 1, 2, 3], [0, 1], [0, 1, 2], [1], [0, 1], [3, 0], [2], [0, 1, 2, 3]]
 
 
-@pytest.fixture(autouse=True)
-def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def test_the_ef_names_are_registered_over_their_bases() -> None:
     for name, base in (("ef-fedavg", fedavg), ("ef-fedprox", fedprox)):
-        if name not in REGISTRY:
-            monkeypatch.setitem(REGISTRY, name, AlgorithmSpec(ef, base))
-    yield
+        assert REGISTRY[name] == AlgorithmSpec(ef, base)
 
 
 class ReplicaCheck:

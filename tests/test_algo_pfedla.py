@@ -4,7 +4,6 @@ tiny models, CPU."""
 from __future__ import annotations
 
 import json
-import types
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -30,14 +29,8 @@ from fedge.simulation import inprocess
 MLP = ModelSpec(name="mlp", input_shape=(1, 8, 8), num_classes=4)
 BN_CNN = ModelSpec(name="cnn-bn", input_shape=(1, 8, 8), num_classes=4)
 SETTINGS = TrainSettings(epochs=1, batch_size=16, lr=0.05, optimizer="sgd")
-HEUR = types.ModuleType("heurpfedla")
-HEUR.Config, HEUR.Server, HEUR.Client = pfedla.HeurConfig, pfedla.Server, pfedla.Client  # type: ignore[attr-defined]
-
-
 @pytest.fixture(autouse=True)
-def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setitem(registry.REGISTRY, "pfedla", registry.AlgorithmSpec(pfedla))
-    monkeypatch.setitem(registry.REGISTRY, "heurpfedla", registry.AlgorithmSpec(HEUR))
+def one_thread() -> Iterator[None]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -423,3 +416,10 @@ def test_hypernetworks_learn_which_clients_share_classes(seed: int) -> None:
     partner = np.mean([final[i, i ^ 1] - initial[i, i ^ 1] for i in range(8)])
     assert not any(partner_above_others(initial))
     assert partner > 0.02
+
+
+def test_heurpfedla_is_the_shipped_module() -> None:
+    from fedge.algorithms import heurpfedla
+
+    assert registry.REGISTRY["heurpfedla"].module is heurpfedla and heurpfedla.Config is pfedla.HeurConfig
+    assert registry.make_config("heurpfedla", {}).k == 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,11 +18,8 @@ from fedge.simulation.inprocess import Fleet, global_arrays, make_fleet, run_rou
 from tests.algo_helpers import ADAM, SGD, TINY_MLP, client_data, max_difference
 
 
-@pytest.fixture(autouse=True)
-def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    if "scaffold" not in REGISTRY:
-        monkeypatch.setitem(REGISTRY, "scaffold", AlgorithmSpec(scaffold))
-    yield
+def test_scaffold_is_registered() -> None:
+    assert REGISTRY["scaffold"] == AlgorithmSpec(scaffold)
 
 
 def mean_own(fleet: Fleet) -> dict[str, np.ndarray]:

@@ -144,3 +144,24 @@ def test_a_user_project_with_its_own_models_and_codec_runs_a_local_fleet(procs: 
     rows = metrics(run_dir)
     assert [r["round"] for r in rows] == [1, 2] and all(r["reported"] == 2 for r in rows), rows
     assert sys.modules.get("codec") is None
+
+
+def test_the_declared_licence_ships_as_a_file() -> None:
+    root = Path(__file__).resolve().parents[1]
+    declared = (root / "pyproject.toml").read_text()
+    assert 'license = { text = "Apache-2.0" }' in declared
+    text = (root / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+
+
+def test_the_readme_names_every_hook_of_the_algorithm_contract() -> None:
+    from fedge.algorithms.base import ClientHalf, ServerHalf
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("**Adding an algorithm.**"):]
+    section = section[:section.index("\n\n", section.index("test its invariants"))]
+    for protocol in (ServerHalf, ClientHalf):
+        hooks = [name for name in vars(protocol) if not name.startswith("_")]
+        assert len(hooks) >= 10
+        missing = [name for name in hooks if f"`{name}`" not in section]
+        assert not missing, f"README's 'Adding an algorithm' does not name {missing} of {protocol.__name__}"
