@@ -14,7 +14,7 @@ import dataclasses
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -31,8 +31,30 @@ MODEL_GROUP = "model"
 DELTA_GROUP = "delta"
 UPDATE_GROUPS = (MODEL_GROUP, DELTA_GROUP)
 
-if TYPE_CHECKING:
-    from fedge.algorithms.loop import TrainSettings
+
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Local training settings sent by the coordinator: epochs, batch size, optimizer and its rates."""
+
+    epochs: int = 1
+    batch_size: int = 64
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    loss: str = "cross_entropy"
+    class_weights: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "class_weights", tuple(float(w) for w in self.class_weights))
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"train.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ValueError("train.epochs and train.batch_size must be >= 1 and train.lr > 0")
 
 
 @dataclass(frozen=True)

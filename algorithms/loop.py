@@ -9,7 +9,6 @@ BatchNorm (training-mode BN cannot normalise a single sample). Must not know soc
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -17,31 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedge.algorithms.base import LocalStats
+from fedge.algorithms.base import LocalStats, TrainSettings
 from fedge.algorithms.task import Task, make_task
-
-OPTIMIZERS = ("sgd", "adam", "adamw")
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Local training settings sent by the coordinator: epochs, batch size, optimizer and its rates."""
-
-    epochs: int = 1
-    batch_size: int = 64
-    lr: float = 1e-3
-    optimizer: str = "adam"
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    loss: str = "cross_entropy"
-    class_weights: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "class_weights", tuple(float(w) for w in self.class_weights))
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"train.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError("train.epochs and train.batch_size must be >= 1 and train.lr > 0")
 
 
 class TrainingHooks(Protocol):

@@ -34,9 +34,9 @@ from fedge.coordinator.transport import (
     RouterTransport,
     generate_keys,
 )
-from fedge.edge_agent.logsetup import setup_logging
-from fedge.edge_agent.transport import AGENT_KEY
 from fedge.models import ModelSpec
+from fedge.plumbing.keys import AGENT_KEY
+from fedge.plumbing.logsetup import setup_logging
 
 log = logging.getLogger("fedge.coordinator")
 
@@ -250,7 +250,7 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
         signal.signal(signal.SIGINT, stop)
     log.info("coordinator listening on %s (CurveZMQ %s)", transport.endpoint, "on" if curve else "off")
     started = time.monotonic()
-    from fedge.edge_agent.service import ServiceNotifier
+    from fedge.plumbing.service import ServiceNotifier
 
     with ServiceNotifier(lambda: session.progress) if service else contextlib.nullcontext():
         fleet.start()

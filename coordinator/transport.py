@@ -15,13 +15,12 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from fedge.edge_agent.transport import generate_keys
+from fedge.plumbing.keys import COORDINATOR_KEY, generate_keys
 
 log = logging.getLogger("fedge.coordinator.transport")
 
-__all__ = ["AllowList", "CurveServerKeys", "RouterTransport", "generate_keys"]
+__all__ = ["COORDINATOR_KEY", "AllowList", "CurveServerKeys", "RouterTransport", "generate_keys"]
 
-COORDINATOR_KEY = "coordinator"
 ALLOWED_DIR = "allowed"
 
 

@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_agent(args: argparse.Namespace) -> int:
     from fedge.edge_agent.config import load_settings
-    from fedge.edge_agent.logsetup import setup_logging
+    from fedge.plumbing.logsetup import setup_logging
 
     setup_logging(json_lines=args.log_json, log_file=args.log_file)
     settings = load_settings(args.config, {
@@ -84,7 +84,7 @@ def run_agent(args: argparse.Namespace) -> int:
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     from fedge.edge_agent.agent import Agent
-    from fedge.edge_agent.service import ServiceNotifier
+    from fedge.plumbing.service import ServiceNotifier
 
     agent = Agent(settings, parent_pid=args.parent_pid)
 
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "keygen":
-            from fedge.edge_agent.transport import AGENT_KEY, generate_keys
+            from fedge.plumbing.keys import AGENT_KEY, generate_keys
 
             public, secret = generate_keys(args.keys_dir, AGENT_KEY, force=args.force)
             print(f"wrote {public} (public: give it to the coordinator's allow-list) and {secret} (keep private)")

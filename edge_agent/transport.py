@@ -9,7 +9,6 @@ the codec, algorithms, models or torch.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +16,10 @@ import zmq
 import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
+from fedge.plumbing.keys import AGENT_KEY
+
 log = logging.getLogger("fedge.agent.transport")
 
-AGENT_KEY = "agent"
 
 
 @dataclass(frozen=True)
@@ -40,50 +40,6 @@ class CurveClientKeys:
         if secret is None:
             raise ValueError(f"{secret_file} holds no secret key")
         return cls(public=public, secret=secret, server_public=server_public)
-
-
-def _key_file(public: bytes, secret: bytes | None) -> bytes:
-    """pyzmq's certificate layout (what ``zmq.auth.load_certificate`` reads)."""
-    kind = "Secret" if secret is not None else "Public"
-    lines = [f"#   ZeroMQ CURVE **{kind}** Certificate, written by Fedge", "", "metadata", "curve",
-             f'    public-key = "{public.decode()}"']
-    if secret is not None:
-        lines.append(f'    secret-key = "{secret.decode()}"')
-    return ("\n".join(lines) + "\n").encode()
-
-
-def _write_new(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to a fresh temporary file created with ``mode`` (so a secret is never readable by others, not
-    even for a moment), fsync it, then rename it over ``path``."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, mode)  # the umask may have taken bits away, never added any
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-def generate_keys(keys_dir: str | Path, name: str, force: bool = False) -> tuple[Path, Path]:
-    """Write NAME.key (public, 0644) and NAME.key_secret (0600 from its creation) in keys_dir, pyzmq's certificate
-    layout; returns both paths. An existing pair is refused unless ``force``: a new pair locks out every peer that
-    holds the old public key."""
-    keys_dir = Path(keys_dir)
-    public_path, secret_path = keys_dir / f"{name}.key", keys_dir / f"{name}.key_secret"
-    existing = [str(p) for p in (public_path, secret_path) if p.exists()]
-    if existing and not force:
-        raise FileExistsError(f"{' and '.join(existing)} already exist; pass --force to replace the key pair "
-                              "(peers holding the old public key will be refused)")
-    keys_dir.mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.curve_keypair()
-    _write_new(secret_path, _key_file(public, secret), 0o600)
-    _write_new(public_path, _key_file(public, None), 0o644)
-    return public_path, secret_path
 
 
 HANDSHAKE_FAILURES: dict[int, str] = {

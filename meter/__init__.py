@@ -7,7 +7,7 @@ used only by the tests. ``meter.report`` (matplotlib) is imported on demand, not
 """
 
 from fedge.meter.agent import DIRECTIONS, AgentMeter
-from fedge.meter.energy import ENERGY_CHOICES, EnergyIntegrator, EnergySource, Sampler, open_energy_source
+from fedge.meter.energy import ENERGY_CHOICES, EnergyIntegrator, EnergySource, Sampler
 from fedge.meter.external import CpuModelSource, MeterLog, attach_log_energy
 from fedge.meter.figure import Figure, IncomparableFigures
 from fedge.meter.flops import (
@@ -28,6 +28,7 @@ from fedge.meter.net import (
 from fedge.meter.pmic import PmicSource, parse_pmic_adc
 from fedge.meter.record import PHASES, attribute_energy, round_totals
 from fedge.meter.sensors import Ina2xxSource, JetsonHwmonSource, JetsonIioSource, RaplSource
+from fedge.meter.sources import open_energy_source
 from fedge.meter.sysfs import NoReadAccess, Root, SensorError, SensorMissing
 from fedge.meter.zmtp import connection_handshake, handshake_bytes, message_bytes, ready_bytes
 

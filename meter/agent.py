@@ -14,7 +14,6 @@ import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,39 +22,16 @@ from torch import nn
 
 from fedge.meter import flops as fl
 from fedge.meter import zmtp
-from fedge.meter.energy import EnergyIntegrator, EnergySource, Sampler, Tally, open_energy_source
-from fedge.meter.net import TcpCounters, interface_counters, tcp_counters_to, wire_bytes_estimate
-from fedge.meter.process import ContextWatch, CpuClock, PeakRss, cpu_clock
+from fedge.meter.energy import EnergyIntegrator, EnergySource, Sampler
+from fedge.meter.net import interface_counters, tcp_counters_to, wire_bytes_estimate
+from fedge.meter.process import ContextWatch, PeakRss, cpu_clock
 from fedge.meter.record import build_record, host_identity
+from fedge.meter.sources import open_energy_source
 from fedge.meter.sysfs import Root
+from fedge.meter.window import PhaseTally, RoundWindow
 
 DIRECTIONS: tuple[str, ...] = ("down", "up")
 _PHASE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-
-
-@dataclass
-class _Phase:
-    cpu_s: float = 0.0
-    thread_s: float = 0.0
-    wall_s: float = 0.0
-    rss_peak: int = 0
-    energy_j: float | None = 0.0
-
-
-@dataclass
-class _Round:
-    number: int
-    t_start: float
-    clock: CpuClock
-    energy: Tally | None
-    tcp: dict[tuple[str, int], TcpCounters] | None
-    iface: tuple[int, int] | None
-    rss_peak: int = 0
-    phases: dict[str, _Phase] = field(default_factory=dict)
-    open_phases: dict[str, int] = field(default_factory=dict)
-    counts: dict[str, float] = field(default_factory=dict)
-    training: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
 
 
 class AgentMeter:
@@ -80,7 +56,7 @@ class AgentMeter:
             self.sampler.callbacks.insert(0, lambda: integrator.sample(force=False))
             integrator.sample()
         self.tcp_remote: tuple[str, int] | None = None
-        self._round: _Round | None = None
+        self._round: RoundWindow | None = None
         self._pending: dict[str, float] = {}
 
     # lifecycle -------------------------------------------------------------------------------------------------
@@ -117,7 +93,7 @@ class AgentMeter:
         self.rss.take()
         self.context.take()
         counters = interface_counters(self.root).get(self.iface) if self.iface else None
-        self._round = _Round(
+        self._round = RoundWindow(
             number=int(round_number), t_start=time.time(), clock=cpu_clock(),
             energy=self.integrator.tally() if self.integrator else None,
             tcp=tcp_counters_to(self.tcp_remote) if self.tcp_remote else None,
@@ -145,7 +121,7 @@ class AgentMeter:
             end = cpu_clock()
             self._rss_boundary(current)
             del current.open_phases[name]
-            stats = current.phases.setdefault(name, _Phase())
+            stats = current.phases.setdefault(name, PhaseTally())
             stats.cpu_s += (end.user + end.system) - (start.user + start.system)
             stats.thread_s += end.thread - start.thread
             stats.wall_s += end.wall - start.wall
@@ -231,16 +207,16 @@ class AgentMeter:
     def energy_constants(self) -> str | None:
         return json.dumps(self.source.constants(), sort_keys=True) if self.source else None
 
-    def _current(self) -> _Round:
+    def _current(self) -> RoundWindow:
         if self._round is None:
             raise RuntimeError("no round is open; call begin_round(round_number) first")
         return self._round
 
-    def _rss_boundary(self, current: _Round) -> None:
+    def _rss_boundary(self, current: RoundWindow) -> None:
         peak = self.rss.take()
         current.rss_peak = max(current.rss_peak, peak)
         for name in current.open_phases:
-            stats = current.phases.setdefault(name, _Phase())
+            stats = current.phases.setdefault(name, PhaseTally())
             stats.rss_peak = max(stats.rss_peak, peak)
 
     def _count(self, direction: str, values: Mapping[str, float]) -> None:

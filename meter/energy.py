@@ -4,7 +4,7 @@ An ``EnergySource`` reads either instantaneous power in watts (``mode = "power"`
 or a cumulative energy in joules since it was opened (``mode = "energy"``: RAPL with its wraparound handled, the CPU
 model). ``EnergyIntegrator`` integrates power with the trapezoid rule and takes deltas of energy, counting samples,
 the largest gap and read errors. ``Sampler`` is the background thread that calls it (and any context readers) at a
-stated rate and stops cleanly. ``open_energy_source`` picks a source: explicitly, or ``"auto"`` in the order
+stated rate and stops cleanly. ``meter.sources.open_energy_source`` picks a source: explicitly, or ``"auto"`` in the order
 RAPL, Jetson INA3221 (JetPack 5/6 hwmon, then JetPack 4 IIO), ina2xx hwmon, Pi 5 PMIC, and only then the labelled CPU
 model, recording why each measured source was passed over. Must not import torch, zmq or any Fedge package.
 """
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fedge.meter.figure import Kind
-from fedge.meter.sysfs import Root, SensorError
 
 Mode = Literal["power", "energy"]
 ENERGY_CHOICES: tuple[str, ...] = ("auto", "rapl", "jetson", "ina2xx", "pmic", "estimate", "none")
@@ -143,46 +142,3 @@ class Sampler:
                 except Exception as error:  # noqa: BLE001 - a sensor hiccup must not kill the sampler
                     if len(self.failures) < 20:
                         self.failures.append(f"{getattr(callback, '__qualname__', callback)}: {error}")
-
-
-def open_energy_source(choice: str | EnergySource = "auto", root: Root | None = None,
-                       vcgencmd: str = "vcgencmd", estimate: dict[str, Any] | None = None,
-                       ) -> tuple[EnergySource | None, list[str]]:
-    """The energy source to use and notes on how it was chosen.
-
-    An explicit sensor name that cannot be read raises ``SensorError`` (never silently replaced by an estimate).
-    ``"auto"`` tries the measured sources in order, probing each with one read, and falls back to the CPU model
-    (``estimate`` holds its constants), noting each reason. ``"none"`` gives no source."""
-    from fedge.meter.external import CpuModelSource
-    from fedge.meter.pmic import PmicSource
-    from fedge.meter.sensors import Ina2xxSource, JetsonHwmonSource, JetsonIioSource, RaplSource
-
-    if isinstance(choice, EnergySource):
-        return choice, []
-    if choice not in ENERGY_CHOICES:
-        raise ValueError(f"energy must be one of {ENERGY_CHOICES} or an EnergySource, got {choice!r}")
-    root = root or Root("/")
-    if choice == "none":
-        return None, ["energy metering off"]
-    if choice == "estimate":
-        return CpuModelSource(**(estimate or {})), []
-    factories: dict[str, list[Callable[[], EnergySource]]] = {
-        "rapl": [lambda: RaplSource(root)],
-        "jetson": [lambda: JetsonHwmonSource(root), lambda: JetsonIioSource(root)],
-        "ina2xx": [lambda: Ina2xxSource(root)],
-        "pmic": [lambda: PmicSource(vcgencmd)],
-    }
-    order = list(factories) if choice == "auto" else [choice]
-    notes: list[str] = []
-    for name in order:
-        for factory in factories[name]:
-            try:
-                source = factory()
-                source.read()
-                return source, notes
-            except SensorError as error:
-                notes.append(f"{name}: {error}")
-    if choice != "auto":
-        raise SensorError(f"energy source {choice!r} unavailable: " + "; ".join(notes))
-    notes.append("no readable power sensor; using the labelled CPU-utilisation model")
-    return CpuModelSource(**(estimate or {})), notes

@@ -28,8 +28,8 @@ from fedge.meter.net import TcpCounters
 from fedge.meter.process import MB, CpuClock
 
 if TYPE_CHECKING:
-    from fedge.meter.agent import AgentMeter, _Round
     from fedge.meter.energy import Tally
+    from fedge.meter.window import MeterFacts, RoundWindow
 
 PHASES: tuple[str, ...] = ("receive", "decode", "train", "encode", "send")
 TRAINING_FIELDS = ("flops_train", "flops_fwd_bwd", "flops_opt_executed", "flops_opt_updated",
@@ -60,7 +60,7 @@ def host_identity(machine_id: str = "/etc/machine-id") -> tuple[str, str]:
     return name, hashlib.sha256(text).hexdigest()[:16] if text else f"name:{name}"
 
 
-def build_record(meter: AgentMeter, current: _Round, clock: CpuClock, tally: Tally | None,
+def build_record(meter: MeterFacts, current: RoundWindow, clock: CpuClock, tally: Tally | None,
                  tcp_after: Mapping[tuple[str, int], TcpCounters] | None, iface_after: tuple[int, int] | None,
                  temp: float | None, zone: str | None, freq: float | None) -> dict[str, Any]:
     start = current.clock
@@ -100,7 +100,7 @@ def build_record(meter: AgentMeter, current: _Round, clock: CpuClock, tally: Tal
     return record
 
 
-def _energy_fields(meter: AgentMeter, current: _Round, tally: Tally | None) -> dict[str, Any]:
+def _energy_fields(meter: MeterFacts, current: RoundWindow, tally: Tally | None) -> dict[str, Any]:
     notes = list(meter.energy_notes)
     source = meter.source
     if source is None or tally is None or current.energy is None:
@@ -120,7 +120,7 @@ def _energy_fields(meter: AgentMeter, current: _Round, tally: Tally | None) -> d
     return fields
 
 
-def _tcp_fields(current: _Round, after: Mapping[tuple[str, int], TcpCounters] | None) -> dict[str, Any]:
+def _tcp_fields(current: RoundWindow, after: Mapping[tuple[str, int], TcpCounters] | None) -> dict[str, Any]:
     before = current.tcp
     if after is None:
         return {"bytes_tcp_down": None, "bytes_tcp_up": None}

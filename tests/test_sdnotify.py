@@ -1,4 +1,4 @@
-"""edge_agent.sdnotify against a socket that plays systemd: datagrams arrive, the watchdog follows progress."""
+"""plumbing.sdnotify against a socket that plays systemd: datagrams arrive, the watchdog follows progress."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedge.edge_agent import sdnotify
+from fedge.plumbing import sdnotify
 
 
 class FakeSystemd:

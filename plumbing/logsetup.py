@@ -1,4 +1,7 @@
-"""Logging set-up shared by the agent and the coordinator: readable lines or JSON lines, to stderr and/or a file."""
+"""Logging set-up shared by the agent and the coordinator: readable lines or JSON lines, to stderr and/or a file.
+
+Imports nothing of Fedge.
+"""
 
 from __future__ import annotations
 

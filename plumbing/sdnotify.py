@@ -1,6 +1,6 @@
 """systemd's readiness and watchdog protocol (sd_notify) in plain Python, and a watchdog gated on progress.
 
-    from fedge.edge_agent import sdnotify
+    from fedge.plumbing import sdnotify
     sdnotify.ready("waiting for the coordinator")
     with sdnotify.Watchdog() as watchdog:          # pings only while the loop reports progress
         while running:

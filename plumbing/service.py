@@ -1,6 +1,6 @@
 """Running under systemd: READY once the loop runs, a watchdog that pings only while the loop makes progress, STOPPING.
 
-A thin use of ``edge_agent.sdnotify`` shared by the agent and the coordinator's ``--service`` mode; outside systemd
+A thin use of ``plumbing.sdnotify`` shared by the agent and the coordinator's ``--service`` mode; outside systemd
 (no NOTIFY_SOCKET) it does nothing.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import TracebackType
 
-from fedge.edge_agent import sdnotify
+from fedge.plumbing import sdnotify
 
 
 class ServiceNotifier:
