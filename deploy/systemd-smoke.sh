@@ -7,7 +7,7 @@
 #
 # Checks what deploy/ci-check.sh cannot without systemd as PID 1: Type=notify (READY and STATUS arrive), the
 # hardening lets torch, pyzmq and the meter work, StateDirectory/CacheDirectory ownership, the progress-gated
-# watchdog kills a stalled service (a small test unit using fedge.edge_agent.sdnotify with WatchdogSec=4s), a
+# watchdog kills a stalled service (a small test unit using fedge.plumbing.sdnotify with WatchdogSec=4s), a
 # coordinator restart resumes from its checkpoint, SIGTERM stops the agent with status 0, and the session ends
 # with both services inactive and successful. Not part of CI; it needs systemd-nspawn to work on the machine.
 #
@@ -133,7 +133,7 @@ cp "$REPO/deploy/systemd/fedge-agent.service" "$REPO/deploy/systemd/fedge-coordi
 cat >"$ROOTFS/usr/local/bin/watchdog-stall.py" <<'EOF'
 import time
 
-from fedge.edge_agent import sdnotify
+from fedge.plumbing import sdnotify
 
 steps = 0
 sdnotify.ready("moving, then stalling")
