@@ -66,22 +66,17 @@ class FlatLayout:
         return out
 
 
-def roundtrip(group: TensorGroup) -> TensorGroup:
-    """The group as a receiver decodes it: encoded in a real packet and decoded back."""
-    packet = codec.encode(codec.Update(run_id="roundtrip", round=0, sender="algorithms", groups={"g": group}))
-    message = codec.decode(packet)
-    return message.groups["g"]  # type: ignore[union-attr]
-
-
 def decoded(group: TensorGroup) -> TensorGroup:
-    """What the receiver decodes: the group itself when its values travel losslessly (f32)."""
-    return group if group.value_dtype == "f32" else roundtrip(group)
+    """What the receiver decodes (``codec.received``): the group itself when its values travel losslessly (f32)."""
+    return codec.received(group)
 
 
 def decoded_values(group: TensorGroup) -> np.ndarray:
     """The float32 values of the group's sparse section as the receiver will decode them."""
-    assert group.sparse is not None
-    return np.asarray(decoded(group).sparse.values, dtype=np.float32)  # type: ignore[union-attr]
+    sparse = decoded(group).sparse
+    if sparse is None:
+        raise ValueError("the group carries no sparse section")
+    return np.asarray(sparse.values, dtype=np.float32)
 
 
 def wire_dtype(value_dtype: str) -> str:

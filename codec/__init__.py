@@ -39,12 +39,12 @@ from fedge.codec.messages import (
 )
 from fedge.codec.packet import Header, decode, encode, encode_body, packet_kind, read_header
 from fedge.codec.sparse import SparseSection
-from fedge.codec.tensors import TensorGroup
+from fedge.codec.tensors import TensorGroup, received
 
 __all__ = [
     "PROTOCOL_VERSION", "SPOKEN_VERSIONS", "vocabulary",
     "Hello", "Welcome", "Task", "Update", "Commit", "Heartbeat", "ErrorMessage", "Bye", "Cancel", "Grant",
-    "Message", "TensorGroup", "SparseSection", "encode", "encode_body", "decode", "read_header", "packet_kind", "Header", "Limits",
+    "Message", "TensorGroup", "received", "SparseSection", "encode", "encode_body", "decode", "read_header", "packet_kind", "Header", "Limits",
     "version2_error",
     "CodecError", "TooLarge", "Malformed", "UnsupportedVersion", "UnknownKind", "ChecksumError", "NonFinite",
     "ShapeMismatch", "MaskMismatch", "OutOfRange",

@@ -9,6 +9,7 @@ This module must not import torch, zmq or any other Fedge package.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from fedge.codec.errors import Limits, Malformed
 from fedge.codec.schema import Budget, check_name, check_shape, exact_map, get_bytes, get_list, get_str
 from fedge.codec.sparse import SparseSection
 from fedge.codec.sparsewire import decode_section, encode_section
-from fedge.codec.values import VALUE_ENCODINGS, decode_values, encode_values
+from fedge.codec.values import VALUE_ENCODINGS, decode_values, encode_values, received_values
 
 DENSE_DTYPES: dict[str, np.dtype[Any]] = {
     "f32": np.dtype("<f4"), "i8": np.dtype("i1"), "i16": np.dtype("<i2"), "i32": np.dtype("<i4"),
@@ -81,6 +82,32 @@ def encode_group(group: TensorGroup) -> dict[str, Any]:
     payload, scales = encode_values(flat, group.value_dtype, [f.size for f in floats])
     sparse = encode_section(group.sparse, group.value_dtype) if group.sparse is not None else None
     return {"e": group.value_dtype, "t": table, "f": payload, "fs": scales, "i": b"".join(raw), "sp": sparse}
+
+
+def received(group: TensorGroup) -> TensorGroup:
+    """The group as a receiver decodes it: its float values through the group's value encoding (dense floats as
+    float32, one int8 scale per tensor; sparse values per tensor), integer tensors unchanged. Equal to encoding the
+    group in a packet and decoding it, without either (for ``f32``, float32 views of the group's own arrays)."""
+    if group.value_dtype == "f32":
+        if all(np.asarray(v).dtype.kind != "f" or np.asarray(v).dtype == np.float32 for v in group.dense.values()):
+            return group
+        return TensorGroup({n: np.asarray(v).astype(np.float32) if np.asarray(v).dtype.kind == "f" else v
+                            for n, v in group.dense.items()}, group.sparse, group.value_dtype)
+    dense: dict[str, npt.NDArray[Any]] = {}
+    floats = [(name, np.asarray(value)) for name, value in group.dense.items() if np.asarray(value).dtype.kind == "f"]
+    if floats:
+        flat = np.concatenate([a.astype(np.float32, copy=False).reshape(-1) for _, a in floats])
+        values = received_values(flat, group.value_dtype, [a.size for _, a in floats])
+        start = 0
+        for name, array in floats:
+            dense[name] = values[start:start + array.size].reshape(array.shape)
+            start += array.size
+    dense = {name: dense.get(name, value) for name, value in group.dense.items()}
+    sparse = group.sparse
+    if sparse is not None:
+        sparse = dataclasses.replace(sparse, values=received_values(sparse.values, group.value_dtype, sparse.counts),
+                                     local_cache={})
+    return TensorGroup(dense, sparse, group.value_dtype)
 
 
 def decode_group(obj: Any, budget: Budget, limits: Limits, where: str) -> TensorGroup:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -161,6 +162,43 @@ def _segment_scales(mag: npt.NDArray[np.float64], counts: Sequence[int]) -> npt.
     return scales
 
 
+def _quantize(vals: F32, encoding: str, counts: Sequence[int]) -> tuple[npt.NDArray[Any], npt.NDArray[np.float32]]:
+    """The lossy encodings' stored numbers (binary16, bfloat16 bits or int8) and int8's per-segment scales."""
+    if not np.isfinite(vals).all():
+        raise NonFinite(f"cannot encode NaN or infinity as {encoding}; send these values as f32")
+    if encoding == "f16":
+        with np.errstate(over="ignore"):
+            half = vals.astype("<f2")
+        if np.isinf(half).any():
+            raise OutOfRange("a value is beyond float16's range (|x| > 65504); use bf16 or f32")
+        return half, np.zeros(0, dtype=np.float32)
+    if encoding == "bf16":
+        bits = vals.view("<u4")
+        rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype("<u2")
+        if ((rounded & 0x7F80) == 0x7F80).any():
+            raise OutOfRange("a value rounds to infinity in bfloat16; send these values as f32")
+        return rounded, np.zeros(0, dtype=np.float32)
+    wide = vals.astype(np.float64)
+    scales = _segment_scales(np.abs(wide), counts)
+    per_value = np.repeat(scales.astype(np.float64), counts)
+    quotient = np.zeros_like(wide)
+    np.divide(wide, per_value, out=quotient, where=per_value > 0)
+    return np.clip(np.rint(quotient), -INT8_MAX, INT8_MAX).astype(np.int8), scales
+
+
+def _dequantize(stored: npt.NDArray[Any], encoding: str, scales: npt.NDArray[np.float32],
+                counts: Sequence[int]) -> F32:
+    """The float32 values a receiver rebuilds from a lossy encoding's stored numbers."""
+    if encoding == "f16":
+        return stored.astype(np.float32)
+    if encoding == "bf16":
+        widened: F32 = (stored.astype(np.uint32) << 16).view(np.float32)
+        return widened
+    with np.errstate(over="ignore"):
+        values: F32 = stored.astype(np.float32) * np.repeat(scales, counts)
+    return values
+
+
 def encode_values(values: F32, encoding: str, counts: Sequence[int]) -> tuple[Shuffled | memoryview, bytes]:
     """Encode 1-D float32 `values`; returns (payload, int8 scales or b"").
 
@@ -173,27 +211,22 @@ def encode_values(values: F32, encoding: str, counts: Sequence[int]) -> tuple[Sh
     vals = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
     if encoding == "f32":
         return Shuffled(vals.view(np.uint8).reshape(-1, 4), rotate=True), b""
-    if not np.isfinite(vals).all():
-        raise NonFinite(f"cannot encode NaN or infinity as {encoding}; send these values as f32")
-    if encoding == "f16":
-        with np.errstate(over="ignore"):
-            half = vals.astype("<f2")
-        if np.isinf(half).any():
-            raise OutOfRange("a value is beyond float16's range (|x| > 65504); use bf16 or f32")
-        return Shuffled(half.view(np.uint8).reshape(-1, 2)), b""
-    if encoding == "bf16":
-        bits = vals.view("<u4")
-        rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype("<u2")
-        if ((rounded & 0x7F80) == 0x7F80).any():
-            raise OutOfRange("a value rounds to infinity in bfloat16; send these values as f32")
-        return Shuffled(rounded.view(np.uint8).reshape(-1, 2)), b""
-    wide = vals.astype(np.float64)
-    scales = _segment_scales(np.abs(wide), counts)
-    per_value = np.repeat(scales.astype(np.float64), counts)
-    quotient = np.zeros_like(wide)
-    np.divide(wide, per_value, out=quotient, where=per_value > 0)
-    quant = np.clip(np.rint(quotient), -INT8_MAX, INT8_MAX).astype(np.int8)
-    return quant.view(np.uint8).data, scales.astype("<f4").tobytes()
+    stored, scales = _quantize(vals, encoding, counts)
+    if encoding == "int8":
+        return stored.view(np.uint8).data, scales.astype("<f4").tobytes()
+    return Shuffled(stored.view(np.uint8).reshape(-1, 2)), b""
+
+
+def received_values(values: F32, encoding: str, counts: Sequence[int]) -> F32:
+    """The float32 values a receiver decodes when `values` travel in `encoding` (`counts`: the segments of int8's
+    scales): the packet's quantisation, without a packet. The same errors as `encode_values`."""
+    if encoding not in WIDTH:
+        raise Malformed(f"unknown value encoding {encoding!r}; use one of {', '.join(VALUE_ENCODINGS)}")
+    vals = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
+    if encoding == "f32":
+        return vals.astype(np.float32, copy=True)
+    stored, scales = _quantize(vals, encoding, counts)
+    return _dequantize(stored, encoding, scales, counts)
 
 
 def decode_values(payload: bytes, scales: bytes, encoding: str, counts: Sequence[int],
@@ -211,19 +244,16 @@ def decode_values(payload: bytes, scales: bytes, encoding: str, counts: Sequence
     if encoding == "f32":
         out = unshuffle(payload, n, 4, rotate=True).view("<f4").reshape(-1).astype(np.float32, copy=False)
     elif encoding == "f16":
-        out = unshuffle(payload, n, 2).view("<f2").reshape(-1).astype(np.float32)
+        out = _dequantize(unshuffle(payload, n, 2).view("<f2").reshape(-1), encoding, np.zeros(0, np.float32), counts)
     elif encoding == "bf16":
-        high = unshuffle(payload, n, 2).view("<u2").reshape(-1).astype(np.uint32)
-        out = (high << 16).view(np.float32)
+        out = _dequantize(unshuffle(payload, n, 2).view("<u2").reshape(-1), encoding, np.zeros(0, np.float32), counts)
     else:
         scale_arr = np.frombuffer(scales, dtype="<f4").astype(np.float32)
         if not allow_nonfinite and not np.isfinite(scale_arr).all():
             raise NonFinite(f"{where}: an int8 scale is NaN or infinite")
         if (scale_arr < 0).any():
             raise Malformed(f"{where}: an int8 scale is negative")
-        quant = np.frombuffer(payload, dtype=np.int8)
-        with np.errstate(over="ignore"):
-            out = quant.astype(np.float32) * np.repeat(scale_arr, counts)
+        out = _dequantize(np.frombuffer(payload, dtype=np.int8), encoding, scale_arr, counts)
     if not allow_nonfinite and not np.isfinite(out).all():
         bad = int(out.size - np.count_nonzero(np.isfinite(out)))
         raise NonFinite(f"{where}: {bad} value(s) are NaN or infinite; the sender must not send them "

@@ -134,3 +134,27 @@ def test_several_groups_travel_independently() -> None:
     assert set(back.groups) == {"model", "control"}
     assert np.array_equal(back.groups["model"].sparse.to_dense()["w"], np.where(mask.reshape(8, 8), w, 0))
     assert back.groups["control"].value_dtype == "bf16"
+
+
+@pytest.mark.parametrize("encoding", ["f32", "f16", "bf16", "int8"])
+def test_received_is_what_a_packet_decodes_to_bit_for_bit(encoding: str) -> None:
+    from fedge.codec import received
+
+    rng = np.random.default_rng(11)
+    shapes = [(3, 4), (7,), (2, 2, 2)]
+    names = ["a", "b", "c"]
+    mask = rng.random(sum(int(np.prod(s)) for s in shapes)) < 0.4
+    values = (rng.standard_normal(int(mask.sum())) * 3).astype(np.float32)
+    dense = {"w": rng.standard_normal((5, 3)).astype(np.float32), "steps": np.array([4, 2], np.int64),
+             "v": (rng.standard_normal(6) * 100).astype(np.float64)}
+    for section in (SparseSection.with_mask(names, shapes, mask, values),
+                    SparseSection.with_indices(names, shapes, np.flatnonzero(mask), values),
+                    SparseSection.masked_values(names, shapes, ~mask, values, select=False)):
+        group = TensorGroup(dense, section, encoding)
+        packet = decode(encode(Update("r", 1, "a", {"g": group}))).groups["g"]  # type: ignore[union-attr]
+        mine = received(group)
+        for name in dense:
+            ours = np.asarray(mine.dense[name])
+            assert ours.dtype == packet.dense[name].dtype and ours.tobytes() == packet.dense[name].tobytes(), name
+        assert mine.sparse is not None and packet.sparse is not None
+        assert mine.sparse.values.tobytes() == packet.sparse.values.tobytes()
