@@ -1,4 +1,8 @@
-"""The algorithm registry: a dict literal from name to the module that holds its Config, Server and Client.
+"""The algorithm registry: a dict literal from name to the module that holds its Config, Server and Client, and the
+algorithms that come as plugins (``spec_of``): a name ``package.module:OBJECT`` or an entry point in the
+``fedge.algorithms`` group, whose object has ``Config``, ``Server`` and ``Client`` attributes (a module's namespace,
+a class), checked against ``ServerHalf`` and ``ClientHalf`` when it is loaded. A device imports one only after
+``fedge.plugins.check_allowed``, as it does model plugins.
 
 Also the three factories the runtime uses, so that neither the coordinator nor the agent names an algorithm.
 """
@@ -18,7 +22,7 @@ from fedge.algorithms.base import Arrays, ClientHalf, ServerContext, ServerHalf,
 class AlgorithmSpec:
     """An algorithm module and, for wrappers (DSSA, ef-*), the base module it wraps."""
 
-    module: ModuleType
+    module: ModuleType | Any  # a module, or a plugin's object with Config, Server and Client
     base: ModuleType | None = None
 
 
@@ -45,10 +49,47 @@ if TYPE_CHECKING:  # mypy checks every shipped half against the contract it is c
                                                    pfedla.Client, fedcos.Client, dssa.Client, ef.Client)
 
 
+_PLUGINS: dict[str, AlgorithmSpec] = {}
+
+
+def contract_gaps(cls: type, contract: type) -> list[str]:
+    """The members of ``contract`` (a Protocol) that ``cls`` lacks."""
+    return [name for name in vars(contract) if not name.startswith("_") and not hasattr(cls, name)]
+
+
+def plugin_spec(name: str) -> AlgorithmSpec:
+    """The algorithm a plugin name stands for, loaded and checked against the contract (one-line ValueError)."""
+    from fedge.plugins import PluginError, describe, load
+
+    if name in _PLUGINS:
+        return _PLUGINS[name]
+    try:
+        target = load(describe("algorithm", name))
+    except PluginError as exc:
+        raise ValueError(f"unknown algorithm {name!r}: not one of {', '.join(sorted(REGISTRY))}, and as a plugin: "
+                         f"{exc}") from None
+    missing = [attr for attr in ("Config", "Server", "Client") if not isinstance(getattr(target, attr, None), type)]
+    if missing:
+        raise ValueError(f"algorithm plugin {name!r} lacks the class(es) {', '.join(missing)}")
+    for attr, contract in (("Server", ServerHalf), ("Client", ClientHalf)):
+        gaps = contract_gaps(getattr(target, attr), contract)
+        if gaps:
+            raise ValueError(f"algorithm plugin {name!r}: its {attr} lacks {', '.join(gaps)} (subclass "
+                             f"fedge.algorithms.base.Base{attr} for the optional hooks' defaults)")
+    spec = AlgorithmSpec(target)
+    _PLUGINS[name] = spec
+    return spec
+
+
 def spec_of(name: str) -> AlgorithmSpec:
-    if name not in REGISTRY:
-        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[name]
+    """A built-in algorithm, or a plugin (see the module docstring)."""
+    if name in REGISTRY:
+        return REGISTRY[name]
+    return plugin_spec(name)
+
+
+def is_builtin(name: str) -> bool:
+    return name in REGISTRY
 
 
 def make_config(name: str, options: Mapping[str, Any]) -> Any:

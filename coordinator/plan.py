@@ -141,6 +141,10 @@ def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
             plugins["model"] = model_ref
         if config.train.loss not in ("cross_entropy", "mse", "bce"):
             plugins["loss"] = describe("loss", config.train.loss, for_processes=local)
+        from fedge.algorithms.registry import is_builtin
+
+        if not is_builtin(config.algorithm_name):
+            plugins["algorithm"] = describe("algorithm", config.algorithm_name, for_processes=local)
     except PluginError as exc:
         raise ConfigError(str(exc)) from None
     mean, std = statistics(config, dataset, spec)

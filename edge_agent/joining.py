@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from fedge import codec
-from fedge.algorithms import make_client
+from fedge.algorithms import REGISTRY, make_client
 from fedge.algorithms.loop import TrainSettings, task_of
 from fedge.algorithms.task import BUILTIN_LOSSES, Task
 from fedge.codec import vocabulary as words
@@ -65,12 +65,14 @@ class Refused(Exception):
 
 
 
-def check_plugins(settings: AgentSettings, described: Mapping[str, Any], spec: ModelSpec, loss: str) -> None:
+def check_plugins(settings: AgentSettings, described: Mapping[str, Any], spec: ModelSpec, loss: str,
+                  algorithm: str) -> None:
     """Every plugin the welcome names must pass this device's rule before anything is imported, and match the
     coordinator's distribution and version (``described``: the welcome's plugins) unless the device allows a
     mismatch."""
-    named = [(kind, name) for kind, name in (("model", spec.name), ("loss", loss))
-             if name not in (MODELS if kind == "model" else BUILTIN_LOSSES)]
+    builtin = {"model": set(MODELS), "loss": set(BUILTIN_LOSSES), "algorithm": set(REGISTRY)}
+    named = [(kind, name) for kind, name in (("model", spec.name), ("loss", loss), ("algorithm", algorithm))
+             if name not in builtin[kind]]
     for kind, name in named:
         try:
             check_allowed(kind, name, settings.allow_plugins)
@@ -93,7 +95,7 @@ def join_session(settings: AgentSettings, data: DeviceData, device: torch.device
         train = TrainSettings(**welcome.train)
     except (TypeError, ValueError) as exc:
         raise Refused(words.BAD_WELCOME, f"the welcome's model or train settings cannot be used: {exc}") from None
-    check_plugins(settings, welcome.plugins, spec, train.loss)
+    check_plugins(settings, welcome.plugins, spec, train.loss, welcome.algorithm)
     if data.input_shape != spec.input_shape or data.num_outputs != spec.num_classes:
         kind = "targets" if data.has_targets else "classes"
         raise Refused(words.DATA_MISMATCH, f"this device's data is {data.input_shape} with {data.num_outputs} "

@@ -1,7 +1,7 @@
 """Resolving a plugin name to a callable: entry points, ``module:qualname`` paths and in-code registrations.
 
-A plugin kind (``model``, ``loss``, ``data``) has an entry-point group (``fedge.models``, ``fedge.losses``,
-``fedge.data``). A name is either a path ``package.module:qualname`` or the name of an entry point in that group, or
+A plugin kind (``model``, ``loss``, ``data``, ``algorithm``) has an entry-point group (``fedge.models``,
+``fedge.losses``, ``fedge.data``, ``fedge.algorithms``). A name is either a path ``package.module:qualname`` or the name of an entry point in that group, or
 a name registered in code with ``register``. ``describe`` resolves a name to a ``PluginRef`` from package metadata
 alone (no import); ``load`` imports it. ``allowed`` is the device's rule; the coordinator trusts its own
 configuration. Must not import torch or any other Fedge package.
@@ -15,7 +15,9 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-GROUPS = {"model": "fedge.models", "loss": "fedge.losses", "data": "fedge.data"}
+GROUPS = {"model": "fedge.models", "loss": "fedge.losses", "data": "fedge.data", "algorithm": "fedge.algorithms"}
+# Kinds whose plugin is an object with attributes (an algorithm: Config, Server and Client), not a callable.
+NAMESPACE_KINDS = frozenset({"algorithm"})
 
 
 class PluginError(ValueError):
@@ -167,7 +169,7 @@ def load(ref: PluginRef) -> Callable[..., Any]:
             target = getattr(target, part)
         except AttributeError:
             raise PluginError(f"{ref.kind} {ref.name!r}: module {module_name} has no {qualname}") from None
-    if not callable(target):
+    if not callable(target) and ref.kind not in NAMESPACE_KINDS:
         raise PluginError(f"{ref.kind} {ref.name!r}: {ref.target} is not callable")
     return target  # type: ignore[no-any-return]
 
