@@ -22,5 +22,6 @@ def test_ten_agents_play_rounds_with_the_paper_cnn(procs: Processes, tmp_path: P
     assert 'name = "cnn"' in config and 'dataset = "fmnist-demo"' in config
     clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
     assert sorted({c["client_id"] for c in clients}) == [f"agent-{i:02d}" for i in range(10)]
-    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] - 0.05
+    # Ten classes: chance is 0.10. Two short rounds reached 0.222 and 0.227 here; a broken aggregate stays near 0.10.
+    assert min(r["test_accuracy"] for r in rows) > 0.15
     assert len(list((run_dir / "data").glob("client-*.npz"))) == 10
