@@ -41,6 +41,8 @@ from fedge.codec.messages import (
     PROTOCOL_VERSION,
     Message,
     MessageBase,
+    Task,
+    Update,
     plain_data,
 )
 from fedge.codec.schema import MAX_I64, Budget, check_name, exact_map, get_bytes, get_int, get_str
@@ -113,12 +115,12 @@ def encode(message: Message, *, level: int = 1, body: bytes | None = None) -> by
     """The packet bytes of `message`; `level` is the zstd level of the body (1 is fast and near the best size).
     `body`: the body frame already encoded by `encode_body` from this message's groups and meta."""
     head = encode_header(message)
-    if type(message) not in BODY_FIELDS:
+    if not isinstance(message, (Task, Update)):
         if body is not None:
             raise Malformed(f"a {type(message).__name__} has no body")
         return head
     if body is None:
-        body = encode_body(message.groups, message.meta, level=level)  # type: ignore[union-attr]
+        body = encode_body(message.groups, message.meta, level=level)
     return head + body
 
 

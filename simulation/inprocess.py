@@ -185,8 +185,9 @@ def run_round(fleet: Fleet, round_number: int, data: Sequence[tuple[torch.Tensor
                 if isinstance(sent, SendFrame):
                     fleet.bytes_up.append(len(sent.frame))
                     deliver_to_agents(fleet, coordinator.receive(client_id(index).encode(), sent.frame, fleet.clock))
-        if not coordinator.complete(fleet.clock):
-            raise AssertionError(f"round {round_number}: clients {coordinator.current.awaited()} sent no update")  # type: ignore[union-attr]
+        current = coordinator.current
+        if current is not None and not coordinator.complete(fleet.clock):
+            raise AssertionError(f"round {round_number}: clients {current.awaited()} sent no update")
         closed, _ = coordinator.close_round()
         updates = [ClientUpdate(client_id=client_id(i), index=i, num_samples=u.num_samples,
                                 payload=Payload(groups=dict(u.groups), meta=dict(u.meta)))
