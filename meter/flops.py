@@ -4,7 +4,7 @@
   structure, input shape, batch size, dtype), caches it, and multiplies by the steps taken (the last partial batch
   is its own entry). Counting runs under a forked RNG, so training stays reproducible. FlopCounterMode counts
   matmul/conv kernels (2 FLOPs per multiply-add); elementwise ops, norms, pooling and the loss are not counted.
-* ``OPTIMIZER_FLOPS`` / ``optimizer_flops_per_element`` hold METER-NOTES section 3.4 (add, sub, mul, div, sqrt = 1;
+* ``OPTIMIZER_FLOPS`` / ``optimizer_flops_per_element`` hold docs/meter.md section 3.4 (add, sub, mul, div, sqrt = 1;
   ``add_(x, alpha)`` = 2), which FlopCounterMode does not see (it counts 0 for ``opt.step()``).
 * ``ParamSnapshot`` proves which elements an optimizer changed; ``mask_elements`` is the mask's claim.
 * ``FlopCounter.theoretical_sparse`` scales each layer's dense count by its weight density: theoretical only, because

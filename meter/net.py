@@ -4,7 +4,7 @@
 duplicated, never closed or changed); ``own_tcp_fds`` finds this process's connections to a peer, so libzmq's
 sockets can be read without access to its internals. ``interface_counters`` parses ``<root>/proc/net/dev`` (context
 only: it counts every process's traffic). ``wire_bytes_estimate`` is the labelled TCP/IPv4/Ethernet estimate of
-METER-NOTES section 4.3. Must not import zmq or any Fedge package.
+docs/meter.md section 4.3. Must not import zmq or any Fedge package.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Raspberry Pi 5 PMIC rails through ``vcgencmd pmic_read_adc``: the output parser and a power source.
 
-The recorded format (METER-NOTES section 2.3) has one line per reading, for example::
+The recorded format (docs/meter.md section 2.3) has one line per reading, for example::
 
     VDD_CORE_A current(7)=1.42880000A
     VDD_CORE_V volt(15)=0.90659250V

@@ -1,6 +1,6 @@
 """Sysfs energy and power sensors: RAPL powercap, Jetson INA3221 (JetPack 4 IIO and JetPack 5/6 hwmon), ina2xx hwmon.
 
-Paths and units follow METER-NOTES sections 2.2 and 2.4 and are all rooted at a ``Root``, so tests use fake trees:
+Paths and units follow docs/meter.md sections 2.2 and 2.4 and are all rooted at a ``Root``, so tests use fake trees:
 
 * RAPL: ``/sys/class/powercap/intel-rapl:N/{name,energy_uj,max_energy_range_uj}``, top-level ``package-*`` zones
   only (nested ``intel-rapl:N:M`` zones are parts of a package: summing them would double count), wrap handled.

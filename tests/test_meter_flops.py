@@ -17,7 +17,7 @@ from fedge.meter import (
 )
 from fedge.meter.flops import densities_from_masks, total_elements, trainable_elements
 
-REFERENCE_FWD_BWD_B8 = 83_423_232  # METER-NOTES section 3.3, analytic == FlopCounterMode
+REFERENCE_FWD_BWD_B8 = 83_423_232  # docs/meter.md section 3.3, analytic == FlopCounterMode
 
 
 class ReferenceCNN(nn.Module):
@@ -89,7 +89,7 @@ def test_unknown_optimizer_is_unknown_not_guessed() -> None:
 
 
 class ElementwiseFlops(TorchDispatchMode):
-    """Counts FLOPs of elementwise aten ops on N-element tensors under the METER-NOTES convention."""
+    """Counts FLOPs of elementwise aten ops on N-element tensors under the convention of docs/meter.md section 3.4."""
 
     def __init__(self, numel: int) -> None:
         super().__init__()

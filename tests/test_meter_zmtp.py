@@ -15,7 +15,7 @@ import zmq
 
 from fedge.meter import AgentMeter, tcp_counters_to, zmtp
 
-# --- pure arithmetic (METER-NOTES section 4.2) ------------------------------------------------------------------
+# --- pure arithmetic (docs/meter.md section 4.2) ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("frames", "expected"), [([0], 2), ([100], 102), ([255], 257), ([256], 265),
