@@ -59,15 +59,19 @@ def contract_gaps(cls: type, contract: type) -> list[str]:
 
 def plugin_spec(name: str) -> AlgorithmSpec:
     """The algorithm a plugin name stands for, loaded and checked against the contract (one-line ValueError)."""
-    from fedge.plugins import PluginError, describe, load
+    from fedge.plugins import PluginError, describe, is_path, load
 
     if name in _PLUGINS:
         return _PLUGINS[name]
     try:
-        target = load(describe("algorithm", name))
+        ref = describe("algorithm", name)
+    except PluginError:
+        raise ValueError(f"unknown algorithm {name!r}: the built-in ones are {', '.join(sorted(REGISTRY))}; a plugin "
+                         "is package.module:OBJECT or a fedge.algorithms entry point, and none is named so") from None
+    try:
+        target = load(ref)
     except PluginError as exc:
-        raise ValueError(f"unknown algorithm {name!r}: not one of {', '.join(sorted(REGISTRY))}, and as a plugin: "
-                         f"{exc}") from None
+        raise ValueError(str(exc) if is_path(name) else f"algorithm {name!r}: {exc}") from None
     missing = [attr for attr in ("Config", "Server", "Client") if not isinstance(getattr(target, attr, None), type)]
     if missing:
         raise ValueError(f"algorithm plugin {name!r} lacks the class(es) {', '.join(missing)}")
