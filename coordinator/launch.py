@@ -252,7 +252,9 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
     started = time.monotonic()
     from fedge.plumbing.service import ServiceNotifier
 
-    with ServiceNotifier(lambda: session.progress) if service else contextlib.nullcontext():
+    with ServiceNotifier(lambda: session.progress) if service else contextlib.nullcontext() as notifier:
+        if notifier is not None:
+            session.show_status = notifier.show
         fleet.start()
         outcome = "stopped"
         try:

@@ -15,7 +15,7 @@ import platform
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,21 @@ class RunDir:
         """status.json: what `coordinator status` shows (round, phase, agents, ETA), with the time written."""
         self.write_json("status.json", {**status, "updated_at": time.time()})
 
+    def write_prometheus(self, gauges: Sequence[tuple[str, str, Mapping[str, str], float]]) -> None:
+        """fedge.prom: the Prometheus text format for node_exporter's textfile collector (written atomically, as it
+        requires); each gauge is (name, help, labels, value)."""
+        lines: list[str] = []
+        described: set[str] = set()
+        for name, text, labels, value in gauges:
+            if name not in described:
+                described.add(name)
+                lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+            pairs = ",".join(f'{key}="{prometheus_label(val)}"' for key, val in labels.items())
+            number = float(value)
+            text = str(int(number)) if number.is_integer() else repr(number)
+            lines.append(f"{name}{{{pairs}}} {text}" if pairs else f"{name} {text}")
+        self.write_text("fedge.prom", "\n".join(lines) + "\n")
+
     def write_provenance(self, seed: int, endpoint: str, extra: Mapping[str, Any]) -> None:
         import torch
 
@@ -116,6 +131,11 @@ class RunDir:
             **extra,
         })
         self.write_text("endpoint", endpoint + "\n")  # last: its presence says the rest is there
+
+
+def prometheus_label(value: str) -> str:
+    """A label value escaped as the text format wants (backslash, double quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _json_default(value: Any) -> Any:

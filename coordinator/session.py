@@ -94,6 +94,8 @@ class Session:
         self.started = time.monotonic()
         self.status_written = 0.0
         self.round_walls: list[float] = []
+        self.show_status: Callable[[str], None] = lambda _status: None  # the service's status line
+        self.bytes_total = {"down": 0, "up": 0}  # packet bytes of the rounds recorded so far (metrics.jsonl)
 
     @property
     def registry(self) -> AgentRegistry:
@@ -122,6 +124,9 @@ class Session:
         self.protocol.run_id = str(meta["run_id"])
         for name in ("metrics.jsonl", "clients.jsonl"):
             self.run_dir.truncate_jsonl(name, self.round)
+        for row in self.run_dir.read_jsonl("metrics.jsonl"):
+            for direction in self.bytes_total:
+                self.bytes_total[direction] += int(row.get(f"bytes_{direction}") or 0)
         log.info("resumed %s at round %d", self.run_dir.path, self.round)
 
     def welcome_fields(self, index: int) -> dict[str, Any]:
@@ -254,6 +259,8 @@ class Session:
         row["wall_s"] = time.monotonic() - started
         crash_point("clients", number)
         self.run_dir.append_jsonl("metrics.jsonl", row)
+        self.bytes_total["down"] += int(row["bytes_down"])
+        self.bytes_total["up"] += int(row["bytes_up"])
         crash_point("metrics", number)
         commits = self.protocol.commits(number)  # the round is now the last committed one
         self.save_checkpoint()
@@ -296,10 +303,31 @@ class Session:
         agents = [{"client_id": a.client_id, "index": a.index, "connected": self.registry.alive(a),
                    "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None}
                   for a in self.registry.agents.values()]
+        eta_s = mean_round * remaining if mean_round is not None else None
+        rejections = self.rejections()
         self.run_dir.write_status(run_id=self.run_id, phase=phase, round=self.round, rounds=self.config.run.rounds,
-                                  algorithm=self.config.algorithm_name, agents=agents,
-                                  rejections=self.rejections(),
-                                  eta_s=mean_round * remaining if mean_round is not None else None)
+                                  algorithm=self.config.algorithm_name, agents=agents, rejections=rejections,
+                                  eta_s=eta_s)
+        connected = sum(1 for a in agents if a["connected"])
+        self.show_status(f"{phase}; round {self.round}/{self.config.run.rounds}; {connected}/{len(agents)} agents "
+                         f"connected" + (f"; ETA {eta_s / 60:.1f} min" if eta_s is not None else ""))
+        run = {"run": self.run_id}
+        gauges: list[tuple[str, str, dict[str, str], float]] = [
+            ("fedge_round", "The last committed round.", run, self.round),
+            ("fedge_rounds", "The rounds the session is to play.", run, self.config.run.rounds),
+            ("fedge_agents_connected", "Agents heard from within the liveness.", run, connected),
+            ("fedge_agents_registered", "Agents that hold a client index.", run, len(agents)),
+            *(("fedge_bytes", "Packet bytes of the recorded rounds.", {**run, "direction": d}, n)
+              for d, n in self.bytes_total.items()),
+            *(("fedge_agent_seconds_since_seen", "Seconds since each agent was last heard from.",
+               {**run, "client": str(a["client_id"])}, float(a["seconds_since_seen"]))
+              for a in agents if a["seconds_since_seen"] is not None),
+            *(("fedge_rejections", "Messages refused per peer (the 100 largest counts).", {**run, "peer": peer}, n)
+              for peer, n in rejections.items()),
+        ]
+        if eta_s is not None:
+            gauges.append(("fedge_eta_seconds", "Estimated seconds until the last round.", run, eta_s))
+        self.run_dir.write_prometheus(gauges)
 
     def rejections(self) -> dict[str, int]:
         """Messages refused per peer (routing id), the 100 largest counts."""

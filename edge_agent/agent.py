@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,7 @@ class Agent:
         self.meter = AgentMeter(energy=settings.energy)
         self.handshakes_counted = 0
         self.train_steps_at_start = 0
+        self.show_status: Callable[[str], None] = lambda _status: None  # the service's status line
 
     @staticmethod
     def pick_device(choice: str) -> torch.device:
@@ -302,6 +304,7 @@ class Agent:
             self.act(transport, [self.protocol.hello_now(now)])  # a new connection: perhaps a restarted coordinator
         training = self.worker is not None and self.worker.is_alive()
         self.act(transport, self.protocol.tick(now, self.train_steps - self.train_steps_at_start if training else 0))
+        self.show_status(self.protocol.status(training))
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.warning("the process that started this agent is gone; stopping")
             self.stop_requested.set()

@@ -94,7 +94,8 @@ def run_agent(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    with ServiceNotifier(agent.watchdog_count):
+    with ServiceNotifier(agent.watchdog_count, status="starting") as service:
+        agent.show_status = service.show
         return agent.run()
 
 

@@ -103,14 +103,16 @@ class AgentProtocol:
         self.held: bytes | None = None   # the finished update of a paced task, until its grant
         self.refusals = 0                # session-level refusals in a row
         self.hello_after = -1e18         # no hello before this time (backoff)
+        self.refused = ""                # why the last session-level refusal happened, until a session is joined
 
     # ------------------------------------------------------------------------------------------ receiving
     def receive(self, frame: bytes, now: float) -> list[Action]:
         try:
             message = codec.decode(frame)
         except codec.UnsupportedVersion as exc:
-            return [Noted(logging.ERROR, f"the coordinator speaks wire-format version {exc.version}, this agent "
-                                         f"{codec.PROTOCOL_VERSION}: upgrade the coordinator"), self.back_off(now)]
+            why = f"the coordinator speaks wire-format version {exc.version}, this agent {codec.PROTOCOL_VERSION}: " \
+                  "upgrade the coordinator"
+            return [Noted(logging.ERROR, why), self.back_off(now, f"refused: {why}")]
         except codec.CodecError as exc:
             return self.on_malformed(frame, exc, now)
         self.last_heard = now
@@ -139,7 +141,7 @@ class AgentProtocol:
             if message.code == words.HELLO_FIRST:
                 actions.append(SayHello())
             elif message.code in words.SESSION_REFUSALS:
-                actions.append(self.back_off(now))
+                actions.append(self.back_off(now, f"refused: {message.code}: {message.reason}"))
             return actions
         if isinstance(message, codec.Heartbeat):
             return []
@@ -170,12 +172,13 @@ class AgentProtocol:
         """Decline the session: tell the coordinator (it frees our index), and say hello again later."""
         return [Noted(logging.ERROR, f"{code}: {reason}"),
                 Send(codec.ErrorMessage(run_id="", round=0, sender=self.client_id, code=code, reason=reason)),
-                self.back_off(now)]
+                self.back_off(now, f"declined: {code}: {reason}")]
 
-    def back_off(self, now: float) -> Noted:
+    def back_off(self, now: float, why: str = "") -> Noted:
         """Leave the session (if any) and wait before the next hello: the hello interval doubled per refusal in a
         row, at most MAX_BACKOFF_S."""
         self.refusals += 1
+        self.refused = why or self.refused
         delay = min(MAX_BACKOFF_S, self.hello_interval_s * 2 ** (self.refusals - 1))
         self.hello_after = now + delay
         self.run_id, self.index, self.holding, self.held = "", None, None, None
@@ -184,7 +187,7 @@ class AgentProtocol:
 
     def joined(self, run_id: str, index: int, heartbeat_s: float, liveness_s: float) -> None:
         self.run_id, self.index, self.heartbeat_s, self.liveness_s = run_id, index, heartbeat_s, liveness_s
-        self.refusals = 0
+        self.refusals, self.refused = 0, ""
 
     def joined_run(self, run_id: str) -> bool:
         return self.index is not None and run_id == self.run_id
@@ -251,6 +254,18 @@ class AgentProtocol:
             self.last_heartbeat = now
             actions.append(Send(self.heartbeat(steps)))
         return actions
+
+    def status(self, training: bool) -> str:
+        """The one-line state an operator sees (``systemctl status``): waiting, refused or declined and why, idle in
+        a session, training a round, or holding an update for its grant."""
+        if self.index is None:
+            return f"{self.refused}; saying hello again with backoff" if self.refused else \
+                "waiting for a session"
+        if self.held is not None:
+            return f"round {self.holding} trained; its update waits for a grant (run {self.run_id})"
+        if self.holding is not None and training:
+            return f"training round {self.holding} as client {self.index} of run {self.run_id}"
+        return f"idle: client {self.index} of run {self.run_id}"
 
     def hello_now(self, now: float) -> SayHello:
         self.last_hello = now

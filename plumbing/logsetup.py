@@ -1,14 +1,51 @@
 """Logging set-up shared by the agent and the coordinator: readable lines or JSON lines, to stderr and/or a file.
 
-Imports nothing of Fedge.
+Under systemd, when stderr is the journal (``JOURNAL_STREAM`` names it), each line starts with its syslog priority
+(``<4>`` for a warning: ``journalctl -p warning`` then works) and carries no timestamp of its own (the journal keeps
+one). Imports nothing of Fedge.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
+from typing import TextIO
+
+# syslog priorities of Python's levels (sd-daemon(3)): the journal reads a "<N>" prefix.
+PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
+
+
+def priority_of(level: int) -> int:
+    for threshold, priority in PRIORITIES:
+        if level >= threshold:
+            return priority
+    return 7
+
+
+def is_journal(stream: TextIO) -> bool:
+    """True when ``stream`` is connected to the journal: systemd sets JOURNAL_STREAM to its device:inode."""
+    expected = os.environ.get("JOURNAL_STREAM", "")
+    if not expected:
+        return False
+    try:
+        info = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return f"{info.st_dev}:{info.st_ino}" == expected
+
+
+class JournalFormatter(logging.Formatter):
+    """``<priority>logger: message``, every line of a multi-line record (a traceback) with the same prefix."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"{record.name}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        prefix = f"<{priority_of(record.levelno)}>"
+        return "\n".join(prefix + line for line in text.splitlines() or [""])
 
 
 class JsonFormatter(logging.Formatter):
@@ -33,8 +70,12 @@ def setup_logging(json_lines: bool = False, level: int = logging.INFO, log_file:
     root.setLevel(level)
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(logging.WARNING if quiet else level)
-    console.setFormatter(JsonFormatter() if json_lines else
-                         logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
+    if json_lines:
+        console.setFormatter(JsonFormatter())
+    elif is_journal(sys.stderr):
+        console.setFormatter(JournalFormatter())
+    else:
+        console.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
     root.addHandler(console)
     if log_file:
         handler = logging.FileHandler(log_file, encoding="utf-8")

@@ -13,12 +13,18 @@ from fedge.plumbing import sdnotify
 
 
 class ServiceNotifier:
-    """Context manager: READY=1 on entry with a progress-gated watchdog, STOPPING=1 on exit."""
+    """Context manager: READY=1 on entry with a progress-gated watchdog, STOPPING=1 on exit; ``show`` sets the
+    one-line status ``systemctl status`` prints (sent only when it changes)."""
 
     def __init__(self, progress: Callable[[], int], status: str = "running") -> None:
         self.progress = progress
         self.status = status
         self.watchdog: sdnotify.Watchdog | None = None
+
+    def show(self, status: str) -> None:
+        if status != self.status:
+            self.status = status
+            sdnotify.notify(f"STATUS={status}")
 
     def __enter__(self) -> ServiceNotifier:
         sdnotify.notify("READY=1", f"STATUS={self.status}")

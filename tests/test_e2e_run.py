@@ -24,6 +24,26 @@ def documented_fields(table_heading: str) -> list[str]:
     return names
 
 
+def prometheus(path: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples of a Prometheus text file: (name, labels without ``run``) -> value; every sample is described."""
+    import re
+
+    samples, described = {}, set()
+    for line in path.read_text().splitlines():
+        if line.startswith("# TYPE "):
+            described.add(line.split()[2])
+            continue
+        if line.startswith("#"):
+            continue
+        found = re.fullmatch(r'([a-z_]+)(?:\{(.*)\})? (\S+)', line)
+        assert found, line
+        name, labels, value = found.groups()
+        assert name in described, name
+        pairs = tuple(sorted((k, v) for k, v in re.findall(r'(\w+)="([^"]*)"', labels or "") if k != "run"))
+        samples[(name, pairs)] = float(value)
+    return samples
+
+
 def test_a_local_fleet_runs_rounds_and_writes_the_documented_run_dir(procs: Processes, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     coordinator = procs.coordinator("--rounds", "3", "--local-fleet", "3", "--run-dir", str(run_dir),
@@ -48,6 +68,12 @@ def test_a_local_fleet_runs_rounds_and_writes_the_documented_run_dir(procs: Proc
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "done" and report["rounds_completed"] == 3
     assert report["total_bytes_up"] == sum(r["bytes_up"] for r in rows)
+    gauges = prometheus(run_dir / "fedge.prom")
+    assert gauges[("fedge_round", ())] == 3 and gauges[("fedge_rounds", ())] == 3
+    assert gauges[("fedge_bytes", (("direction", "up"),))] == sum(r["bytes_up"] for r in rows)
+    assert gauges[("fedge_bytes", (("direction", "down"),))] == sum(r["bytes_down"] for r in rows)
+    assert {labels for name, labels in gauges if name == "fedge_agent_seconds_since_seen"} == \
+        {(("client", f"agent-0{i}"),) for i in range(3)}
     for name in ("model.npz", "model.onnx", "checkpoint.npz", "config.toml", "coordinator.log"):
         assert (run_dir / name).stat().st_size > 0, name
     for line in (run_dir / "coordinator.log").read_text().splitlines():

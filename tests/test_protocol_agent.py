@@ -194,3 +194,21 @@ def test_hello_until_heard_and_heartbeats_on_time() -> None:
     (bye,) = [a.message for a in p.leaving() if isinstance(a, Send)]
     assert isinstance(bye, codec.Bye) and bye.code == "stopping" and kinds(AgentProtocol("x", 1.0).leaving()) == []
     assert isinstance(Train(codec.decode(task(1))).task, codec.Task)  # type: ignore[arg-type]
+
+
+def test_the_status_line_says_what_the_agent_is_doing_and_why_it_waits() -> None:
+    p = AgentProtocol("pi", 3.0)
+    assert p.status(training=False) == "waiting for a session"
+    full = codec.encode(codec.ErrorMessage(run_id="", round=0, sender="coordinator", code="session-full",
+                                           reason="the session already has its 3 clients"))
+    p.receive(full, 0.0)
+    assert p.status(training=False) == "refused: session-full: the session already has its 3 clients; saying " \
+                                       "hello again with backoff"
+    p.refuse("plugin-refused", "model 'x:y' is not allowed", 1.0)
+    assert p.status(training=False).startswith("declined: plugin-refused: model 'x:y'")
+    p = joined()
+    assert p.status(training=False) == "idle: client 2 of run r1"
+    p.receive(task(4, paced=True), 0.0)
+    assert p.status(training=True) == "training round 4 as client 2 of run r1"
+    p.finished(4, b"update")
+    assert p.status(training=False) == "round 4 trained; its update waits for a grant (run r1)"

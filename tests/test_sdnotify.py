@@ -211,3 +211,36 @@ def test_watchdog_follows_a_counter() -> None:
         while watchdog.pings == pings_at_stall and time.monotonic() < deadline:
             time.sleep(0.01)
         assert watchdog.pings > pings_at_stall and not watchdog.stalled
+
+
+def test_log_lines_to_the_journal_carry_their_priority_and_no_timestamp(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+    import os
+
+    from fedge.plumbing import logsetup
+
+    stream = open(tmp_path / "stderr", "w+")  # noqa: SIM115 - closed below
+    try:
+        assert not logsetup.is_journal(stream)
+        info = os.fstat(stream.fileno())
+        monkeypatch.setenv("JOURNAL_STREAM", f"{info.st_dev}:{info.st_ino}")
+        assert logsetup.is_journal(stream)
+        monkeypatch.setattr(logsetup.sys, "stderr", stream)
+        logsetup.setup_logging()
+        log = logging.getLogger("fedge.test")
+        log.warning("disk nearly full")
+        log.info("round 3 committed")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("round failed")
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        lines = (tmp_path / "stderr").read_text().splitlines()
+    finally:
+        logging.getLogger().handlers.clear()
+        stream.close()
+    assert lines[0] == "<4>fedge.test: disk nearly full" and lines[1] == "<6>fedge.test: round 3 committed"
+    assert lines[2] == "<3>fedge.test: round failed" and all(line.startswith("<3>") for line in lines[2:])
+    assert any("ValueError: boom" in line for line in lines[2:])
