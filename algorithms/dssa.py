@@ -1,4 +1,4 @@
-"""DSSA, dual-sided sparse aggregation (Zhao & Li; ALGORITHMS.md sections 4 and 10): a wrapper over a base algorithm.
+"""DSSA, dual-sided sparse aggregation (Zhao & Li; docs/algorithms.md sections 4 and 10): a wrapper over a base algorithm.
 
 One module for every base (fedavg, fedprox, scaffold): the registry passes the base module. Rounds 1..W
 (``warmup_rounds``) are the base algorithm untouched. A sparse round t > W:
@@ -14,7 +14,7 @@ One module for every base (fedavg, fedprox, scaffold): the registry passes the b
 - Server: the base aggregates the densified updates around the pruned model (non-prunable tensors, control
   variates, integer buffers: no lambda); then the wrapper sets w[M] = w~[M] and w[C] = lambda sum_i p_i dw_i[C].
 
-Decisions where ALGORITHMS.md is silent:
+Decisions where the papers are silent (docs/algorithms.md records them too):
 - Group convention (``algorithms.base``): the base's ``MODEL_GROUP`` holds the model; ``MODEL_GROUP`` or
   ``DELTA_GROUP`` is the update group; any other group holds quantities of the trainable set T (control variates
   and their deltas). A base server is a ``GlobalModelServer`` (``global_model`` / ``set_global_model``); a base

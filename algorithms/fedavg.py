@@ -1,4 +1,4 @@
-"""FedAvg (McMahan et al. 2017; ALGORITHMS.md section 1): the defaults every other algorithm builds on.
+"""FedAvg (McMahan et al. 2017; docs/algorithms.md section 1): the defaults every other algorithm builds on.
 
 Server: x <- sum_i p_i y_i over the float tensors (parameters and float buffers), p_i by data size or uniform;
 integer buffers (BatchNorm's num_batches_tracked) take the clients' maximum, never an average.

@@ -1,4 +1,4 @@
-"""FedBN (Li et al., ICLR 2021; ALGORITHMS.md section 7): FedAvg in which every BatchNorm tensor stays on the device.
+"""FedBN (Li et al., ICLR 2021; docs/algorithms.md section 7): FedAvg in which every BatchNorm tensor stays on the device.
 
 Holds one predicate (``is_local``: a tensor of a BatchNorm module, selected by module type, never by name) and
 FedAvg's two halves filtered by it. The server keeps and averages the non-BN tensors only, so BN tensors are absent
@@ -7,7 +7,7 @@ own BN (weight, bias, running statistics, num_batches_tracked) as device state (
 its model on every ``on_receive``, so after ``on_receive`` the model is this client's personal one: the shared
 non-BN tensors plus its own BN. Must not import a transport.
 
-Decisions where ALGORITHMS.md is silent:
+Decisions where the papers are silent (docs/algorithms.md records them too):
 - Options and defaults are FedAvg's: ``weighting = "samples"`` (section 0's default; the official code's uniform
   1/K is ``weighting = "uniform"``) and ``upload = "model" | "delta"``.
 - A client without BN state (its first round, or a device whose state was never committed) resets its BN modules to

@@ -1,4 +1,4 @@
-"""fedcos (ALGORITHMS.md section 9): on-device drift correction and cosine-similarity-weighted aggregation.
+"""fedcos (docs/algorithms.md section 9): on-device drift correction and cosine-similarity-weighted aggregation.
 
 Client: keeps c (one tensor per trainable parameter) as device state. Each step it takes the minibatch gradient g,
 steps with g - c (``after_backward``) and then sets c <- c + eta_c (g - c) (``after_step``); it uploads
@@ -7,7 +7,7 @@ w_i = softmax(cos_i / tau), theta <- sum w_i theta_i (= theta + sum w_i Delta_i)
 left out. It also chooses the round's participants (``select``: a fraction R, clients that missed the previous
 deadline weighted up) and hears of missed deadlines (``missed``). Must not import a transport.
 
-Decisions where ALGORITHMS.md is silent:
+Decisions where the papers are silent (docs/algorithms.md records them too):
 - eta_c defaults to the local learning rate, which the client learns from the optional ``before_training(model,
   inputs, labels, settings)`` hook (the loop calls it before the first step; SCAFFOLD uses the same hook); without
   it, set ``eta_c`` explicitly, else the first step raises.

@@ -1,4 +1,4 @@
-"""FedProx (Li et al. 2020; ALGORITHMS.md section 2): FedAvg plus a proximal pull toward the received model.
+"""FedProx (Li et al. 2020; docs/algorithms.md section 2): FedAvg plus a proximal pull toward the received model.
 
 The client objective gains (mu/2)||w - x^t||^2 with x^t the model received this round; its gradient mu (w - x^t) is
 added to ``.grad`` after the backward pass, which is exact for any optimizer that reads ``.grad``. mu = 0 adds

@@ -1,4 +1,4 @@
-"""HeurpFedLA (ALGORITHMS.md section 6.4): pFedLA with k = 1 retained layer by default; the code lives in pfedla."""
+"""HeurpFedLA (docs/algorithms.md section 6.4): pFedLA with k = 1 retained layer by default; the code lives in pfedla."""
 
 from fedge.algorithms.pfedla import Client, Server
 from fedge.algorithms.pfedla import HeurConfig as Config

@@ -1,4 +1,4 @@
-"""pFedLA's hypernetwork (docs/algorithms.md, pFedLA) and the arithmetic around it: layer weights, mixing, the HN step.
+"""pFedLA's hypernetwork (docs/algorithms.md section 6) and the arithmetic around it: layer weights, mixing, the HN step.
 
 One ``HyperNetwork`` per client maps its embedding v_i (a parameter) through three Linear + ReLU layers to one head per
 aggregation layer; head l gives the raw, non-negative row r_i^l over the N clients, which ``normalise`` turns into
@@ -8,7 +8,7 @@ carries it through the network with autograd and takes one plain SGD step on psi
 surrogate; docs/algorithms.md gives the sign). Works in any float dtype (float64 for the finite-difference check). Knows
 nothing of models, payloads or the wire.
 
-Initialisation (docs/algorithms.md, pFedLA "Hypernetwork"): the MLP's Linear layers use torch's default init law
+Initialisation (docs/algorithms.md section 6.2): the MLP's Linear layers use torch's default init law
 (U(+-1/sqrt(fan_in)) for weight and bias), the embedding N(0, 1) as torch's nn.Embedding, the heads' weights
 U(0, 1), all drawn from a generator seeded per client, so the coordinator's hypernetworks do not depend on the global
 torch RNG; each head's bias then makes its row start exactly uniform (``level_heads``), so no random initial
@@ -54,7 +54,7 @@ class HyperNetwork(nn.Module):
     @torch.no_grad()
     def level_heads(self) -> None:
         """Set every head's bias so that all its pre-activations are equal at the current psi and v: alpha starts
-        exactly uniform (docs/algorithms.md, pFedLA "Hypernetwork"). b_j = max_k(w_k f) - w_j f >= 0 with f the
+        exactly uniform (docs/algorithms.md section 6.2). b_j = max_k(w_k f) - w_j f >= 0 with f the
         MLP's output; a second pass absorbs the last bits of float rounding, so the raw row is exactly constant."""
         features = self.mlp(self.embedding)
         for head in self.heads:

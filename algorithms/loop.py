@@ -1,7 +1,7 @@
 """THE local training loop: every algorithm's client half trains through this one function, via its hooks.
 
 Holds the optimizer factory and ``train_local``. A fresh optimizer is created every round (no optimizer state is
-carried between rounds, ALGORITHMS.md section 0). The batch order is fixed by the seed the caller derives from
+carried between rounds, docs/algorithms.md section 0). The batch order is fixed by the seed the caller derives from
 (run seed, round, client index), so a run is reproducible. A final batch of one sample is skipped when the model has
 BatchNorm (training-mode BN cannot normalise a single sample). Must not know sockets, packets or the coordinator.
 """

@@ -1,4 +1,4 @@
-"""pFedLA and HeurpFedLA (Ma et al., CVPR 2022; docs/algorithms.md, pFedLA): layer-wise personalised aggregation.
+"""pFedLA and HeurpFedLA (Ma et al., CVPR 2022; docs/algorithms.md section 6): layer-wise personalised aggregation.
 
 Server: keeps theta_j, every client's latest trained parameters (initialised from the initial model), and one
 hypernetwork per client (``algorithms.hypernetwork``). For client i it sends theta_bar_i^l = sum_j alpha_i^{l,j}

@@ -1,4 +1,4 @@
-"""SCAFFOLD (Karimireddy et al. 2020; ALGORITHMS.md section 3): FedAvg with control variates against client drift.
+"""SCAFFOLD (Karimireddy et al. 2020; docs/algorithms.md section 3): FedAvg with control variates against client drift.
 
 Server: x <- x + eta_g sum_i p_i dy_i and c <- c + (1/N) sum_i dc_i, with N = ``context.num_clients`` (all clients,
 not the sampled ones). Client: trains from x with the correction (c - c_i), then c_i+ by Option II (default,
@@ -6,7 +6,7 @@ c_i - c + (x - y_i)/(K eta_l)) or Option I (the full local gradient at the recei
 Downlink groups "model" (x) and "control" (c); uplink groups "delta" (dy_i; integer buffers travel as values) and
 "control" (dc_i). c_i is device state (``Client.state_dict``). Must not import a transport.
 
-Decisions where ALGORITHMS.md is silent:
+Decisions where the papers are silent (docs/algorithms.md records them too):
 - Control variates exist for the float parameters only: every float tensor except BatchNorm running statistics.
   Float buffers are averaged like parameters (x + eta_g sum p_i dy_i); integer buffers take the clients' maximum.
 - Aggregation weights p_i follow ``weighting`` (default "samples", as FedAvg, so that round 1 equals FedAvg's round

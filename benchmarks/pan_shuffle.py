@@ -1,4 +1,4 @@
-"""The PAN shuffle test (ALGORITHMS.md 5.3-5.4): shuffle error against the amplitude A for PAN+ and PAN∘.
+"""The PAN shuffle test (docs/algorithms.md 5.3-5.4): shuffle error against the amplitude A for PAN+ and PAN∘.
 
     python benchmarks/pan_shuffle.py [--out DIR] [--seeds 3] [--amplitudes 0,0.01,0.05,0.1,0.25,0.5,0.75]
 

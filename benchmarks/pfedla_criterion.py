@@ -1,4 +1,4 @@
-"""The pre-registered pass criterion of pFedLA's chain reproduction, and the eta_hn rule (docs/algorithms.md, pFedLA).
+"""The pre-registered pass criterion of pFedLA's chain reproduction, and the eta_hn rule (docs/algorithms.md section 6).
 
 Pure numpy on alpha matrices: no torch, no Fedge import, no I/O, so that tests/test_pfedla_criterion.py can check the
 statistics on matrices whose answer is known. ``alpha`` is (N, N): row i holds the weights client i's model is built

@@ -1,4 +1,4 @@
-"""FedBN against FedAvg under feature shift (ALGORITHMS.md section 7, check 5 and the paper's claim).
+"""FedBN against FedAvg under feature shift (docs/algorithms.md section 7, check 5 and the paper's claim).
 
     python benchmarks/repro_fedbn.py [--out DIR] [--quick] [--seed S] [--threads T]
 

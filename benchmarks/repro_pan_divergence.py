@@ -1,4 +1,4 @@
-"""Weight divergence of FedAvg clients with position-aware neurons on and off (ALGORITHMS.md 5.5, runnable check).
+"""Weight divergence of FedAvg clients with position-aware neurons on and off (docs/algorithms.md 5.5, runnable check).
 
     python benchmarks/repro_pan_divergence.py [--out DIR] [--quick] [--seed S] [--threads T]
 

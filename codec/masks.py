@@ -1,7 +1,7 @@
 """Mask helpers shared by the codec CLI, DSSA and the error-feedback modes.
 
 `retained_count` turns a sparsity or keep fraction into an exact count (decimal text, never binary
-floating point), `topk_mask` builds the global magnitude mask of ALGORITHMS.md section 4.3, and
+floating point), `topk_mask` builds the global magnitude mask of docs/algorithms.md section 4.3, and
 `mask_crc` is the checksum that binds a values-only uplink to the mask it was encoded against.
 
 This module must not import torch, zmq or any other Fedge package.

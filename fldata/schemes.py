@@ -2,7 +2,7 @@
 
 `split_indices` takes the training labels and returns, per client, the sorted indices it holds plus a small
 JSON-able description (its classes, the draws it took). Every index goes to exactly one client. All
-randomness comes from the Generator passed in, so a seed fixes the result. ALGORITHMS.md section 8 and
+randomness comes from the Generator passed in, so a seed fixes the result. docs/algorithms.md section 8 and
 pFedLA's non-IID 1 and 2 (section 6.3) are the references; decisions beyond them are written at each
 function. This module must not know about images, files or any other Fedge package.
 """

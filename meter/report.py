@@ -231,7 +231,7 @@ def _claims_section(run: Run, other: Run) -> list[str]:
                      f"{_percent(check.measured)} | {'paper' if check.paper_accounting else ''} | {holds} | "
                      f"{check.note or ''} |")
     lines += ["", *[f"- {claim.quantity}: {claim.why}." for claim in CLAIMS],
-              "- As ALGORITHMS.md section 4.7 explains, DSSA as described moves about one model per agent per sparse "
+              "- As docs/algorithms.md section 4.7 explains, DSSA as described moves about one model per agent per sparse "
               "round against two for dense FedAvg, so its lossless byte cut is bounded near 50 %; a larger measured "
               "cut comes from lossy or uplink-sparsification options, whose accuracy cost belongs beside it."]
     return lines

@@ -1,4 +1,4 @@
-"""Position-aware neurons (PANs, Li et al. CVPR 2022; ALGORITHMS.md section 5).
+"""Position-aware neurons (PANs, Li et al. CVPR 2022; docs/algorithms.md section 5).
 
 Holds the fixed position encoding that a hidden layer adds to (PAN+, ``add``) or multiplies into (PAN∘, ``mul``)
 its pre-activation. The encoding is a non-persistent buffer: never in a state dict, never transmitted, never

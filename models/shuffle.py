@@ -1,4 +1,4 @@
-"""The PAN shuffle test (ALGORITHMS.md 5.3): permute hidden neurons consistently and measure how the output moves.
+"""The PAN shuffle test (docs/algorithms.md 5.3): permute hidden neurons consistently and measure how the output moves.
 
 Holds the official shuffle-permutation generator, ``hidden_layers`` (which hidden layers a sequential network has and
 who consumes each), ``permute_hidden`` (applies one permutation per hidden layer in place: rows of W_l and b_l, the
@@ -7,7 +7,7 @@ output is flattened into a Linear layer), ``shuffle_error`` and ``shuffle_mlp``,
 Position encodings are never permuted: they are tied to positions, which is the point of PANs. Knows nothing of
 algorithms, data or the wire.
 
-Decisions where ALGORITHMS.md is silent:
+Decisions where the papers are silent (docs/algorithms.md records them too):
 - The generator draws j before the swap coin in every step, both from one ``numpy.random.Generator``; ratio = 1 and
   P_sf = 1 make it a Fisher-Yates shuffle, i.e. the "full random permutation" of the 5.4 checks.
 - Hidden layers are found by registration order of Conv/Linear modules (every one but the last is hidden; its

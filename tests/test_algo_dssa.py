@@ -1,4 +1,4 @@
-"""DSSA over FedAvg, FedProx and SCAFFOLD: the checks of ALGORITHMS.md section 4.6 and the section 10 options.
+"""DSSA over FedAvg, FedProx and SCAFFOLD: the checks of docs/algorithms.md section 4.6 and the section 10 options.
 
 Every round goes through the real codec (encode -> bytes -> decode); payload sizes are counted on decoded packets.
 """

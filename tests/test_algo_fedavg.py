@@ -1,4 +1,4 @@
-"""FedAvg: the checks of ALGORITHMS.md section 1, through real packets."""
+"""FedAvg: the checks of docs/algorithms.md section 1, through real packets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedBN keeps every BatchNorm tensor on its device (ALGORITHMS.md section 7, checks 1-5), in-process on a CPU."""
+"""FedBN keeps every BatchNorm tensor on its device (docs/algorithms.md section 7, checks 1-5), in-process on a CPU."""
 
 from __future__ import annotations
 

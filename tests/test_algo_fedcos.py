@@ -1,4 +1,4 @@
-"""fedcos (ALGORITHMS.md section 9, checks 1-5, plus its device state, warm start, selection and 8-bit uploads)."""
+"""fedcos (docs/algorithms.md section 9, checks 1-5, plus its device state, warm start, selection and 8-bit uploads)."""
 
 from __future__ import annotations
 

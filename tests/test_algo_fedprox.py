@@ -1,4 +1,4 @@
-"""FedProx: the checks of ALGORITHMS.md section 2."""
+"""FedProx: the checks of docs/algorithms.md section 2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""pFedLA and HeurpFedLA (docs/algorithms.md, pFedLA checks 1-6, the uniform start, the guard, resume): in-process,
+"""pFedLA and HeurpFedLA (docs/algorithms.md section 6.5, checks 1-6, the uniform start, the guard, resume): in-process,
 tiny models, CPU."""
 
 from __future__ import annotations
@@ -392,7 +392,7 @@ def partner_above_others(alpha: np.ndarray) -> list[bool]:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_hypernetworks_learn_which_clients_share_classes(seed: int) -> None:
-    """The cheap proxy check of docs/algorithms.md (pFedLA, "Checks"): after 30 rounds every client weights its
+    """The cheap proxy check of docs/algorithms.md section 6.5: after 30 rounds every client weights its
     partner above the others.
 
     eta_hn = 1, as in benchmarks/repro_pfedla.py's default: at 5e-3 no alpha entry moves by more than 0.001 in 30

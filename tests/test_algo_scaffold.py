@@ -1,4 +1,4 @@
-"""SCAFFOLD: the checks of ALGORITHMS.md section 3, plus device state and packet shape."""
+"""SCAFFOLD: the checks of docs/algorithms.md section 3, plus device state and packet shape."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Mask helpers: exact retained counts, top-k equal to the stable-sort rule of ALGORITHMS.md 4.3, mask CRCs."""
+"""Mask helpers: exact retained counts, top-k equal to the stable-sort rule of docs/algorithms.md 4.3, mask CRCs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Position-aware neurons and the shuffle test (ALGORITHMS.md 5.3-5.4, checks 1-6), on small MLPs and CNNs."""
+"""Position-aware neurons and the shuffle test (docs/algorithms.md 5.3-5.4, checks 1-6), on small MLPs and CNNs."""
 
 from __future__ import annotations
 

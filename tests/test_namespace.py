@@ -165,3 +165,22 @@ def test_the_readme_names_every_hook_of_the_algorithm_contract() -> None:
         assert len(hooks) >= 10
         missing = [name for name in hooks if f"`{name}`" not in section]
         assert not missing, f"README's 'Adding an algorithm' does not name {missing} of {protocol.__name__}"
+
+
+def test_every_section_the_code_cites_exists_in_the_repository() -> None:
+    """References such as "docs/algorithms.md section 4.3" or "docs/meter.md sections 2.2 and 2.4" name headings
+    of pages in this repository (a clone has no spec elsewhere)."""
+    root = Path(__file__).resolve().parents[1]
+    pages = {name: (root / "docs" / name).read_text() for name in ("algorithms.md", "meter.md")}
+    headings = {name: set(re.findall(r"^#{2,4} (\d+(?:\.\d+)*)[. ]", text, re.M)) for name, text in pages.items()}
+    cited: list[tuple[str, str, str]] = []
+    for path in [*python_files(root), *sorted(root.glob("docs/*.md")), root / "README.md"]:
+        text = path.read_text(encoding="utf-8")
+        for page, rest in re.findall(r"docs/(algorithms\.md|meter\.md),? (?:sections? |§)?(\d[\d.]*(?:(?:, | and |-)\d[\d.]*)*)",
+                                     text):
+            for number in re.findall(r"\d+(?:\.\d+)*", rest):
+                cited.append((str(path.relative_to(root)), page, number))
+    assert len(cited) >= 30
+    missing = [c for c in cited if c[2] not in headings[c[1]]]
+    assert not missing, f"cited sections that do not exist: {missing[:10]}"
+    assert "ALGORITHMS.md" not in (root / "README.md").read_text() and "../shared" not in (root / "README.md").read_text()
