@@ -61,7 +61,7 @@ class LocalFleet:
     def command(self, agent: AgentSpec) -> list[str]:
         cmd = [self.python, "-m", "fedge.edge_agent", "run", "--coordinator", self.endpoint,
                "--client-id", agent.client_id, "--data", str(agent.shard), "--state-dir", str(agent.state_dir),
-               "--device", "cpu", "--parent-pid", str(os.getpid()),
+               "--device", "cpu", "--parent-pid", str(os.getpid()), "--after-session", "exit",
                "--log-file", str(agent.state_dir / "agent.log")]
         for name in self.allow_plugins:
             cmd += ["--allow-plugin", name]

@@ -37,6 +37,7 @@ from fedge.edge_agent.protocol import (
     CancelTraining,
     Confirm,
     Join,
+    Left,
     SayHello,
     Send,
     SendFrame,
@@ -84,7 +85,8 @@ class Agent:
         self.session: JoinedSession | None = None
         self.worker: threading.Thread | None = None
         self.outcome: Outcome | None = None
-        self.protocol = AgentProtocol(settings.client_id, settings.hello_interval_s)
+        self.protocol = AgentProtocol(settings.client_id, settings.hello_interval_s,
+                                      stay=settings.after_session == "wait")
         self.progress = 0      # main-loop iterations and messages handled
         self.train_steps = 0   # optimizer steps taken by the training thread
         self.exit_code = 0
@@ -251,6 +253,18 @@ class Agent:
         return codec.Update(run_id=session.run_id, round=round_number, sender=self.settings.client_id,
                             groups=dict(update.groups), meta=dict(update.meta), **fields)
 
+    def leave_session(self, transport: DealerTransport, run_id: str) -> None:
+        """The session finished; the agent stays up: its goodbye, then nothing of the session is kept in memory
+        (its committed state stays on disk). The next welcome builds a new session."""
+        if self.worker is not None and self.worker.is_alive():
+            self.cancel_requested.set()
+            self.worker.join(timeout=60)
+        self.send(transport, codec.Bye(run_id=run_id, round=0, sender=self.settings.client_id,
+                                       code=codec.vocabulary.BYE_STOPPING, reason="session finished; staying up"))
+        self.session, self.outcome = None, None
+        trim_heap()
+        log.info("session %s finished; waiting for the next one", run_id)
+
     def on_commit(self, round_number: int) -> None:
         if self.session is not None and self.state.confirm(self.session.run_id, round_number):
             log.info("round %d committed", round_number)
@@ -275,6 +289,8 @@ class Agent:
                 self.start_task(action.task, decode_cpu_s)
             elif isinstance(action, Confirm):
                 self.on_commit(action.round)
+            elif isinstance(action, Left):
+                self.leave_session(transport, action.run_id)
             elif isinstance(action, Stop):
                 self.exit_code = action.exit_code
                 self.stop_requested.set()

@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--curve", choices=("on", "off"), help="CurveZMQ encryption and authentication")
     run.add_argument("--keys-dir", help="directory holding agent.key and agent.key_secret")
     run.add_argument("--coordinator-key", help="the coordinator's public key file")
+    run.add_argument("--after-session", choices=("wait", "exit"),
+                     help="when a session finishes: wait for the next one (default) or exit")
     run.add_argument("--parent-pid", type=int, help="stop when this process is gone (used by the local fleet)")
     run.add_argument("--log-file", help="also write JSON-lines logs here")
     run.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
@@ -74,7 +76,7 @@ def run_agent(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, {
         "coordinator": args.coordinator, "client_id": args.client_id, "data": args.data,
         "state_dir": args.state_dir, "device": args.device, "curve": args.curve, "keys_dir": args.keys_dir,
-        "coordinator_public_key": args.coordinator_key,
+        "coordinator_public_key": args.coordinator_key, "after_session": args.after_session,
     }, extra_plugins=args.allow_plugin or [])
     import torch
 

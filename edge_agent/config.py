@@ -33,6 +33,7 @@ class AgentSettings:
     allow_plugins: tuple[str, ...] = ()
     allow_plugin_mismatch: bool = False
     data_refresh: str = "once"
+    after_session: str = "wait"  # wait for the next session, or exit when one finishes
 
     def validate(self) -> None:
         if not self.coordinator:
@@ -49,6 +50,8 @@ class AgentSettings:
             raise ValueError("agent.allow_plugins must be a list of plugin names")
         if not isinstance(self.allow_plugin_mismatch, bool):
             raise ValueError("agent.allow_plugin_mismatch must be true or false")
+        if self.after_session not in ("wait", "exit"):
+            raise ValueError(f"agent.after_session must be wait or exit, got {self.after_session!r}")
         if self.curve not in ("on", "off"):
             raise ValueError("security.curve must be on or off")
         if self.curve == "on" and not (self.keys_dir and self.coordinator_public_key):
@@ -56,7 +59,7 @@ class AgentSettings:
 
 
 AGENT_KEYS = {"coordinator", "client_id", "data", "state_dir", "device", "hello_interval_s", "energy",
-              "allow_plugins", "allow_plugin_mismatch"}
+              "allow_plugins", "allow_plugin_mismatch", "after_session"}
 DATA_KEYS = {"refresh"}
 SECURITY_KEYS = {"curve", "keys_dir", "coordinator_public_key"}
 

@@ -71,6 +71,13 @@ class Confirm:
 
 
 @dataclass(frozen=True)
+class Left:
+    """The session finished and the agent stays up for the next one: forget the session (the protocol has)."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
 class Stop:
     exit_code: int
     reason: str
@@ -82,14 +89,15 @@ class Noted:
     text: str
 
 
-Action = Send | SendFrame | SayHello | Join | Train | CancelTraining | Confirm | Stop | Noted
+Action = Send | SendFrame | SayHello | Join | Train | CancelTraining | Confirm | Left | Stop | Noted
 
 
 class AgentProtocol:
     """This device's view of the session; see the module docstring."""
 
-    def __init__(self, client_id: str, hello_interval_s: float) -> None:
+    def __init__(self, client_id: str, hello_interval_s: float, stay: bool = True) -> None:
         self.client_id = client_id
+        self.stay = stay                 # after a finished session: wait for the next one (or stop)
         self.hello_interval_s = hello_interval_s
         self.run_id = ""
         self.index: int | None = None
@@ -131,8 +139,14 @@ class AgentProtocol:
                                            f"{self.run_id or 'none'})")]
         if isinstance(message, codec.Bye):
             if message.code == words.BYE_FINISHED:
-                return [Noted(logging.INFO, f"coordinator says goodbye: {message.reason}"),
-                        Stop(0, message.reason)]
+                if not self.stay:
+                    return [Noted(logging.INFO, f"coordinator says goodbye: {message.reason}"),
+                            Stop(0, message.reason)]
+                finished = self.run_id
+                self.run_id, self.index, self.holding, self.held = "", None, None, None
+                self.last_heard, self.refusals, self.refused = 0.0, 0, ""
+                return [Noted(logging.INFO, f"coordinator says goodbye: {message.reason}; waiting for the next "
+                                            "session"), Left(finished)]
             self.last_heard = 0.0  # say hello again as soon as the interval allows
             return [Noted(logging.WARNING, f"coordinator says goodbye: {message.reason}; waiting for it to come "
                                            "back")]

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -138,7 +139,7 @@ def test_agents_wait_through_a_coordinator_sigterm_and_finish_with_the_resumed_r
     address = endpoint(run_dir)
     agents = [procs.agent("--coordinator", address, "--client-id", f"dev-{i}", "--data",
                           str(data / f"client-{i:03d}.npz"), "--state-dir", str(tmp_path / f"state-{i}"),
-                          name=f"agent-{i}") for i in range(2)]
+                          "--after-session", "exit", name=f"agent-{i}") for i in range(2)]
     wait_for(lambda: len(metrics(run_dir)) >= 2, 120, "round 2")
     first.send_signal(signal.SIGTERM)
     assert first.wait(60) == 0, procs.output("first")
@@ -152,3 +153,27 @@ def test_agents_wait_through_a_coordinator_sigterm_and_finish_with_the_resumed_r
     assert metrics(run_dir)[-1]["reported"] == 2
     for agent in agents:
         assert agent.wait(60) == 0
+
+
+def test_an_agent_serves_one_session_after_another(procs: Processes, tmp_path: Path) -> None:
+    """A service agent (the default, agent.after_session = wait) survives the end of a session and trains in the
+    next one its coordinator starts on the same address; SIGTERM then stops it with exit 0."""
+    data = shards(tmp_path, 1)
+    common = ["--model", "mlp", "--set", "data.train_limit=200", "--set", "data.clients=1", "--expect", "1",
+              "--rounds", "1", "--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=6.0", "--quiet"]
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    first = procs.coordinator("--bind", "tcp://127.0.0.1:0", "--run-dir", str(first_dir), *common, name="first")
+    address = endpoint(first_dir)
+    agent = procs.agent("--coordinator", address, "--client-id", "dev-0", "--data",
+                        str(data / "client-000.npz"), "--state-dir", str(tmp_path / "state"), name="agent")
+    assert finished(first, 240) == 0, procs.output("first")
+    time.sleep(1.0)
+    assert agent.poll() is None, "a service agent stays up after its session finished: " + procs.output("agent")
+    port = address.rsplit(":", 1)[1]
+    second = procs.coordinator("--bind", f"tcp://127.0.0.1:{port}", "--run-dir", str(second_dir), *common,
+                               name="second")
+    assert finished(second, 240) == 0, procs.output("second")
+    assert [r["reported"] for r in metrics(second_dir)] == [1]
+    assert "waiting for the next session" in procs.output("agent")
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(60) == 0, procs.output("agent")

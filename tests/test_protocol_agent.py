@@ -12,6 +12,7 @@ from fedge.edge_agent.protocol import (
     CancelTraining,
     Confirm,
     Join,
+    Left,
     SayHello,
     Send,
     SendFrame,
@@ -168,7 +169,13 @@ def test_commits_are_confirmed_only_for_the_joined_run_and_malformed_packets_cha
 def test_byes_and_errors() -> None:
     p = joined()
     finished = from_coordinator(codec.Bye, 5, code="finished", reason="session finished")
-    assert [a.exit_code for a in p.receive(finished, 0.0) if isinstance(a, Stop)] == [0]
+    assert [a for a in p.receive(finished, 0.0) if isinstance(a, Left)] == [Left("r1")]  # a service stays up
+    assert p.index is None and p.status(training=False) == "waiting for a session"
+    assert kinds(p.receive(welcome(run_id="r2"), 1.0)) == ["Join"]  # and joins the next session
+    once = AgentProtocol("pi", 3.0, stay=False)
+    (join,) = [a for a in once.receive(welcome(), 0.0) if isinstance(a, Join)]
+    once.joined("r1", 2, 1.0, 5.0)
+    assert [a.exit_code for a in once.receive(finished, 0.0) if isinstance(a, Stop)] == [0]
     p = joined()
     later = from_coordinator(codec.Bye, 5, code="stopping", reason="coordinator stopping")
     assert kinds(p.receive(later, 10.0)) == [] and p.last_heard == 0.0
