@@ -80,7 +80,7 @@ class Agent:
         self.stop_requested = threading.Event()
         self.cancel_requested = threading.Event()  # the coordinator cancelled the round being trained
         self.data = data or DeviceData.open(settings.data)  # first: bad data is refused before anything is written
-        self.state = DeviceState(settings.state_dir)
+        self.state = DeviceState(settings.state_dir, settings.keep_sessions)
         self.device = self.pick_device(settings.device)
         self.session: JoinedSession | None = None
         self.worker: threading.Thread | None = None

@@ -34,6 +34,7 @@ class AgentSettings:
     allow_plugin_mismatch: bool = False
     data_refresh: str = "once"
     after_session: str = "wait"  # wait for the next session, or exit when one finishes
+    keep_sessions: int = 3       # device states kept: this session's and the most recent earlier ones
 
     def validate(self) -> None:
         if not self.coordinator:
@@ -50,6 +51,8 @@ class AgentSettings:
             raise ValueError("agent.allow_plugins must be a list of plugin names")
         if not isinstance(self.allow_plugin_mismatch, bool):
             raise ValueError("agent.allow_plugin_mismatch must be true or false")
+        if isinstance(self.keep_sessions, bool) or not isinstance(self.keep_sessions, int) or self.keep_sessions < 1:
+            raise ValueError(f"agent.keep_sessions must be an integer >= 1, got {self.keep_sessions!r}")
         if self.after_session not in ("wait", "exit"):
             raise ValueError(f"agent.after_session must be wait or exit, got {self.after_session!r}")
         if self.curve not in ("on", "off"):
@@ -59,7 +62,7 @@ class AgentSettings:
 
 
 AGENT_KEYS = {"coordinator", "client_id", "data", "state_dir", "device", "hello_interval_s", "energy",
-              "allow_plugins", "allow_plugin_mismatch", "after_session"}
+              "allow_plugins", "allow_plugin_mismatch", "after_session", "keep_sessions"}
 DATA_KEYS = {"refresh"}
 SECURITY_KEYS = {"curve", "keys_dir", "coordinator_public_key"}
 

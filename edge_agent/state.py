@@ -6,6 +6,11 @@ later task whose ``last_accepted_round`` names the round). A pending state the c
 discarded, so a resumed coordinator never makes a device apply a round twice. Files are written atomically. Knows
 nothing of sockets, torch or algorithms: it stores named numpy arrays.
 
+A long-lived agent serves session after session. When a session other than the one in ``committed.npz`` commits
+for the first time, the older session's committed state is moved (renamed, not rewritten) to
+``sessions/RUN_ID.npz``, so that a session resumed later finds its device state again; the ``keep_sessions`` most
+recent sessions are kept in all, the current one included, and older ones are removed.
+
 Beside the client half's state, each round's file holds the model the device would answer predictions with (its
 ``model`` arrays and their ``model_meta``: the model spec, the normalisation, the run and round), so that what
 ``edge-agent predict`` uses is always the latest *committed* model, promoted in the same rename.
@@ -13,6 +18,8 @@ Beside the client half's state, each round's file holds the model the device wou
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,16 +54,61 @@ def _load(path: Path, with_model: bool = False) -> StoredState | None:
 class DeviceState:
     """committed.npz and pending.npz under the agent's state directory."""
 
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(self, state_dir: str | Path, keep_sessions: int = 3) -> None:
+        if keep_sessions < 1:
+            raise ValueError(f"keep_sessions must be >= 1, got {keep_sessions}")
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.committed_path = self.dir / "committed.npz"
         self.pending_path = self.dir / "pending.npz"
+        self.sessions_dir = self.dir / "sessions"
+        self.keep_sessions = keep_sessions
+        self.current_run: str | None = None  # the run of committed.npz, once read (a commit keeps it up to date)
+
+    def archived_path(self, run_id: str) -> Path:
+        """Where an earlier session's committed state is kept (a file name made of the run id)."""
+        safe = run_id if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", run_id) and run_id not in (".", "..") else \
+            hashlib.sha256(run_id.encode()).hexdigest()[:32]
+        return self.sessions_dir / f"{safe}.npz"
 
     def committed(self, run_id: str) -> dict[str, np.ndarray]:
-        """The committed state of this run (empty for a new run: the state of another run is not reused)."""
-        state = _load(self.committed_path)
-        return dict(state.arrays) if state is not None and state.run_id == run_id else {}
+        """The committed state of this run: the current one, or an earlier session's kept one; empty for a new run
+        (the state of another run is never reused)."""
+        for path in (self.committed_path, self.archived_path(run_id)):
+            state = _load(path)
+            if state is not None and state.run_id == run_id:
+                return dict(state.arrays)
+        return {}
+
+    def sessions(self) -> list[str]:
+        """The runs whose state this device keeps, the current one first."""
+        runs = []
+        current = _load(self.committed_path)
+        if current is not None:
+            runs.append(current.run_id)
+        if self.sessions_dir.exists():
+            for path in sorted(self.sessions_dir.glob("*.npz"), key=lambda p: p.stat().st_mtime, reverse=True):
+                stored = _load(path)
+                if stored is not None and stored.run_id not in runs:
+                    runs.append(stored.run_id)
+        return runs
+
+    def archive_for(self, run_id: str) -> None:
+        """Before another run's state becomes the committed one: keep the current run's (a rename), and remove
+        the sessions beyond ``keep_sessions``."""
+        if self.current_run is None:
+            current = _load(self.committed_path)
+            self.current_run = current.run_id if current is not None else ""
+        if self.current_run in ("", run_id):
+            return
+        if self.keep_sessions > 1:
+            self.sessions_dir.mkdir(exist_ok=True)
+            replace_durably(self.committed_path, self.archived_path(self.current_run))
+        self.archived_path(run_id).unlink(missing_ok=True)  # the run that commits now is current again
+        if self.sessions_dir.exists():
+            kept = sorted(self.sessions_dir.glob("*.npz"), key=lambda p: p.stat().st_mtime, reverse=True)
+            for path in kept[max(self.keep_sessions - 1, 0):]:
+                path.unlink(missing_ok=True)
 
     def write_pending(self, run_id: str, round_number: int, arrays: dict[str, np.ndarray],
                       model: dict[str, np.ndarray] | None = None, model_meta: dict[str, Any] | None = None) -> None:
@@ -77,7 +129,9 @@ class DeviceState:
             self.pending_path.unlink(missing_ok=True)
             return False
         if pending.round == accepted_round:
+            self.archive_for(run_id)
             replace_durably(self.pending_path, self.committed_path)
+            self.current_run = run_id
             return True
         if pending.round < accepted_round:
             self.pending_path.unlink(missing_ok=True)

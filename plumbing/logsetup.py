@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
 import sys
 import time
@@ -61,9 +62,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+LOG_FILE_BYTES = 50 << 20  # a log file is rotated at this size ...
+LOG_FILE_BACKUPS = 3       # ... keeping this many older files (NAME.1 the newest): at most 200 MB in all
+
+
 def setup_logging(json_lines: bool = False, level: int = logging.INFO, log_file: str | None = None,
-                  quiet: bool = False) -> None:
-    """Configure the root logger once: stderr (unless quiet: warnings only) and an optional JSON-lines file."""
+                  quiet: bool = False, max_bytes: int = LOG_FILE_BYTES, backups: int = LOG_FILE_BACKUPS) -> None:
+    """Configure the root logger once: stderr (unless quiet: warnings only) and an optional JSON-lines file,
+    rotated at ``max_bytes`` with ``backups`` older files kept."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
@@ -78,6 +84,7 @@ def setup_logging(json_lines: bool = False, level: int = logging.INFO, log_file:
         console.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
     root.addHandler(console)
     if log_file:
-        handler = logging.FileHandler(log_file, encoding="utf-8")
+        handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backups,
+                                                       encoding="utf-8")
         handler.setFormatter(JsonFormatter())
         root.addHandler(handler)

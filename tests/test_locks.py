@@ -48,3 +48,34 @@ def test_a_second_coordinator_and_a_second_agent_are_refused_in_one_line(tmp_pat
     finally:
         process.kill()
         process.wait(10)
+
+
+def test_a_long_lived_agent_keeps_the_state_of_its_last_sessions(tmp_path: Path) -> None:
+    import numpy as np
+
+    from fedge.edge_agent.state import DeviceState
+
+    state = DeviceState(tmp_path / "dev", keep_sessions=2)
+
+    def commit(run: str, round_number: int, value: float) -> None:
+        state.write_pending(run, round_number, {"c": np.full(3, value, np.float32)})
+        assert state.confirm(run, round_number)
+
+    commit("run-a", 1, 1.0)
+    commit("run-a", 2, 2.0)
+    commit("run-b", 1, 10.0)  # another session: run-a's state is kept aside, renamed
+    assert state.sessions() == ["run-b", "run-a"] and (tmp_path / "dev" / "sessions" / "run-a.npz").exists()
+    assert state.committed("run-a")["c"][0] == 2.0 and state.committed("run-b")["c"][0] == 10.0
+    commit("run-a", 3, 3.0)  # run-a resumes: it is current again, run-b is kept
+    assert state.sessions() == ["run-a", "run-b"] and not (tmp_path / "dev" / "sessions" / "run-a.npz").exists()
+    commit("run-c", 1, 100.0)  # a third session: only two are kept
+    assert state.sessions() == ["run-c", "run-a"] and state.committed("run-b") == {}
+    single = DeviceState(tmp_path / "one", keep_sessions=1)
+    single.write_pending("x", 1, {"c": np.zeros(1, np.float32)})
+    single.confirm("x", 1)
+    single.write_pending("y", 1, {"c": np.ones(1, np.float32)})
+    single.confirm("y", 1)
+    assert single.sessions() == ["y"] and single.committed("x") == {}
+    with pytest.raises(ValueError, match="keep_sessions"):
+        DeviceState(tmp_path / "bad", keep_sessions=0)
+    assert DeviceState(tmp_path / "dev").archived_path("../../etc").name != "../../etc.npz"

@@ -244,3 +244,25 @@ def test_log_lines_to_the_journal_carry_their_priority_and_no_timestamp(tmp_path
     assert lines[0] == "<4>fedge.test: disk nearly full" and lines[1] == "<6>fedge.test: round 3 committed"
     assert lines[2] == "<3>fedge.test: round failed" and all(line.startswith("<3>") for line in lines[2:])
     assert any("ValueError: boom" in line for line in lines[2:])
+
+
+def test_log_files_rotate_and_keep_a_bounded_number_of_older_files(tmp_path: Path) -> None:
+    import json
+    import logging
+
+    from fedge.plumbing import logsetup
+
+    path = tmp_path / "coordinator.log"
+    logsetup.setup_logging(log_file=str(path), quiet=True, max_bytes=4000, backups=2)
+    try:
+        for i in range(400):
+            logging.getLogger("fedge.test").info("line %d %s", i, "x" * 40)
+    finally:
+        for handler in logging.getLogger().handlers:
+            handler.close()
+        logging.getLogger().handlers.clear()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["coordinator.log", "coordinator.log.1", "coordinator.log.2"]
+    assert all((tmp_path / n).stat().st_size <= 4000 for n in names)
+    last = json.loads(path.read_text().splitlines()[-1])
+    assert last["msg"].startswith("line 399")
