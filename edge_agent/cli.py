@@ -61,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--onnx", help="an ONNX file of the same model definition (e.g. the coordinator's "
                          "model.onnx) when this device cannot export its own")
     predict.add_argument("--json", action="store_true", help="one JSON object: classes, logits and the model used")
+    check = sub.add_parser("check", help="is this device ready? torch, energy source, data, keys, the coordinator; "
+                           "one line each, exit 1 when something would stop a session")
+    check.add_argument("--config", help="the agent's TOML file")
+    check.add_argument("--coordinator", help="the coordinator's address, e.g. tcp://192.0.2.10:5555")
+    check.add_argument("--client-id", help="this device's id (the check connects as check-ID: it enrols nothing)")
+    check.add_argument("--data", help="this device's shard or data callable")
+    check.add_argument("--curve", choices=("on", "off"))
+    check.add_argument("--keys-dir")
+    check.add_argument("--coordinator-key")
+    check.add_argument("--timeout", type=float, default=5.0, help="seconds for each network step (default 5)")
     keygen = sub.add_parser("keygen", help="write a CurveZMQ key pair (agent.key, agent.key_secret)")
     keygen.add_argument("--keys-dir", required=True)
     keygen.add_argument("--force", action="store_true", help="replace an existing key pair")
@@ -99,6 +109,21 @@ def run_agent(args: argparse.Namespace) -> int:
     with ServiceNotifier(agent.watchdog_count, status="starting") as service:
         agent.show_status = service.show
         return agent.run()
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from fedge.edge_agent.check import run_checks
+    from fedge.edge_agent.config import load_settings
+
+    settings = load_settings(args.config, {
+        "coordinator": args.coordinator, "client_id": args.client_id or ("check" if not args.config else None),
+        "data": args.data, "curve": args.curve, "keys_dir": args.keys_dir,
+        "coordinator_public_key": args.coordinator_key,
+    })
+    items = run_checks(settings, args.timeout)
+    for item in items:
+        print(item.line())
+    return 0 if all(item.ok for item in items) else 1
 
 
 def run_predict(args: argparse.Namespace) -> int:
@@ -146,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "predict":
             return run_predict(args)
+        if args.command == "check":
+            return run_check(args)
         return run_agent(args)
     except Exception as exc:
         from fedge.edge_agent.data import LocalDataError

@@ -1,0 +1,72 @@
+"""`edge-agent check` against a real CurveZMQ coordinator: ready, unreachable, a wrong coordinator key, a key not in
+the allow-list, a secret key readable by others, an unreadable shard; one line each, exit 1 on a failure."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e import Processes, procs  # noqa: F401 - the fixture
+from tests.test_byom_sessions import sensor_shard
+from tests.test_e2e_faults import endpoint
+
+
+def keygen(tool: str, keys: Path) -> None:
+    module = "fedge.coordinator.cli" if tool == "coordinator" else "fedge.edge_agent"
+    subprocess.run([sys.executable, "-m", module, "keygen", "--keys-dir", str(keys)], check=True,
+                   capture_output=True, timeout=60)
+
+
+def check(*args: str) -> tuple[int, list[str]]:
+    out = subprocess.run([sys.executable, "-m", "fedge.edge_agent", "check", "--client-id", "dev-0", "--timeout", "3",
+                          *args], capture_output=True, text=True, timeout=120)
+    return out.returncode, out.stdout.splitlines() + out.stderr.splitlines()
+
+
+def line(lines: list[str], name: str) -> str:
+    return next((item for item in lines if item[5:].startswith(f"{name}:")), f"(no {name} line in {lines})")
+
+
+def test_edge_agent_check_says_what_would_stop_a_session(procs: Processes, tmp_path: Path) -> None:  # noqa: F811
+    server_keys, agent_keys, stranger_keys, other_server = (tmp_path / n for n in ("server", "agent", "stranger",
+                                                                                   "other"))
+    keygen("coordinator", server_keys)
+    keygen("coordinator", other_server)
+    keygen("agent", agent_keys)
+    keygen("agent", stranger_keys)
+    (server_keys / "allowed").mkdir(exist_ok=True)
+    shutil.copyfile(agent_keys / "agent.key", server_keys / "allowed" / "dev-0.key")
+    run_dir = tmp_path / "run"
+    procs.coordinator("--bind", "tcp://127.0.0.1:0", "--expect", "1", "--rounds", "1", "--run-dir", str(run_dir),
+                      "--model", "mlp", "--set", "security.curve=\"on\"", "--set", f"security.keys_dir=\"{server_keys}\"",
+                      "--quiet")
+    address = endpoint(run_dir)
+    shard = str(sensor_shard(tmp_path / "shard.npz"))
+    curve = ["--coordinator", address, "--curve", "on", "--coordinator-key", str(server_keys / "coordinator.key")]
+
+    code, lines = check(*curve, "--keys-dir", str(agent_keys), "--data", shard)
+    assert code == 0, lines
+    assert [item.split(":")[0] for item in lines] == ["ok   torch", "ok   energy", "ok   data", "ok   keys",
+                                                      "ok   coordinator", "ok   handshake", "ok   protocol"]
+    assert "50 training and 10 test samples, 3 classes" in line(lines, "data") and "hello-first: nothing was enrolled" in line(lines, "protocol")
+
+    code, lines = check("--coordinator", "tcp://127.0.0.1:9", "--data", shard)  # nothing listens on port 9
+    assert code == 1 and line(lines, "coordinator").startswith("FAIL coordinator: cannot reach 127.0.0.1:9"), lines
+
+    wrong = [*curve[:4], "--coordinator-key", str(other_server / "coordinator.key")]
+    code, lines = check(*wrong, "--keys-dir", str(agent_keys), "--data", shard)
+    assert code == 1 and line(lines, "handshake").startswith("FAIL handshake"), lines
+
+    code, lines = check(*curve, "--keys-dir", str(stranger_keys), "--data", shard)
+    assert code == 1 and "not in its allow-list" in line(lines, "handshake"), lines
+
+    (agent_keys / "agent.key_secret").chmod(0o644)
+    code, lines = check(*curve, "--keys-dir", str(agent_keys), "--data", shard)
+    assert code == 1 and "readable by others (mode 0644)" in line(lines, "keys"), lines
+    assert not any(item.startswith("ok   handshake") for item in lines)  # no network step with unsafe keys
+    (agent_keys / "agent.key_secret").chmod(0o600)
+
+    code, lines = check(*curve, "--keys-dir", str(agent_keys), "--data", str(tmp_path / "missing.npz"))
+    assert code == 1 and line(lines, "data").startswith("FAIL data:"), lines
