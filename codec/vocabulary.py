@@ -37,6 +37,7 @@ DATA_MISMATCH = "data-mismatch"          # this device's data does not fit the s
 MODEL_FAILED = "model-failed"            # the session's model or loss cannot be built here
 NO_NORMALIZATION = "no-normalization"    # data from a callable, and the session carries no normalisation
 BAD_WELCOME = "bad-welcome"              # the welcome's settings cannot be used
+UNAVAILABLE = "unavailable"              # this device may not train now (its availability rules): not a failure
 
 # The codes with which an agent declines a session at its welcome: the coordinator frees the client index the agent
 # took, so that another device can have it.
@@ -45,7 +46,8 @@ JOIN_REFUSALS = frozenset({PLUGIN_REFUSED, PLUGIN_MISMATCH, DATA_MISMATCH, MODEL
 # The coordinator's session-level refusals: the agent backs off and says hello again later.
 SESSION_REFUSALS = frozenset({PROTOCOL_MISMATCH, MODEL_MISMATCH, SESSION_FULL})
 ERROR_CODES = frozenset({MALFORMED, SENDER_MISMATCH, HELLO_FIRST, PROTOCOL_MISMATCH, MODEL_MISMATCH, SESSION_FULL,
-                         STALE, NOT_SELECTED, DUPLICATE, INVALID_UPDATE, UNEXPECTED, ROUND_FAILED}) | JOIN_REFUSALS
+                         STALE, NOT_SELECTED, DUPLICATE, INVALID_UPDATE, UNEXPECTED, ROUND_FAILED,
+                         UNAVAILABLE}) | JOIN_REFUSALS
 
 # Bye codes.
 BYE_FINISHED = "finished"  # the session is over: an agent that receives it stops (exit 0)

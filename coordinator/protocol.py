@@ -77,9 +77,11 @@ class RoundState:
     updates: dict[int, tuple[codec.Update, int]] = field(default_factory=dict)
     failed: set[int] = field(default_factory=set)
     tasks_sent: set[int] = field(default_factory=set)
+    unavailable: dict[int, str] = field(default_factory=dict)  # declined by their availability rules: why
 
     def awaited(self) -> list[int]:
-        return [i for i in self.selected if i not in self.updates and i not in self.failed]
+        return [i for i in self.selected if i not in self.updates and i not in self.failed and
+                i not in self.unavailable]
 
 
 class RejectionLimiter:
@@ -166,6 +168,8 @@ class CoordinatorProtocol:
                                                           f"{message.reason}")] if admitted else []
             if message.code == words.ROUND_FAILED:
                 events += self.on_failed_round(agent.index, message.round)
+            elif message.code == words.UNAVAILABLE:
+                self.on_unavailable(agent.index, message.round, message.reason)
             elif message.code in words.JOIN_REFUSALS:
                 events += self.on_declined(client_id, agent.index)
             return events
@@ -253,6 +257,14 @@ class CoordinatorProtocol:
         if current is not None and index in current.awaited():
             current.failed.add(index)
         return [Noted(logging.INFO, f"agent {client_id} left: {bye.reason}")]
+
+    def on_unavailable(self, index: int, round_number: int, reason: str) -> None:
+        """A selected agent may not train now: stop waiting for it. Not a failure: the server half keeps what it
+        assumes of the device (no ``forget``), and the round does not count it as missed."""
+        current = self.current
+        if current is not None and current.number == round_number and index in current.selected and \
+                index not in current.updates:
+            current.unavailable[index] = reason[:200]
 
     def on_failed_round(self, index: int, round_number: int) -> list[Event]:
         """An agent could not do its round: stop waiting for it, and let the server half forget what it assumed of

@@ -226,7 +226,7 @@ class Session:
 
     def finish_round(self, current: RoundState, started: float) -> dict[str, Any]:
         number = current.number
-        missing = [i for i in current.selected if i not in current.updates]
+        missing = [i for i in current.selected if i not in current.updates and i not in current.unavailable]
         if missing:
             log.warning("round %d: no update from client(s) %s before the deadline", number, missing)
             self.server.missed(number, missing)
@@ -239,7 +239,7 @@ class Session:
         crash_point("aggregated", number)
         row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
         row.update(round=number, algorithm=self.config.algorithm_name, selected=len(current.selected),
-                   reported=len(updates), dropped=len(missing),
+                   reported=len(updates), dropped=len(missing), unavailable=len(current.unavailable),
                    bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()))
         self.evaluate_into(row, number, [u for _, u in received])
         row.update(update_summary(received))
@@ -251,10 +251,14 @@ class Session:
             agent.last_accepted_round = number
             self.run_dir.append_jsonl("clients.jsonl", {
                 **record, "round": number, "client_id": agent.client_id, "client_index": index,
-                "num_samples": update.num_samples, "bytes_down": current.bytes_down.get(index, 0),
+                "available": True, "num_samples": update.num_samples, "bytes_down": current.bytes_down.get(index, 0),
                 "bytes_up": size, "train_loss": finite(update.train_loss),
                 "train_s": finite(update.train_s), "energy_j_share": share,
                 **client_evaluation(update)})
+        for index, reason in sorted(current.unavailable.items()):
+            self.run_dir.append_jsonl("clients.jsonl", {
+                "round": number, "client_id": self.registry.by_index(index).client_id, "client_index": index,
+                "available": False, "unavailable_reason": reason, "bytes_down": current.bytes_down.get(index, 0)})
         row.update(meter_totals(records))
         row["wall_s"] = time.monotonic() - started
         crash_point("clients", number)

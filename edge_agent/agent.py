@@ -27,6 +27,7 @@ from fedge import codec
 from fedge.algorithms.base import Payload, model_arrays
 from fedge.algorithms.loop import TrainingCancelled, round_seed, train_local
 from fedge.algorithms.task import evaluate_task
+from fedge.edge_agent.availability import read_readings, why_not
 from fedge.edge_agent.config import AgentSettings
 from fedge.edge_agent.data import DeviceData
 from fedge.edge_agent.joining import JoinedSession, Refused, data_tensors, join_session
@@ -253,6 +254,11 @@ class Agent:
         return codec.Update(run_id=session.run_id, round=round_number, sender=self.settings.client_id,
                             groups=dict(update.groups), meta=dict(update.meta), **fields)
 
+    def unavailable(self) -> str:
+        """Why this device may not train now by its ``[availability]`` rules, or ''."""
+        rules = self.settings.availability
+        return why_not(rules, read_readings()) if rules.any else ""
+
     def leave_session(self, transport: DealerTransport, run_id: str) -> None:
         """The session finished; the agent stays up: its goodbye, then nothing of the session is kept in memory
         (its committed state stays on disk). The next welcome builds a new session."""
@@ -286,7 +292,11 @@ class Agent:
             elif isinstance(action, Join):
                 self.on_join(transport, action.welcome)
             elif isinstance(action, Train):
-                self.start_task(action.task, decode_cpu_s)
+                reason = self.unavailable()
+                if reason:
+                    self.act(transport, self.protocol.decline_task(action.task.round, reason))
+                else:
+                    self.start_task(action.task, decode_cpu_s)
             elif isinstance(action, Confirm):
                 self.on_commit(action.round)
             elif isinstance(action, Left):

@@ -1,16 +1,18 @@
 """The agent's settings: where the coordinator is, who this device is, where its data and state live, its keys.
 
-Read from a TOML file (``[agent]``, ``[data]`` and ``[security]``; unknown keys are an error) and overridden by
-command-line flags. ``agent.data`` is a shard path or a data callable ``package.module:callable``;
+Read from a TOML file (``[agent]``, ``[data]``, ``[security]`` and ``[availability]``, the rules of
+``edge_agent.availability``; unknown keys are an error) and overridden by command-line flags. ``agent.data`` is a shard path or a data callable ``package.module:callable``;
 ``agent.allow_plugins`` lists the plugin names the coordinator's welcome may name that this device will import. Must not import torch, transports or algorithms.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from fedge.edge_agent.availability import Rules
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,6 +37,7 @@ class AgentSettings:
     data_refresh: str = "once"
     after_session: str = "wait"  # wait for the next session, or exit when one finishes
     keep_sessions: int = 3       # device states kept: this session's and the most recent earlier ones
+    availability: Rules = field(default_factory=Rules)  # when this device may train ([availability])
 
     def validate(self) -> None:
         if not self.coordinator:
@@ -76,9 +79,12 @@ def load_settings(path: str | None, overrides: dict[str, Any], extra_plugins: li
             raise ValueError(f"config file not found: {path}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{path} is not valid TOML: {exc}") from exc
-        unknown_sections = set(raw) - {"agent", "data", "security"}
+        unknown_sections = set(raw) - {"agent", "data", "security", "availability"}
         if unknown_sections:
-            raise ValueError(f"unknown section(s) {sorted(unknown_sections)} in {path}; known: agent, data, security")
+            raise ValueError(f"unknown section(s) {sorted(unknown_sections)} in {path}; known: agent, data, security, "
+                             "availability")
+        if "availability" in raw:
+            values["availability"] = Rules.from_table(dict(raw["availability"]))
         for section, allowed in (("agent", AGENT_KEYS), ("data", DATA_KEYS), ("security", SECURITY_KEYS)):
             table = raw.get(section, {})
             bad = set(table) - allowed

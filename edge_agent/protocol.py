@@ -112,6 +112,7 @@ class AgentProtocol:
         self.refusals = 0                # session-level refusals in a row
         self.hello_after = -1e18         # no hello before this time (backoff)
         self.refused = ""                # why the last session-level refusal happened, until a session is joined
+        self.declined = ""               # the last task declined by the availability rules, until the next one
 
     # ------------------------------------------------------------------------------------------ receiving
     def receive(self, frame: bytes, now: float) -> list[Action]:
@@ -213,8 +214,18 @@ class AgentProtocol:
         if self.holding is not None:
             level = logging.INFO if task.round == self.holding else logging.WARNING  # a resend of ours is benign
             return [Noted(level, f"ignoring the task of round {task.round}: still holding round {self.holding}")]
-        self.holding, self.paced, self.held = task.round, task.paced, None
+        self.holding, self.paced, self.held, self.declined = task.round, task.paced, None, ""
         return [Train(task)]
+
+    def decline_task(self, round_number: int, reason: str) -> list[Action]:
+        """This device may not train now (its availability rules): the coordinator is told, nothing is trained, and
+        the agent holds no task."""
+        if self.holding == round_number:
+            self.holding, self.held = None, None
+        self.declined = f"declined round {round_number}: {reason}"
+        return [Noted(logging.INFO, f"not available for round {round_number}: {reason}"),
+                Send(codec.ErrorMessage(run_id=self.run_id, round=round_number, sender=self.client_id,
+                                        code=words.UNAVAILABLE, reason=reason))]
 
     def on_cancel(self, cancel: codec.Cancel) -> list[Action]:
         if not self.joined_run(cancel.run_id) or cancel.round != self.holding:
@@ -279,7 +290,7 @@ class AgentProtocol:
             return f"round {self.holding} trained; its update waits for a grant (run {self.run_id})"
         if self.holding is not None and training:
             return f"training round {self.holding} as client {self.index} of run {self.run_id}"
-        return f"idle: client {self.index} of run {self.run_id}"
+        return f"idle: client {self.index} of run {self.run_id}" + (f" ({self.declined})" if self.declined else "")
 
     def hello_now(self, now: float) -> SayHello:
         self.last_hello = now

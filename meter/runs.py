@@ -211,7 +211,8 @@ def per_agent(run: Run) -> list[dict[str, Any]]:
     """Per client: rounds reported and sums over rounds (max for peak RSS); None where a figure is unknown."""
     agents: dict[str, list[dict[str, Any]]] = {}
     for row in run.clients:
-        agents.setdefault(str(row.get("client_id")), []).append(row)
+        if row.get("available", True):  # a round an agent declined by its availability rules has no record
+            agents.setdefault(str(row.get("client_id")), []).append(row)
     result = []
     for client, rows in sorted(agents.items()):
         entry: dict[str, Any] = {"client_id": client, "rounds": len(rows)}

@@ -177,3 +177,31 @@ def test_an_agent_serves_one_session_after_another(procs: Processes, tmp_path: P
     assert "waiting for the next session" in procs.output("agent")
     agent.send_signal(signal.SIGTERM)
     assert agent.wait(60) == 0, procs.output("agent")
+
+
+def test_a_device_outside_its_training_window_declines_and_is_counted_as_unavailable(procs: Processes,
+                                                                                      tmp_path: Path) -> None:
+    import tomli_w
+
+    data, run_dir = shards(tmp_path, 2), tmp_path / "run"
+    coordinator = procs.coordinator("--bind", "tcp://127.0.0.1:0", "--expect", "2", "--rounds", "1", "--run-dir",
+                                    str(run_dir), "--model", "mlp", "--set", "data.train_limit=200",
+                                    "--set", "data.clients=2", "--set", "round.min_clients=1", "--quiet")
+    address = endpoint(run_dir)
+    minute = (time.localtime().tm_hour * 60 + time.localtime().tm_min + 120) % 1440
+    later = f"{minute // 60:02d}:{minute % 60:02d}-{(minute + 30) % 1440 // 60:02d}:{(minute + 30) % 60:02d}"
+    toml = tmp_path / "busy.toml"
+    toml.write_text(tomli_w.dumps({
+        "agent": {"coordinator": address, "client_id": "dev-1", "data": str(data / "client-001.npz"),
+                  "state_dir": str(tmp_path / "state-1"), "after_session": "exit"},
+        "availability": {"windows": [later]}}))
+    procs.agent("--coordinator", address, "--client-id", "dev-0", "--data", str(data / "client-000.npz"),
+                "--state-dir", str(tmp_path / "state-0"), "--after-session", "exit", name="agent-0")
+    procs.agent("--config", str(toml), name="agent-1")
+    assert finished(coordinator, 240) == 0, procs.output("coordinator")
+    (row,) = metrics(run_dir)
+    assert (row["selected"], row["reported"], row["unavailable"], row["dropped"]) == (2, 1, 1, 0)
+    clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
+    declined = [c for c in clients if not c["available"]]
+    assert [c["client_id"] for c in declined] == ["dev-1"]
+    assert f"outside the training windows {later}" in declined[0]["unavailable_reason"]
