@@ -62,7 +62,7 @@ def notify(*states: str) -> bool:
 
     False without $NOTIFY_SOCKET (not started by systemd, or not Type=notify), for an address form this module
     does not speak (only paths and '@abstract' names), or when sending failed (logged at warning level): losing
-    a notification must never take the service down.
+    a notification must never take the service down, nor wait: the socket does not block.
     """
     if not states:
         raise ValueError("notify() needs at least one state, such as 'READY=1'")
@@ -79,8 +79,12 @@ def notify(*states: str) -> bool:
     payload = "\n".join(states).encode()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.setblocking(False)  # a slow reader must never stall the service: a full queue drops the datagram
             sock.connect(address)
             sock.sendall(payload)
+    except BlockingIOError:
+        log.debug("systemd's notification queue is full; dropped %r", payload[:80])
+        return False
     except OSError as exc:
         log.warning("could not notify systemd at %r: %s", value, exc)
         return False

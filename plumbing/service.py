@@ -24,7 +24,7 @@ class ServiceNotifier:
     def show(self, status: str) -> None:
         if status != self.status:
             self.status = status
-            sdnotify.notify(f"STATUS={status}")
+            sdnotify.status(status)
 
     def __enter__(self) -> ServiceNotifier:
         sdnotify.notify("READY=1", f"STATUS={self.status}")

@@ -266,3 +266,39 @@ def test_log_files_rotate_and_keep_a_bounded_number_of_older_files(tmp_path: Pat
     assert all((tmp_path / n).stat().st_size <= 4000 for n in names)
     last = json.loads(path.read_text().splitlines()[-1])
     assert last["msg"].startswith("line 399")
+
+
+def test_the_services_status_lines_say_what_they_do(systemd: FakeSystemd, tmp_path: Path) -> None:
+    """A coordinator run as a service, and its local agents, tell systemd their state in the STATUS line."""
+    import threading
+
+    from tests.e2e import FAST, Processes, finished
+
+    received: list[list[str]] = []
+    done = threading.Event()
+
+    def listen() -> None:  # systemd reads at once; a datagram queue holds only a few
+        while not done.is_set():
+            received.extend(systemd.drain(0.2))
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    procs = Processes(tmp_path)
+    try:
+        coordinator = procs.coordinator("--service", "--rounds", "2", "--local-fleet", "2", "--run-dir",
+                                        str(tmp_path / "run"), *FAST)
+        assert finished(coordinator, 240) == 0, procs.output("coordinator")
+    finally:
+        procs.cleanup()
+        done.set()
+        listener.join(5)
+    statuses = [state[len("STATUS="):] for datagram in received for state in datagram if state.startswith("STATUS=")]
+    coordinator_lines = [s for s in statuses if "agents connected" in s]
+    assert any("round 1/2; 2/2 agents connected" in s for s in coordinator_lines), statuses
+    assert any(s.startswith("training round 1 as client ") for s in statuses), statuses
+
+
+def test_a_full_notification_queue_drops_instead_of_blocking(systemd: FakeSystemd) -> None:
+    started = time.monotonic()
+    sent = [sdnotify.notify(f"STATUS=line {i}") for i in range(200)]  # nobody reads: the queue fills up
+    assert time.monotonic() - started < 5 and sent[0] and not all(sent)
