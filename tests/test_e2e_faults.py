@@ -205,3 +205,40 @@ def test_a_device_outside_its_training_window_declines_and_is_counted_as_unavail
     declined = [c for c in clients if not c["available"]]
     assert [c["client_id"] for c in declined] == ["dev-1"]
     assert f"outside the training windows {later}" in declined[0]["unavailable_reason"]
+
+
+def test_a_rolling_upgrade_refuses_an_older_agent_readably_and_takes_it_back_upgraded(procs: Processes,
+                                                                                      tmp_path: Path) -> None:
+    """Coordinator first: an agent still on wire-format version 2 says hello and is answered in version 2 with
+    protocol-mismatch (what that agent logs before it backs off); the same device, upgraded, joins and trains."""
+    import msgpack
+
+    from fedge.codec.frames import compress, decompress
+
+    data, run_dir = shards(tmp_path, 1), tmp_path / "run"
+    coordinator = procs.coordinator("--bind", "tcp://127.0.0.1:0", "--expect", "1", "--rounds", "1", "--run-dir",
+                                    str(run_dir), "--model", "mlp", "--set", "data.train_limit=200",
+                                    "--set", "data.clients=1", "--quiet")
+    address = endpoint(run_dir)
+    body = msgpack.packb({"v": 2, "k": 1, "run": "", "r": 0, "s": "dev-0", "fv": "0.1.0", "pv": 2, "tv": "2.9.1",
+                          "mh": "", "cap": [], "ds": 100, "m": msgpack.packb({})}, use_bin_type=True)
+    old_hello = b"FEDG" + bytes((2, 1, 0, 0)) + compress(body)
+    context = zmq.Context()
+    try:
+        old = context.socket(zmq.DEALER)
+        old.setsockopt(zmq.IDENTITY, b"dev-0")
+        old.setsockopt(zmq.LINGER, 0)
+        old.connect(address)
+        old.send(old_hello)
+        assert old.poll(10_000), "the older agent got no answer"
+        answer = old.recv()
+        old.close()
+    finally:
+        context.term()
+    assert answer[:8] == b"FEDG\x02\x07\x00\x00"  # a version-2 ErrorMessage: readable by the older agent
+    refusal = msgpack.unpackb(decompress(answer[8:], max_size=1 << 16, where="t", need_checksum=True))
+    assert refusal["code"] == "protocol-mismatch" and "upgrade the agent" in refusal["why"]
+    procs.agent("--coordinator", address, "--client-id", "dev-0", "--data", str(data / "client-000.npz"),
+                "--state-dir", str(tmp_path / "state"), "--after-session", "exit", name="agent")
+    assert finished(coordinator, 240) == 0, procs.output("coordinator")
+    assert [r["reported"] for r in metrics(run_dir)] == [1]
