@@ -199,3 +199,15 @@ def test_ternary_values_cost_about_one_bit_on_the_wire() -> None:
         "u": codec.TensorGroup(dense={}, sparse=index_only, value_dtype="int8")})))
     ternary_bits, int8_bits = ((sizes[k] - base) * 8 / 60_000 for k in ("ternary", "int8"))
     assert ternary_bits < 2.0 and 3 * ternary_bits < int8_bits, (ternary_bits, int8_bits)
+
+
+def test_ef_refuses_a_base_whose_server_half_it_would_silently_replace() -> None:
+    from fedge.algorithms import scaffold
+    from fedge.algorithms.base import ModelLayout, ServerContext
+    from fedge.models import build
+
+    model = build(TINY_MLP)
+    context = ServerContext(num_clients=2, layout=ModelLayout.of(model))
+    config = ef.make_config(scaffold, {})
+    with pytest.raises(ValueError, match="ef aggregates as FedAvg does.*not fedge.algorithms.scaffold's"):
+        ef.Server(config, state_to_arrays(model), context, scaffold)
