@@ -183,10 +183,11 @@ def wrapper_config(config_cls: type, base_module: Any, options: Mapping[str, Any
     return config_cls(base=base, **typed_options(config_cls, {k: v for k, v in options.items() if k in own}))
 
 
-def lacking(payload: Payload, required: Mapping[str, Collection[str]]) -> str:
+def lacking(payload: Payload, required: Mapping[str, Collection[str]], sparse: bool = False) -> str:
     """What a server half's aggregate would miss in an update: a reason naming a group it does not take, the first
     required group that is absent, or the first tensor (dense or sparse) a required group lacks; '' when the
-    update carries exactly the required groups, each with at least its tensors. Server halves
+    update carries exactly the required groups, each with at least its tensors. A tensor counts only when it is
+    dense, unless ``sparse`` (an aggregate that decodes sparse sections itself). Server halves
     answer ``check_update`` with it, so that the coordinator refuses such an update (``invalid-update``) instead of
     failing in the middle of an aggregate."""
     extra = sorted(set(payload.groups) - set(required))
@@ -198,7 +199,7 @@ def lacking(payload: Payload, required: Mapping[str, Collection[str]]) -> str:
         if group is None:
             carried = ", ".join(sorted(payload.groups)) or "none"
             return f"the update lacks its group {group_name!r} (it carries: {carried})"
-        present = set(group.dense) | (set(group.sparse.names) if group.sparse is not None else set())
+        present = set(group.dense) | (set(group.sparse.names) if sparse and group.sparse is not None else set())
         missing = [name for name in names if name not in present]
         if missing:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""

@@ -158,18 +158,23 @@ class Server(WrappedServer):
         return Payload(groups=groups, meta=payload.meta)
 
     def check_update(self, round_number: int, update: ClientUpdate) -> str:
-        """The base's rule (DSSA's uplink carries the base's groups and tensors, split into values and dense), and
-        in a sparse round no indexed value at a retained coordinate."""
-        problem = self.base.check_update(round_number, update)
-        if problem or not self.is_sparse(round_number):
-            return problem
+        """In a warm-up round the base's rule. In a sparse round every group densified as ``aggregate`` will
+        (values bound to this round's mask, no indexed value at a retained coordinate), then the base's rule on
+        what the base's aggregate will see."""
+        if not self.is_sparse(round_number):
+            return self.base.check_update(round_number, update)
         mask, _ = self.round_state(round_number)
+        groups = {}
         for name, group in update.payload.groups.items():
             section = group.sparse
-            if section is not None and section.kind == "indices" and \
-                    (tuple(section.names) != self.layout.names or mask[section.positions()].any()):
-                return f"group {name!r} carries values at retained coordinates (or not over the prunable tensors)"
-        return ""
+            if section is not None and tuple(section.names) != self.layout.names:
+                return f"group {name!r}: its sparse section is not over the prunable tensors"
+            try:
+                groups[name] = TensorGroup(dense=group_arrays(group, mask))
+            except (ValueError, codec.CodecError) as exc:
+                return f"group {name!r}: {exc}"
+        return self.base.check_update(round_number, dataclasses.replace(update, payload=Payload(groups,
+                                                                                                update.payload.meta)))
 
     def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         self.last_round = round_number

@@ -170,6 +170,9 @@ class Server(BaseServer):
         problem = lacking(update.payload, {"update": integers}) or mistyped(update.payload, {"ef_base": int})
         if problem:
             return problem
+        base = update.payload.meta.get("ef_base", -1)
+        if not -1 <= base <= self.version:
+            return f"meta.ef_base {base} is not a version this coordinator has published (-1 ... {self.version})"
         sparse = update.payload.groups["update"].sparse
         if sparse is None or tuple(sparse.names) != self.layout.names:
             return "an ef update must carry the float tensors as one sparse section, in the model's order"

@@ -147,7 +147,10 @@ class Server(BaseServer):
     def check_update(self, round_number: int, update: ClientUpdate) -> str:
         """What ``aggregate`` needs of an update (or a reason): the mean gradients while warming up, afterwards
         the delta of every model tensor."""
-        return lacking(update.payload, {"grad": ()} if not self.warmed else {"delta": self.model})
+        if not self.warmed:  # the mean gradient of every float parameter (all of them get one in THE loop)
+            parameters = [n for n in self.context.layout.parameters if n in self.model and is_float(self.model[n])]
+            return lacking(update.payload, {"grad": parameters or list(self.cos_names)})
+        return lacking(update.payload, {"delta": self.model})
 
     def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if not updates:

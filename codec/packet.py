@@ -89,6 +89,18 @@ def encode_body(groups: Mapping[str, TensorGroup], meta: Mapping[str, Any], *, l
     return writer.compress(b"", level)
 
 
+def unpack_header(packed: bytes | memoryview, where: str = "the header") -> Any:
+    """The header's msgpack value, within the header's limits (strings, arrays and maps); Malformed otherwise."""
+    try:
+        return msgpack.unpackb(packed, raw=False, strict_map_key=True, use_list=True, max_str_len=MAX_TEXT_BYTES,
+                               max_bin_len=0, max_array_len=MAX_LIST_ITEMS, max_map_len=MAX_HEADER_MAP,
+                               max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise Malformed(f"{where} is not one valid msgpack value within the header's limits (strings of at most "
+                        f"{MAX_TEXT_BYTES} bytes, arrays of {MAX_LIST_ITEMS} items, maps of {MAX_HEADER_MAP} "
+                        f"entries; {type(exc).__name__}: {exc})") from None
+
+
 def encode_header(message: Message) -> bytes:
     """The prefix, header and CRC of `message`: a whole packet for kinds without a body."""
     cls = type(message)
@@ -99,6 +111,7 @@ def encode_header(message: Message) -> bytes:
     for attr, key, _kind in HEADER_FIELDS[cls]:
         header[key] = getattr(message, attr)
     packed: bytes = msgpack.packb(header, use_bin_type=True)
+    unpack_header(packed, f"the {cls.__name__}'s header")  # refuse here what every decoder would refuse
     if len(packed) > DEFAULT_LIMITS.max_header_bytes:
         raise TooLarge(f"the header is {len(packed)} bytes, over Limits.max_header_bytes = "
                        f"{DEFAULT_LIMITS.max_header_bytes}")
@@ -168,12 +181,7 @@ def read_header(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_L
     if view[6] & HEADER_ZSTD:
         packed = frames.decompress(packed, max_size=limits.max_header_bytes, where="header", need_checksum=True,
                                    limit="Limits.max_header_bytes")
-    try:
-        header = msgpack.unpackb(packed, raw=False, strict_map_key=True, use_list=True,
-                                 max_str_len=MAX_TEXT_BYTES, max_bin_len=0, max_array_len=MAX_LIST_ITEMS,
-                                 max_map_len=MAX_HEADER_MAP, max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise Malformed(f"the header is not one valid msgpack value ({type(exc).__name__}: {exc})") from None
+    header = unpack_header(packed)
     cls = KINDS[view[5]]
     header = exact_map(header, COMMON_KEYS + tuple(key for _, key, _ in HEADER_FIELDS[cls]), "header")
     if get_int(header, "v", "header", 0, 255) != PROTOCOL_VERSION or get_int(header, "k", "header", 0, 255) != cls.kind_code:

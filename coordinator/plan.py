@@ -153,7 +153,24 @@ def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     initial = initial_weights(config, model) if config.model.init else None
     limit = frame_limit(model)
     shards = local_shards(config, dataset) if local else []
-    return SessionPlan(config, spec, dataset, plugins, mean, std, initial, shards, limit)
+    plan = SessionPlan(config, spec, dataset, plugins, mean, std, initial, shards, limit)
+    check_welcome(plan)
+    return plan
+
+
+def check_welcome(plan: SessionPlan) -> None:
+    """The session's settings must fit a Welcome (typed fields, the header's limits): refused now, in one line,
+    rather than when the first agent says hello."""
+    from fedge import codec
+    from fedge.coordinator.records import welcome_fields
+    from fedge.models import definition_hash
+
+    try:
+        codec.encode(codec.Welcome(run_id="plan", round=0, sender="coordinator", **{
+            **welcome_fields(plan.config, plan.spec, definition_hash(plan.spec), 0, max(plan.config.data.clients, 1)),
+            **plan.welcome_extra()}))
+    except codec.CodecError as exc:
+        raise ConfigError(f"the session's settings do not fit the welcome agents receive: {exc}") from None
 
 
 def frame_limit(model: Any) -> int:

@@ -131,6 +131,7 @@ class CoordinatorProtocol:
         self.limiter = limiter or RejectionLimiter()
         self.reports = RejectionLimiter()  # the same bound on the log lines of agents' error reports
         self.round = 0                        # the last checkpointed round
+        self.over = False                     # the session finished: hellos are not answered any more
         self.current: RoundState | None = None
         self.closed: RoundState | None = None  # the round last closed, until its commits are sent
 
@@ -166,6 +167,8 @@ class CoordinatorProtocol:
             admitted, _ = self.reports.admit(peer, now)  # an agent's reports are logged at a bounded rate too
             events: list[Event] = [Noted(logging.WARNING, f"agent {client_id} reports {message.code}: "
                                                           f"{message.reason}")] if admitted else []
+            if message.run_id != self.run_id and message.code in (words.ROUND_FAILED, words.UNAVAILABLE):
+                return events  # about a round of another session
             if message.code == words.ROUND_FAILED:
                 events += self.on_failed_round(agent.index, message.round)
             elif message.code == words.UNAVAILABLE:
@@ -192,6 +195,8 @@ class CoordinatorProtocol:
         return events
 
     def on_hello(self, peer: bytes, hello: codec.Hello, now: float) -> list[Event]:
+        if self.over:  # the session said goodbye; an agent that stays up finds the next session
+            return []
         if codec.PROTOCOL_VERSION not in hello.versions:
             return self.refuse(peer, words.PROTOCOL_MISMATCH, f"agent speaks wire-format versions "
                                f"{list(hello.versions)}, this coordinator {codec.PROTOCOL_VERSION}: upgrade the older "
@@ -219,12 +224,15 @@ class CoordinatorProtocol:
         current = self.current
         holds_this_round = current is not None and hello.holds == (self.run_id, current.number)
         if current is not None and index in current.selected and index not in current.updates and \
-                index not in current.failed and not holds_this_round:
+                index not in current.failed and index not in current.unavailable and not holds_this_round:
             events.append(self.task(index, now))
         return events
 
     def on_update(self, peer: bytes, index: int, update: codec.Update, size: int, now: float) -> list[Event]:
         current = self.current
+        if update.run_id != self.run_id:
+            return self.refuse(peer, words.STALE, f"update of run {update.run_id!r}; this session is run "
+                               f"{self.run_id!r}", now)
         if current is None or update.round != current.number:
             return self.refuse(peer, words.STALE, f"update for round {update.round} arrived outside it (current: "
                                f"{current.number if current else 'none'})", now)
@@ -240,6 +248,7 @@ class CoordinatorProtocol:
             return self.refuse(peer, words.INVALID_UPDATE, problem, now)
         current.updates[index] = (update, size)
         current.failed.discard(index)
+        current.unavailable.pop(index, None)
         return []
 
     def server_check(self, index: int, update: codec.Update) -> str:
@@ -270,7 +279,9 @@ class CoordinatorProtocol:
         """An agent could not do its round: stop waiting for it, and let the server half forget what it assumed of
         the device's state (e.g. ef's replica), so the next downlink is self-sufficient."""
         current = self.current
-        if current is not None and current.number == round_number and index in current.selected:
+        if current is None or current.number != round_number:  # a stale report: nothing to stop waiting for
+            return []
+        if index in current.selected:
             current.failed.add(index)
         self.forget(index)
         return []
@@ -360,6 +371,8 @@ class CoordinatorProtocol:
                 for i in sorted(closed.updates)]
 
     def byes(self, code: str, reason: str) -> list[Event]:
-        """A Bye to every connected agent (``code``: vocabulary.BYE_FINISHED ends their session)."""
+        """A Bye to every connected agent (``code``: vocabulary.BYE_FINISHED ends their session, and hellos are no
+        longer answered)."""
+        self.over = self.over or code == words.BYE_FINISHED
         return [Send(a.peer, codec.Bye(run_id=self.run_id, round=self.round, sender=SENDER, code=code, reason=reason))
                 for a in self.registry.agents.values() if a.connected and a.peer]

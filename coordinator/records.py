@@ -19,7 +19,10 @@ from fedge.algorithms.task import METRIC_NAMES as EVAL_METRICS
 from fedge.coordinator.config import Config
 from fedge.coordinator.rundir import METER_FIELDS, load_arrays, save_arrays
 from fedge.meter import round_totals, zmtp
+from fedge.meter.record import ENERGY_FIELDS, MAX_FIELDS, MIN_FIELDS, SUM_FIELDS
 from fedge.models import ModelSpec
+
+NUMERIC_FIELDS = frozenset((*SUM_FIELDS, *MAX_FIELDS, *MIN_FIELDS, *ENERGY_FIELDS, "cpu_s_decode"))
 
 
 def check_update(update: codec.Update, shapes: Mapping[str, tuple[int, ...]], masks_sent: set[int]) -> str:
@@ -43,10 +46,17 @@ def check_update(update: codec.Update, shapes: Mapping[str, tuple[int, ...]], ma
 
 def agent_record(record: object, update_bytes: int, curve: bool) -> dict[str, Any]:
     """An agent's meter record, completed with the update packet that carried it (counted where it arrived:
-    the record cannot describe its own packet). Records that are not flat maps of scalars are dropped."""
+    the record cannot describe its own packet). Records that are not flat maps of scalars, or hold anything but a
+    number (or null) where the round's totals add, compare or split figures, are dropped: a record must never stop
+    the round that carries it."""
     if not isinstance(record, dict) or not all(isinstance(v, (int, float, str, bool, type(None)))
                                                for v in record.values()):
         return {}
+    for key in NUMERIC_FIELDS:
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or
+                                  not math.isfinite(value)):
+            return {}
     record = dict(record)
     framed = zmtp.message_bytes([update_bytes], "CURVE" if curve else "NULL")
     for key, value in (("bytes_payload_up", update_bytes), ("bytes_zmtp_up", framed), ("messages_up", 1)):

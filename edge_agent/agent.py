@@ -151,6 +151,10 @@ class Agent:
         session = self.session
         if session is None:  # the protocol trains only in a joined session
             raise RuntimeError("a task before the session was joined")
+        previous = self.worker
+        if previous is not None and previous.is_alive():  # a cancelled round: it stops at its next step
+            self.cancel_requested.set()
+            previous.join(timeout=120)
         self.outcome = None
         self.cancel_requested.clear()
         self.train_steps_at_start = self.train_steps

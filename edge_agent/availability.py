@@ -85,6 +85,14 @@ def why_not(rules: Rules, readings: Readings) -> str:
     return ""
 
 
+def _read(path: Path) -> str:
+    """A sysfs attribute's text, '' when it is absent or unreadable (some drivers answer EIO or ENODATA)."""
+    try:
+        return path.read_text().strip()
+    except (OSError, ValueError):
+        return ""
+
+
 def read_readings(root: str | Path = "/", now: float | None = None) -> Readings:
     """The board's load, power supply and hottest thermal zone, and the local time."""
     base = Path(root)
@@ -98,11 +106,11 @@ def read_readings(root: str | Path = "/", now: float | None = None) -> Readings:
     on_mains: bool | None = None
     supplies = sorted((base / "sys/class/power_supply").glob("*")) if (base / "sys/class/power_supply").exists() else []
     for supply in supplies:
-        kind = (supply / "type").read_text().strip() if (supply / "type").exists() else ""
-        if kind in ("Mains", "USB") and (supply / "online").exists():
-            on_mains = bool(on_mains) or (supply / "online").read_text().strip() == "1"
-        elif kind == "Battery" and (supply / "status").exists():
-            on_mains = bool(on_mains) or (supply / "status").read_text().strip() in ("Charging", "Full")
+        kind = _read(supply / "type")
+        if kind in ("Mains", "USB") and _read(supply / "online"):
+            on_mains = bool(on_mains) or _read(supply / "online") == "1"
+        elif kind == "Battery" and _read(supply / "status"):
+            on_mains = bool(on_mains) or _read(supply / "status") in ("Charging", "Full")
     temps = []
     for zone in sorted((base / "sys/class/thermal").glob("thermal_zone*")) if (base / "sys/class/thermal").exists() \
             else []:

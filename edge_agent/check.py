@@ -105,7 +105,10 @@ def check_protocol(settings: AgentSettings, timeout_s: float) -> list[Item]:
     if settings.curve == "on":
         curve = CurveClientKeys.load(settings.keys_dir, settings.coordinator_public_key)
     identity = f"check-{settings.client_id}"
-    transport = DealerTransport(settings.coordinator, identity, curve)
+    try:
+        transport = DealerTransport(settings.coordinator, identity, curve)
+    except Exception as exc:  # zmq.ZMQError for an address libzmq cannot use
+        return [Item("handshake", False, f"cannot connect to {settings.coordinator!r}: {exc}")]
     try:
         until = time.monotonic() + timeout_s
         while not transport.handshakes and not transport.last_failure and time.monotonic() < until:

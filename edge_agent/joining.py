@@ -113,7 +113,7 @@ def join_session(settings: AgentSettings, data: DeviceData, device: torch.device
                           "(different Fedge, torch or plugin versions?)")
         model = build(spec, seed=welcome.seed).to(device)
         task = task_of(train, torch.from_numpy(data.train_y[:1]))
-    except (PluginError, ValueError) as exc:
+    except (PluginError, ValueError, RuntimeError, TypeError) as exc:
         raise Refused(words.MODEL_FAILED, f"cannot build the session's model or loss here: {exc}") from None
     try:
         client = make_client(welcome.algorithm, dict(welcome.algorithm_options), welcome.client_index)
@@ -129,8 +129,9 @@ def join_session(settings: AgentSettings, data: DeviceData, device: torch.device
         with torch.no_grad():
             model.eval()
             task.check(model(tensors.inputs[:batch]), tensors.labels[:batch])
-    except ValueError as exc:
-        raise Refused(words.DATA_MISMATCH, str(exc)) from None
+    except (ValueError, RuntimeError) as exc:
+        raise Refused(words.DATA_MISMATCH, f"one batch of this device's data does not pass through the session's "
+                      f"model and loss: {exc}") from None
     return session, tensors
 
 def data_tensors(session: JoinedSession, data: DeviceData, device: torch.device) -> Tensors:

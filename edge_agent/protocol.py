@@ -121,7 +121,7 @@ class AgentProtocol:
         except codec.UnsupportedVersion as exc:
             why = f"the coordinator speaks wire-format version {exc.version}, this agent {codec.PROTOCOL_VERSION}: " \
                   "upgrade the coordinator"
-            return [Noted(logging.ERROR, why), self.back_off(now, f"refused: {why}")]
+            return [Noted(logging.ERROR, why), *self.back_off(now, f"refused: {why}")]
         except codec.CodecError as exc:
             return self.on_malformed(frame, exc, now)
         self.last_heard = now
@@ -144,10 +144,12 @@ class AgentProtocol:
                     return [Noted(logging.INFO, f"coordinator says goodbye: {message.reason}"),
                             Stop(0, message.reason)]
                 finished = self.run_id
-                self.run_id, self.index, self.holding, self.held = "", None, None, None
-                self.last_heard, self.refusals, self.refused = 0.0, 0, ""
+                dropped = self.drop_held_round()
+                self.run_id, self.index = "", None
+                self.refusals, self.refused = 0, ""
+                self.hello_after = now + self.hello_interval_s  # not to the coordinator that is just closing
                 return [Noted(logging.INFO, f"coordinator says goodbye: {message.reason}; waiting for the next "
-                                            "session"), Left(finished)]
+                                            "session"), *dropped, Left(finished)]
             self.last_heard = 0.0  # say hello again as soon as the interval allows
             return [Noted(logging.WARNING, f"coordinator says goodbye: {message.reason}; waiting for it to come "
                                            "back")]
@@ -156,7 +158,7 @@ class AgentProtocol:
             if message.code == words.HELLO_FIRST:
                 actions.append(SayHello())
             elif message.code in words.SESSION_REFUSALS:
-                actions.append(self.back_off(now, f"refused: {message.code}: {message.reason}"))
+                actions += self.back_off(now, f"refused: {message.code}: {message.reason}")
             return actions
         if isinstance(message, codec.Heartbeat):
             return []
@@ -181,24 +183,34 @@ class AgentProtocol:
     def on_welcome(self, welcome: codec.Welcome) -> list[Action]:
         if self.index is not None and welcome.run_id == self.run_id and welcome.client_index == self.index:
             return [Noted(logging.INFO, f"coordinator welcomed us back (run {self.run_id}, round {welcome.round})")]
-        return [Join(welcome)]
+        return [*self.drop_held_round(), Join(welcome)]  # another session: a round of the old one is not finished
 
     def refuse(self, code: str, reason: str, now: float) -> list[Action]:
         """Decline the session: tell the coordinator (it frees our index), and say hello again later."""
         return [Noted(logging.ERROR, f"{code}: {reason}"),
                 Send(codec.ErrorMessage(run_id="", round=0, sender=self.client_id, code=code, reason=reason)),
-                self.back_off(now, f"declined: {code}: {reason}")]
+                *self.back_off(now, f"declined: {code}: {reason}")]
 
-    def back_off(self, now: float, why: str = "") -> Noted:
-        """Leave the session (if any) and wait before the next hello: the hello interval doubled per refusal in a
-        row, at most MAX_BACKOFF_S."""
+    def back_off(self, now: float, why: str = "") -> list[Action]:
+        """Leave the session (if any; a round in training is stopped) and wait before the next hello: the hello
+        interval doubled per refusal in a row, at most MAX_BACKOFF_S."""
         self.refusals += 1
         self.refused = why or self.refused
         delay = min(MAX_BACKOFF_S, self.hello_interval_s * 2 ** (self.refusals - 1))
         self.hello_after = now + delay
-        self.run_id, self.index, self.holding, self.held = "", None, None, None
-        return Noted(logging.WARNING, f"refused by or refusing the session ({self.refusals} in a row): saying "
-                                      f"hello again in {delay:.0f} s")
+        actions: list[Action] = [Noted(logging.WARNING, f"refused by or refusing the session ({self.refusals} in a "
+                                                        f"row): saying hello again in {delay:.0f} s")]
+        actions += self.drop_held_round()
+        self.run_id, self.index = "", None
+        return actions
+
+    def drop_held_round(self) -> list[Action]:
+        """Stop holding the current round: its training is cancelled (a finished update waiting for its grant is
+        dropped); whatever it produces later is not sent."""
+        training = self.holding is not None and self.held is None
+        round_number = self.holding
+        self.holding, self.held = None, None
+        return [CancelTraining(round_number)] if training and round_number is not None else []
 
     def joined(self, run_id: str, index: int, heartbeat_s: float, liveness_s: float) -> None:
         self.run_id, self.index, self.heartbeat_s, self.liveness_s = run_id, index, heartbeat_s, liveness_s
@@ -231,10 +243,9 @@ class AgentProtocol:
         if not self.joined_run(cancel.run_id) or cancel.round != self.holding:
             return [Noted(logging.INFO, f"ignored a cancel of round {cancel.round} (holding "
                                         f"{self.holding if self.holding is not None else 'none'})")]
-        if self.held is not None:  # trained, waiting for a grant: drop the update
-            self.holding, self.held = None, None
-            return [Noted(logging.INFO, f"round {cancel.round} cancelled: {cancel.reason}; its update is dropped")]
-        return [Noted(logging.INFO, f"round {cancel.round} cancelled: {cancel.reason}"), CancelTraining(cancel.round)]
+        # The agent holds the round no more at once: the next task is trained as soon as the stopped one has ended
+        # (the driver waits for its worker), and whatever the stopped one produces is not sent.
+        return [Noted(logging.INFO, f"round {cancel.round} cancelled: {cancel.reason}"), *self.drop_held_round()]
 
     def on_grant(self, grant: codec.Grant) -> list[Action]:
         if not self.joined_run(grant.run_id) or self.held is None or grant.round != self.holding:

@@ -62,3 +62,16 @@ def test_exit_codes_say_configuration_or_data(tmp_path: Path) -> None:
     config = run("fedge.edge_agent", "run", "--coordinator", "tcp://127.0.0.1:9", "--client-id", "has space",
                  "--data", str(tmp_path / "bad.npz"))
     assert config.returncode == 2 and config.stderr.count("\n") == 1, config.stderr
+
+
+def test_settings_that_do_not_fit_a_welcome_are_refused_when_the_session_is_planned() -> None:
+    import dataclasses
+
+    from fedge.coordinator.config import ConfigError, from_dict
+    from fedge.coordinator.plan import check_welcome, plan_session
+
+    plan = plan_session(from_dict({"data": {"dataset": "fmnist-demo"}, "fleet": {"local_agents": 2}}))
+    check_welcome(plan)  # the real session's settings fit
+    too_many = dataclasses.replace(plan, mean=tuple(0.5 for _ in range(2000)), std=tuple(1.0 for _ in range(2000)))
+    with pytest.raises(ConfigError, match="do not fit the welcome.*at most 1024 items"):
+        check_welcome(too_many)

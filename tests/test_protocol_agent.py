@@ -219,3 +219,27 @@ def test_the_status_line_says_what_the_agent_is_doing_and_why_it_waits() -> None
     assert p.status(training=True) == "training round 4 as client 2 of run r1"
     p.finished(4, b"update")
     assert p.status(training=False) == "round 4 trained; its update waits for a grant (run r1)"
+
+
+def test_a_task_right_after_a_cancel_is_trained_and_a_refusal_mid_round_stops_the_training() -> None:
+    p = joined()
+    p.receive(task(1), 0.0)
+    actions = p.receive(from_coordinator(codec.Cancel, 1, reason="closed"), 0.1)
+    assert CancelTraining(1) in actions and p.holding is None  # no longer held, though its worker still stops
+    assert kinds(p.receive(task(2), 0.2)) == ["Train"]  # the next round's task is not lost
+    assert p.finished(1, b"late") and p.holding == 2  # the stopped round's late outcome is not sent ...
+    assert kinds(p.finished(1, b"late")) == []
+    assert p.finished(2, b"update-2") == [SendFrame(2, b"update-2")]  # ... the new one is
+    p.receive(task(3), 0.3)
+    full = codec.encode(codec.ErrorMessage(run_id="r1", round=3, sender="coordinator", code="session-full", reason="x"))
+    assert CancelTraining(3) in p.receive(full, 0.4)  # leaving the session stops the round it trains
+    p = joined()
+    p.receive(task(5), 0.0)
+    other = p.receive(welcome(run_id="r9"), 0.1)  # another session welcomes us: the old round stops
+    assert CancelTraining(5) in other and any(isinstance(a, Join) for a in other) and p.holding is None
+
+
+def test_after_a_finished_session_the_agent_does_not_say_hello_to_the_closing_coordinator() -> None:
+    p = joined()
+    p.receive(from_coordinator(codec.Bye, 5, code="finished", reason="session finished"), 10.0)
+    assert kinds(p.tick(10.0)) == [] and kinds(p.tick(10.0 + p.hello_interval_s)) == ["SayHello"]

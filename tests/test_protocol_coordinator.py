@@ -262,3 +262,40 @@ def test_an_agent_cannot_send_what_only_a_coordinator_sends() -> None:
                     codec.Cancel(run_id="run-1", round=1, sender="a", reason="x"),
                     codec.Grant(run_id="run-1", round=1, sender="a")):
         assert codes(p.receive(b"a", frame(message), 0.0)) == ["unexpected"]
+
+
+def test_a_finished_session_answers_no_hello_and_another_runs_updates_are_refused() -> None:
+    p = protocol()
+    joined(p, "a")
+    p.open_round(1, [0], 0.0, 30.0)
+    foreign = frame(codec.Update(run_id="run-0", round=1, sender="a", num_samples=10))
+    events = p.receive(b"a", foreign, 1.0)
+    assert codes(events) == ["stale"] and "this session is run 'run-1'" in sent(events)[0].reason  # type: ignore[attr-defined]
+    stale_failure = frame(codec.ErrorMessage(run_id="run-0", round=1, sender="a", code="round-failed", reason="x"))
+    p.receive(b"a", stale_failure, 1.0)
+    assert p.current.failed == set()  # type: ignore[union-attr]
+    p.abandon_round()
+    p.byes("finished", "session finished")
+    assert p.receive(b"b", hello("b"), 2.0) == []
+
+
+def test_a_sparse_only_upload_is_refused_where_the_aggregate_reads_dense_tensors() -> None:
+    p = protocol()
+    joined(p, "a")
+    p.open_round(1, [0], 0.0, 30.0)
+    arrays = p.server.evaluation_arrays()
+    names = list(arrays)
+    section = codec.SparseSection.with_indices(names, [arrays[n].shape for n in names], np.array([0, 1]),
+                                               np.ones(2, np.float32))
+    events = p.receive(b"a", update(p, "a", 1, groups={"model": codec.TensorGroup(sparse=section)}), 1.0)
+    assert codes(events) == ["invalid-update"] and "lacks tensor" in sent(events)[0].reason  # type: ignore[attr-defined]
+
+
+def test_a_meter_record_with_a_word_where_a_figure_belongs_is_dropped_not_fatal() -> None:
+    from fedge.coordinator.records import agent_record, meter_totals
+
+    assert agent_record({"cpu_s": "x", "energy_j": 1.0}, 100, False) == {}
+    assert agent_record({"cpu_s": float("inf")}, 100, False) == {}
+    kept = agent_record({"cpu_s": 1.5, "energy_source": "rapl"}, 100, False)
+    assert kept["cpu_s"] == 1.5 and kept["bytes_payload_up"] == 100
+    assert meter_totals([kept, agent_record({"cpu_s": "x"}, 50, False)])["cpu_s"] is None  # no crash
