@@ -62,7 +62,8 @@ def run_session(config: Config, run_dir: str | Path | None = None, quiet: bool =
 def run_agent(coordinator: str, client_id: str, data: str | Callable[[], Any] | Mapping[str, Any],
               state_dir: str | Path, *, allow_plugins: Sequence[str] = (), allow_plugin_mismatch: bool = False,
               refresh: str = "once", **settings: Any) -> int:
-    """Run an edge agent in this process until its session ends; returns its exit code (0: done). ``data`` is a
+    """Run an edge agent in this process until its session ends (``after_session="wait"``: until it is stopped,
+    serving session after session); returns its exit code (0: done). ``data`` is a
     shard path, a ``package.module:callable`` name, a callable returning arrays, or the arrays themselves (a dict
     with train_x, train_y and optionally test_x, test_y, num_classes). Other settings as in the agent's TOML
     (``curve``, ``keys_dir``, ``coordinator_public_key``, ``device``, ``energy``)."""
@@ -75,7 +76,8 @@ def run_agent(coordinator: str, client_id: str, data: str | Callable[[], Any] | 
     source = data if isinstance(data, str) else f"in-process data of {client_id}"
     agent_settings = replace(AgentSettings(), coordinator=coordinator, client_id=client_id, data=source,
                              state_dir=str(state_dir), allow_plugins=tuple(allow_plugins),
-                             allow_plugin_mismatch=allow_plugin_mismatch, data_refresh=refresh, **settings)
+                             allow_plugin_mismatch=allow_plugin_mismatch, data_refresh=refresh,
+                             **{"after_session": "exit", **settings})
     agent_settings.validate()
     if isinstance(data, str):
         device_data = DeviceData.open(data)

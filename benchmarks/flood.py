@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(2):
             agents.append(subprocess.Popen(
                 [sys.executable, "-m", "fedge.edge_agent", "run", "--coordinator", address, "--client-id", f"a{i}",
-                 "--data", str(shards / f"client-00{i}.npz"), "--state-dir", str(work / f"state-{i}")],
+                 "--data", str(shards / f"client-00{i}.npz"), "--state-dir", str(work / f"state-{i}"),
+                 "--after-session", "exit"],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         code = coordinator.wait(timeout=600)
         thread.join(timeout=5)
