@@ -50,15 +50,13 @@ from fedge.algorithms.base import (
     UPDATE_GROUPS,
     Arrays,
     ClientUpdate,
-    GlobalModelServer,
     LocalStats,
     Payload,
     ServerContext,
-    WrappedClient,
-    WrappedServer,
     weights_of,
     wrapper_config,
 )
+from fedge.algorithms.contract import GlobalModelServer, WrappedClient, WrappedServer
 from fedge.algorithms.sparse import FlatLayout, compress, decoded
 from fedge.codec import SparseSection, TensorGroup
 

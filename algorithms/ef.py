@@ -36,18 +36,17 @@ from fedge.algorithms.base import (
     DELTA_GROUP,
     MODEL_GROUP,
     Arrays,
-    BaseServer,
     ClientUpdate,
     LocalStats,
     Payload,
     ServerContext,
-    WrappedClient,
     is_float,
     lacking,
     mistyped,
     weights_of,
     wrapper_config,
 )
+from fedge.algorithms.contract import BaseServer, WrappedClient
 from fedge.algorithms.sparse import FlatLayout, compress, decoded, wire_dtype
 from fedge.codec import SparseSection, TensorGroup
 

@@ -20,8 +20,6 @@ from fedge.algorithms.base import (
     DELTA_GROUP,
     MODEL_GROUP,
     Arrays,
-    BaseClient,
-    BaseServer,
     ClientUpdate,
     LocalStats,
     Payload,
@@ -33,6 +31,7 @@ from fedge.algorithms.base import (
     weighted_sum,
     weights_of,
 )
+from fedge.algorithms.contract import BaseClient, BaseServer
 from fedge.codec import TensorGroup
 
 UPLOADS = (MODEL_GROUP, DELTA_GROUP)

@@ -41,8 +41,6 @@ from torch import nn
 
 from fedge.algorithms.base import (
     Arrays,
-    BaseClient,
-    BaseServer,
     ClientUpdate,
     LocalStats,
     Payload,
@@ -52,6 +50,7 @@ from fedge.algorithms.base import (
     load_into,
     model_arrays,
 )
+from fedge.algorithms.contract import BaseClient, BaseServer
 from fedge.algorithms.fedavg import average, is_float
 from fedge.algorithms.loop import TrainSettings
 from fedge.codec import TensorGroup

@@ -21,7 +21,7 @@ from fedge.algorithms.task import Task, make_task
 
 
 class TrainingHooks(Protocol):
-    """The client half's hooks the loop calls (``algorithms.base.ClientHalf``; ``BaseClient`` gives each a no-op).
+    """The client half's hooks the loop calls (``algorithms.contract.ClientHalf``; ``BaseClient`` gives each a no-op).
     ``before_training`` is called once before the first step (SCAFFOLD's Option I gradient at the received model,
     fedcos's learning rate)."""
 

@@ -40,8 +40,6 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedge.algorithms.base import (
     Arrays,
-    BaseClient,
-    BaseServer,
     ClientUpdate,
     LocalStats,
     Payload,
@@ -51,6 +49,7 @@ from fedge.algorithms.base import (
     load_into,
     model_arrays,
 )
+from fedge.algorithms.contract import BaseClient, BaseServer
 from fedge.algorithms.hypernetwork import HyperNetwork, descend, layer_weights, mix, weight_gradient
 from fedge.codec import TensorGroup
 

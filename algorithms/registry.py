@@ -15,7 +15,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from fedge.algorithms import dssa, ef, fedavg, fedbn, fedcos, fedprox, heurpfedla, pfedla, scaffold
-from fedge.algorithms.base import Arrays, ClientHalf, ServerContext, ServerHalf, config_from_options
+from fedge.algorithms.base import Arrays, ServerContext, config_from_options
+from fedge.algorithms.contract import ClientHalf, ServerHalf
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def plugin_spec(name: str) -> AlgorithmSpec:
         gaps = contract_gaps(getattr(target, attr), contract)
         if gaps:
             raise ValueError(f"algorithm plugin {name!r}: its {attr} lacks {', '.join(gaps)} (subclass "
-                             f"fedge.algorithms.base.Base{attr} for the optional hooks' defaults)")
+                             f"fedge.algorithms.contract.Base{attr} for the optional hooks' defaults)")
     spec = AlgorithmSpec(target)
     _PLUGINS[name] = spec
     return spec

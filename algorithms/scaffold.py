@@ -41,8 +41,6 @@ from fedge.algorithms.base import (
     DELTA_GROUP,
     MODEL_GROUP,
     Arrays,
-    BaseClient,
-    BaseServer,
     ClientUpdate,
     LocalStats,
     ModelLayout,
@@ -54,6 +52,7 @@ from fedge.algorithms.base import (
     model_arrays,
 )
 from fedge.algorithms.base import weights_of as base_weights
+from fedge.algorithms.contract import BaseClient, BaseServer
 from fedge.algorithms.loop import TrainSettings, task_of
 from fedge.algorithms.task import Task, make_task
 from fedge.codec import TensorGroup

@@ -13,7 +13,7 @@ from __future__ import annotations
 import msgpack
 
 from fedge.codec import frames
-from fedge.codec.messages import _check_text
+from fedge.codec.fields import _check_text
 
 VERSION_2_ERROR_KIND = 7
 

@@ -19,120 +19,21 @@ from typing import Any, ClassVar
 
 from fedge.codec import vocabulary
 from fedge.codec.errors import Malformed
-from fedge.codec.schema import MAX_I64, check_name, is_int
+from fedge.codec.fields import (
+    MAX_LIST_ITEMS,
+    MAX_TEXT_BYTES,
+    _check_int,
+    _check_text,
+    check_fields,
+    check_value,
+    plain_data,
+)
 from fedge.codec.tensors import TensorGroup
+
+__all__ = ["MAX_LIST_ITEMS", "MAX_TEXT_BYTES", "PROTOCOL_VERSION", "plain_data"]
 
 PROTOCOL_VERSION = 3
 SPOKEN_VERSIONS = (3,)  # the wire-format versions this codec speaks (a Hello says them)
-MAX_TEXT_BYTES = 65536
-MAX_LIST_ITEMS = 1024
-MAX_MAP_DEPTH = 32
-
-
-def _check_text(value: Any, what: str) -> str:
-    if not isinstance(value, str) or len(value) > MAX_TEXT_BYTES or len(value.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
-        raise Malformed(f"{what} must be a string of at most {MAX_TEXT_BYTES} UTF-8 bytes, got {value!r:.80}")
-    return value
-
-
-def _check_int(value: Any, what: str) -> int:
-    if not is_int(value) or not 0 <= value <= MAX_I64:
-        raise Malformed(f"{what} must be an int in [0, 2**63 - 1], got {value!r:.40}")
-    return int(value)
-
-
-def _check_float(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise Malformed(f"{what} must be a number, got {value!r:.40}")
-    return float(value)
-
-
-def _check_items(value: Any, what: str) -> tuple[Any, ...]:
-    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
-        raise Malformed(f"{what} must be a sequence, got {value!r:.80}")
-    items = tuple(value)
-    if len(items) > MAX_LIST_ITEMS:
-        raise Malformed(f"{what} holds at most {MAX_LIST_ITEMS} items, got {len(items)}")
-    return items
-
-
-def plain_data(value: Any, where: str = "meta", depth: int = 0) -> Any:
-    """`value` made of str, int, float, bool, None, lists and str-keyed maps; returns it as plain data (tuples
-    become lists)."""
-    if depth > MAX_MAP_DEPTH:
-        raise Malformed(f"{where}: nested deeper than {MAX_MAP_DEPTH} levels")
-    if value is None or isinstance(value, (bool, str, float)):
-        return value
-    if isinstance(value, int):
-        if not -(1 << 63) <= value < (1 << 64):
-            raise Malformed(f"{where}: integer {value} does not fit in 64 bits")
-        return value
-    if isinstance(value, (list, tuple)):
-        return [plain_data(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
-    if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise Malformed(f"{where}: map keys must be strings, got {key!r:.40}")
-            out[key] = plain_data(item, f"{where}.{key}", depth + 1)
-        return out
-    raise Malformed(f"{where}: {type(value).__name__} is not a msgpack-native value "
-                    f"(use str, int, float, bool, None, list or dict)")
-
-
-def check_value(kind: str, value: Any, what: str) -> Any:
-    """`value` checked against a field type of the tables below, in its canonical Python form."""
-    if kind == "str":
-        return _check_text(value, what)
-    if kind == "code":
-        if not isinstance(value, str) or not vocabulary.CODE_PATTERN.fullmatch(value):
-            raise Malformed(f"{what} must be a code of 1-64 characters a-z, 0-9 and '-', got {value!r:.80}")
-        return value
-    if kind == "int":
-        return _check_int(value, what)
-    if kind == "float":
-        return _check_float(value, what)
-    if kind == "optfloat":
-        return None if value is None else _check_float(value, what)
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise Malformed(f"{what} must be true or false, got {value!r:.40}")
-        return value
-    if kind == "strs":
-        return tuple(_check_text(item, f"an item of {what}") for item in _check_items(value, what))
-    if kind == "ints":
-        return tuple(_check_int(item, f"an item of {what}") for item in _check_items(value, what))
-    if kind == "floats":
-        return tuple(_check_float(item, f"an item of {what}") for item in _check_items(value, what))
-    if kind == "hold":
-        if value is None:
-            return None
-        pair = _check_items(value, what)
-        if len(pair) != 2:
-            raise Malformed(f"{what} must be nil or [run id, round], got {value!r:.80}")
-        return (_check_text(pair[0], f"{what}'s run id"), _check_int(pair[1], f"{what}'s round"))
-    if kind in ("map", "meta"):
-        if not isinstance(value, Mapping):
-            raise Malformed(f"{what} must be a map with string keys, got {type(value).__name__}")
-        return plain_data(value, what)
-    if kind == "groups":
-        if not isinstance(value, Mapping):
-            raise Malformed(f"{what} must be a mapping of name to TensorGroup, got {type(value).__name__}")
-        for name, group in value.items():
-            check_name(name, "group name")
-            if not isinstance(group, TensorGroup):
-                raise Malformed(f"group {name!r} must be a TensorGroup, got {type(group).__name__}")
-        return dict(value)
-    raise AssertionError(f"unknown field type {kind}")
-
-
-def check_fields(table: Mapping[str, str], value: Mapping[str, Any], what: str) -> dict[str, Any]:
-    """A map with exactly the keys of `table`, each of its type."""
-    missing = sorted(set(table) - set(value))
-    extra = sorted(set(value) - set(table))
-    if missing or extra:
-        raise Malformed(f"{what}: keys differ from the format (missing {missing}, unexpected {extra})")
-    return {key: check_value(kind, value[key], f"{what}.{key}") for key, kind in table.items()}
 
 
 @dataclass(frozen=True)

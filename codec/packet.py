@@ -32,6 +32,7 @@ from fedge.codec.errors import (
     UnknownKind,
     UnsupportedVersion,
 )
+from fedge.codec.fields import plain_data
 from fedge.codec.messages import (
     BODY_FIELDS,
     HEADER_FIELDS,
@@ -43,7 +44,6 @@ from fedge.codec.messages import (
     MessageBase,
     Task,
     Update,
-    plain_data,
 )
 from fedge.codec.schema import MAX_I64, Budget, check_name, exact_map, get_bytes, get_int, get_str
 from fedge.codec.stream import BodyWriter

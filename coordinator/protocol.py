@@ -15,16 +15,19 @@ computation); it knows no algorithm by name and never imports torch.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fedge import codec
-from fedge.algorithms.base import ClientUpdate, Payload, ServerHalf
+from fedge.algorithms.base import ClientUpdate, Payload
+from fedge.algorithms.contract import ServerHalf
 from fedge.codec import vocabulary as words
 from fedge.coordinator.agents import AgentRegistry
+from fedge.coordinator.limiter import RejectionLimiter
 from fedge.coordinator.records import check_update
+
+__all__ = ["CoordinatorProtocol", "Event", "Noted", "Rejected", "RejectionLimiter", "RoundState", "Send", "SendFrame"]
 
 SENDER = "coordinator"
 
@@ -82,34 +85,6 @@ class RoundState:
     def awaited(self) -> list[int]:
         return [i for i in self.selected if i not in self.updates and i not in self.failed and
                 i not in self.unavailable]
-
-
-class RejectionLimiter:
-    """Per peer, at most ``burst`` answered (and logged) rejections per ``window_s``; the rest are counted and
-    reported once per window. The table holds at most ``peers`` entries (the least recently seen go first)."""
-
-    def __init__(self, burst: int = 10, window_s: float = 10.0, peers: int = 1024) -> None:
-        self.burst, self.window_s, self.peers = burst, window_s, peers
-        self.table: OrderedDict[bytes, list[float]] = OrderedDict()  # peer -> [window start, count, suppressed]
-        self.totals: dict[bytes, int] = {}
-
-    def admit(self, peer: bytes, now: float) -> tuple[bool, int]:
-        """(answer this one?, rejections suppressed in the window that just ended, to report)."""
-        entry = self.table.pop(peer, None)
-        report = 0
-        if entry is None or now - entry[0] >= self.window_s:
-            report = int(entry[2]) if entry is not None else 0
-            entry = [now, 0.0, 0.0]
-        entry[1] += 1
-        admitted = entry[1] <= self.burst
-        if not admitted:
-            entry[2] += 1
-        self.table[peer] = entry
-        while len(self.table) > self.peers:
-            self.table.popitem(last=False)
-        if len(self.totals) < self.peers or peer in self.totals:
-            self.totals[peer] = self.totals.get(peer, 0) + 1
-        return admitted, report
 
 
 class CoordinatorProtocol:

@@ -133,6 +133,30 @@ def welcome_fields(c: Config, spec: ModelSpec, model_hash: str, index: int, capa
     }
 
 
+def fleet_gauges(run_id: str, round_number: int, rounds: int, agents: list[dict[str, Any]],
+                 bytes_total: Mapping[str, int], rejections: Mapping[str, int],
+                 eta_s: float | None) -> list[tuple[str, str, dict[str, str], float]]:
+    """The Prometheus gauges of ``fedge.prom`` (docs/deployment.md, "Checking on the fleet")."""
+    connected = sum(1 for a in agents if a["connected"])
+    run = {"run": run_id}
+    gauges: list[tuple[str, str, dict[str, str], float]] = [
+        ("fedge_round", "The last committed round.", run, round_number),
+        ("fedge_rounds", "The rounds the session is to play.", run, rounds),
+        ("fedge_agents_connected", "Agents heard from within the liveness.", run, connected),
+        ("fedge_agents_registered", "Agents that hold a client index.", run, len(agents)),
+        *(("fedge_bytes", "Packet bytes of the recorded rounds.", {**run, "direction": d}, n)
+          for d, n in bytes_total.items()),
+        *(("fedge_agent_seconds_since_seen", "Seconds since each agent was last heard from.",
+           {**run, "client": str(a["client_id"])}, float(a["seconds_since_seen"]))
+          for a in agents if a["seconds_since_seen"] is not None),
+        *(("fedge_rejections", "Messages refused per peer (the 100 largest counts).", {**run, "peer": peer}, n)
+          for peer, n in rejections.items()),
+    ]
+    if eta_s is not None:
+        gauges.append(("fedge_eta_seconds", "Estimated seconds until the last round.", run, eta_s))
+    return gauges
+
+
 CHECKPOINT_FORMAT = 1
 
 

@@ -30,6 +30,7 @@ from fedge.coordinator.records import (
     agent_record,
     agents_evaluation,
     client_evaluation,
+    fleet_gauges,
     load_checkpoint,
     meter_totals,
     save_checkpoint,
@@ -315,28 +316,13 @@ class Session:
         connected = sum(1 for a in agents if a["connected"])
         self.show_status(f"{phase}; round {self.round}/{self.config.run.rounds}; {connected}/{len(agents)} agents "
                          f"connected" + (f"; ETA {eta_s / 60:.1f} min" if eta_s is not None else ""))
-        run = {"run": self.run_id}
-        gauges: list[tuple[str, str, dict[str, str], float]] = [
-            ("fedge_round", "The last committed round.", run, self.round),
-            ("fedge_rounds", "The rounds the session is to play.", run, self.config.run.rounds),
-            ("fedge_agents_connected", "Agents heard from within the liveness.", run, connected),
-            ("fedge_agents_registered", "Agents that hold a client index.", run, len(agents)),
-            *(("fedge_bytes", "Packet bytes of the recorded rounds.", {**run, "direction": d}, n)
-              for d, n in self.bytes_total.items()),
-            *(("fedge_agent_seconds_since_seen", "Seconds since each agent was last heard from.",
-               {**run, "client": str(a["client_id"])}, float(a["seconds_since_seen"]))
-              for a in agents if a["seconds_since_seen"] is not None),
-            *(("fedge_rejections", "Messages refused per peer (the 100 largest counts).", {**run, "peer": peer}, n)
-              for peer, n in rejections.items()),
-        ]
-        if eta_s is not None:
-            gauges.append(("fedge_eta_seconds", "Estimated seconds until the last round.", run, eta_s))
+        gauges = fleet_gauges(self.run_id, self.round, self.config.run.rounds, agents, self.bytes_total, rejections,
+                              eta_s)
         self.run_dir.write_prometheus(gauges)
 
     def rejections(self) -> dict[str, int]:
         """Messages refused per peer (routing id), the 100 largest counts."""
-        totals = sorted(self.protocol.limiter.totals.items(), key=lambda kv: -kv[1])[:100]
-        return {peer.decode(errors="replace"): count for peer, count in totals}
+        return self.protocol.limiter.largest(100)
 
     def run(self, expect: int, join_timeout_s: float) -> str:
         """Play the remaining rounds; returns 'done', 'stopped' or 'no-agents'."""

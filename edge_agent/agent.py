@@ -11,7 +11,6 @@ state is committed in two phases (``edge_agent.state``). Must not know any algor
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import threading
@@ -30,7 +29,7 @@ from fedge.algorithms.task import evaluate_task
 from fedge.edge_agent.availability import read_readings, why_not
 from fedge.edge_agent.config import AgentSettings
 from fedge.edge_agent.data import DeviceData
-from fedge.edge_agent.joining import JoinedSession, Refused, data_tensors, join_session
+from fedge.edge_agent.joining import JoinedSession, Refused, data_tensors, join_session, training_device
 from fedge.edge_agent.metering import mask_figures, tcp_peer
 from fedge.edge_agent.protocol import (
     Action,
@@ -49,20 +48,11 @@ from fedge.edge_agent.state import DeviceState
 from fedge.edge_agent.transport import CurveClientKeys, DealerTransport
 from fedge.meter import AgentMeter, ParamSnapshot
 from fedge.plumbing import hold_directory
+from fedge.plumbing.memory import trim_heap
 
 log = logging.getLogger("fedge.agent")
 
 CAPABILITIES = ("sparse-mask", "sparse-values", "sparse-indices", "f16", "bf16", "int8")
-
-
-def trim_heap() -> None:
-    """Hand the heap's free pages back to the system after a round (glibc's malloc_trim), so that an idle agent does
-    not keep a round's temporary buffers resident: 25-55 MB less between rounds on the paper CNN (measured;
-    docs/deployment.md, "Agent memory"). A no-op where the C library has no malloc_trim."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):
-        pass
 
 
 @dataclass
@@ -82,7 +72,7 @@ class Agent:
         self.cancel_requested = threading.Event()  # the coordinator cancelled the round being trained
         self.data = data or DeviceData.open(settings.data)  # first: bad data is refused before anything is written
         self.state = DeviceState(settings.state_dir, settings.keep_sessions)
-        self.device = self.pick_device(settings.device)
+        self.device = training_device(settings.device)
         self.session: JoinedSession | None = None
         self.worker: threading.Thread | None = None
         self.outcome: Outcome | None = None
@@ -95,12 +85,6 @@ class Agent:
         self.handshakes_counted = 0
         self.train_steps_at_start = 0
         self.show_status: Callable[[str], None] = lambda _status: None  # the service's status line
-
-    @staticmethod
-    def pick_device(choice: str) -> torch.device:
-        if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-            return torch.device("cuda")
-        return torch.device("cpu")
 
     # ------------------------------------------------------------------------------------------------ wire
     def send(self, transport: DealerTransport, message: codec.Message) -> None:

@@ -65,6 +65,13 @@ class Refused(Exception):
 
 
 
+def training_device(choice: str) -> torch.device:
+    """The device an agent trains on: ``agent.device`` (auto: CUDA when this torch build and board have it)."""
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
 def check_plugins(settings: AgentSettings, described: Mapping[str, Any], spec: ModelSpec, loss: str,
                   algorithm: str) -> None:
     """Every plugin the welcome names must pass this device's rule before anything is imported, and match the

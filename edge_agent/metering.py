@@ -11,7 +11,7 @@ import socket
 import numpy as np
 import torch
 
-from fedge.algorithms.base import ClientHalf
+from fedge.algorithms.contract import ClientHalf
 from fedge.meter import densities_from_masks, mask_elements
 
 

@@ -39,7 +39,7 @@ def test_a_plugin_algorithm_runs_on_the_runtime_and_its_options_are_checked() ->
 
 def test_a_plugin_is_checked_against_the_contract_when_loaded() -> None:
     with pytest.raises(ValueError, match=r"its Server lacks select, check_update, aggregate.*subclass "
-                                         r"fedge.algorithms.base.BaseServer"):
+                                         r"fedge.algorithms.contract.BaseServer"):
         registry.spec_of("tests.plugin_algorithms:Broken")
     with pytest.raises(ValueError, match="unknown algorithm 'nope'"):
         registry.spec_of("nope")

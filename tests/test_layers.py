@@ -35,6 +35,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "simulation": {"zmq", "threading", "time", "socket", "api"},
     # The protocol objects: no sockets, threads or clocks of their own (frames and the time are handed to them).
     "coordinator/protocol.py": {"zmq", "threading", "time", "socket", "edge_agent"},
+    "coordinator/limiter.py": {"zmq", "threading", "time", "socket", "edge_agent"},
     "edge_agent/protocol.py": {"zmq", "threading", "time", "socket", "torch", "algorithms", "models"},
 }
 

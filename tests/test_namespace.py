@@ -155,7 +155,7 @@ def test_the_declared_licence_ships_as_a_file() -> None:
 
 
 def test_the_readme_names_every_hook_of_the_algorithm_contract() -> None:
-    from fedge.algorithms.base import ClientHalf, ServerHalf
+    from fedge.algorithms.contract import ClientHalf, ServerHalf
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme[readme.index("**Adding an algorithm.**"):]
