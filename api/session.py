@@ -69,9 +69,9 @@ def run_agent(coordinator: str, client_id: str, data: str | Callable[[], Any] | 
     (``curve``, ``keys_dir``, ``coordinator_public_key``, ``device``, ``energy``)."""
     from dataclasses import replace
 
+    from fedge.client.data import DeviceData
     from fedge.edge_agent.agent import Agent
     from fedge.edge_agent.config import AgentSettings
-    from fedge.edge_agent.data import DeviceData
 
     source = data if isinstance(data, str) else f"in-process data of {client_id}"
     agent_settings = replace(AgentSettings(), coordinator=coordinator, client_id=client_id, data=source,

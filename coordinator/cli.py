@@ -75,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", help="output directory (default runs/sweep-GRID)")
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and stop")
     sweep.add_argument("--verbose", action="store_true", help="show each run's progress lines")
+    sweep.add_argument("--jobs", type=int, default=1, help="runs at a time on this machine (default 1)")
+    sweep.add_argument("--backend", choices=("local", "ray"), default="local",
+                       help="ray: each run is a Ray task on the cluster (pip install 'fedge[ray]')")
+    sweep.add_argument("--ray-address", default="", help="the Ray cluster to join (default: a private local one)")
+    sweep.add_argument("--cell-mode", choices=("process", "simulated"), default="process",
+                       help="each run's fleet: agent processes (default) or a simulated fleet with local workers")
+    sweep.add_argument("--shard", metavar="I/N", help="run only every N-th cell, starting at the I-th (1-based)")
     partition = sub.add_parser("partition", help="split a dataset into client shards")
     from fedge.fldata.cli import add_partition_arguments
 
@@ -156,7 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sweep":
             from fedge.coordinator.sweep import command_sweep
 
-            return command_sweep(args.grid, args.out, args.dry_run, quiet=not args.verbose)
+            return command_sweep(args.grid, args.out, args.dry_run, quiet=not args.verbose, jobs=args.jobs,
+                                 backend=args.backend, shard=args.shard, cell_mode=args.cell_mode,
+                                 ray_address=args.ray_address)
         from fedge.fldata.cli import run_partition
 
         return run_partition(args)

@@ -31,6 +31,11 @@ class RunSection:
     rounds: int = 50
     seed: int = 0
     run_dir: str = ""
+    export_onnx: bool = True  # write model.onnx at the end (a few seconds; a sweep of many runs may not need it)
+
+
+FLEET_MODES = ("process", "simulated")
+FLEET_BACKENDS = ("inline", "local", "ray")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,12 @@ class FleetSection:
     liveness_s: float = 20.0
     join_timeout_s: float = 180.0
     agent_python: str = ""
+    # "process": one real agent process per client; "simulated": data.clients logical clients trained by a pool of
+    # workers under the same Session (docs/scale.md). backend: inline, local or ray; workers: 0 = one per core.
+    mode: str = "process"
+    backend: str = "local"
+    workers: int = 0
+    ray_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -246,6 +257,18 @@ def validate(config: Config) -> None:
         raise ConfigError("fleet.local_agents and fleet.expect must be >= 0")
     if not config.fleet.bind and config.fleet.local_agents < 1:
         raise ConfigError("with no fleet.bind the coordinator runs a local fleet: fleet.local_agents must be >= 1")
+    fleet = config.fleet
+    if fleet.mode not in FLEET_MODES:
+        raise ConfigError(f"fleet.mode must be one of {', '.join(FLEET_MODES)}, got {fleet.mode!r}")
+    if fleet.backend not in FLEET_BACKENDS:
+        raise ConfigError(f"fleet.backend must be one of {', '.join(FLEET_BACKENDS)}, got {fleet.backend!r}")
+    if fleet.workers < 0:
+        raise ConfigError("fleet.workers must be >= 0 (0: one per CPU core)")
+    if fleet.mode == "simulated" and fleet.bind:
+        raise ConfigError("a simulated fleet runs on this machine's workers: fleet.mode = \"simulated\" takes no "
+                          "fleet.bind")
+    if fleet.ray_address and fleet.backend != "ray":
+        raise ConfigError("fleet.ray_address is for fleet.backend = \"ray\"")
     if not 0 < config.round.fraction <= 1:
         raise ConfigError("round.fraction must be in (0, 1]")
     if config.round.deadline_s <= 0:
@@ -269,6 +292,18 @@ def validate(config: Config) -> None:
     if not config.data.dataset and not config.fleet.bind:
         raise ConfigError("a local fleet trains on a data set: set data.dataset (only a session bound for real "
                           "devices, fleet.bind, may have none)")
+
+
+def local_clients(config: Config) -> int:
+    """How many clients a local fleet holds: one per agent process, or a simulated fleet's data.clients."""
+    if config.fleet.mode == "simulated":
+        return config.data.clients or config.fleet.local_agents
+    count = config.fleet.local_agents
+    clients = config.data.clients or count
+    if clients != count:
+        raise ConfigError(f"a local fleet runs one agent per client: data.clients ({clients}) != agents ({count}); "
+                          "for more clients than processes use fleet.mode = \"simulated\"")
+    return count
 
 
 def to_toml(config: Config) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fedge import codec
-from fedge.coordinator.config import Config, ConfigError, load_config, to_toml
+from fedge.coordinator.config import Config, ConfigError, load_config, local_clients, to_toml
 from fedge.coordinator.fleet import AgentSpec, LocalFleet, agent_id
 from fedge.coordinator.plan import SessionPlan, plan_session
 from fedge.coordinator.rundir import RunDir, save_arrays
@@ -86,10 +86,7 @@ def prepare_local_fleet(plan: SessionPlan, run_dir: RunDir) -> list[AgentSpec]:
     from fedge.fldata import write_shard
 
     config = plan.config
-    count = config.fleet.local_agents
-    clients = config.data.clients or count
-    if clients != count:
-        raise ConfigError(f"a local fleet runs one agent per client: data.clients ({clients}) != agents ({count})")
+    count = local_clients(config)
     data_dir = run_dir.path / "data"
     shards = [data_dir / f"client-{i:03d}.npz" for i in range(count)]
     if not all(s.exists() for s in shards):
@@ -97,6 +94,24 @@ def prepare_local_fleet(plan: SessionPlan, run_dir: RunDir) -> list[AgentSpec]:
         for shard, path in zip(plan.shards, shards, strict=True):
             write_shard(path, shard)
     return [AgentSpec(agent_id(i), shards[i], run_dir.path / "agents" / agent_id(i)) for i in range(count)]
+
+
+def simulated_fleet(plan: SessionPlan, agents: list[AgentSpec], backend: Any = None) -> Any:
+    """``fleet.mode = "simulated"``: the logical clients under a transport of the same interface
+    (``fedge.simulation.fleet``), trained by ``backend`` (one the caller keeps across sessions) or by a new one of
+    the kind ``fleet.backend`` names."""
+    from fedge.simulation.backends import make_backend
+    from fedge.simulation.fleet import SimulatedFleet
+    from fedge.simulation.worker import ClientFiles, WorkerRule
+
+    fleet = plan.config.fleet
+    owned = backend is None
+    if backend is None:
+        backend = make_backend(fleet.backend, fleet.workers, fleet.ray_address)
+    clients = [ClientFiles(a.client_id, str(a.shard), str(a.state_dir)) for a in agents]
+    rule = WorkerRule(allow_plugins=tuple(ref.name for ref in plan.plugins.values()))
+    return SimulatedFleet(clients, backend, tuple(plan.spec.input_shape), plan.spec.num_classes,
+                          [int(len(shard.train_y)) for shard in plan.shards], rule, owns_backend=owned)
 
 
 def curve_keys(config: Config, run_dir: RunDir, bind: str, agents: list[AgentSpec]) -> tuple[
@@ -149,6 +164,7 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
     if arrays is not None and outcome == "done":
         save_arrays(run_dir / "model.npz", dict(arrays), {"model": spec.name, "round": session.round})
         files["model"] = "model.npz"
+    if arrays is not None and outcome == "done" and session.config.run.export_onnx:
         try:
             from fedge.models import arrays_to_state, build, definition_hash
             from fedge.models.export import export_onnx, onnx_max_abs_difference
@@ -204,8 +220,9 @@ def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
 
 
 def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
-         service: bool = False) -> dict[str, Any]:
-    """Run a checked session to its end (or until stopped) and return its report (report.json's content)."""
+         service: bool = False, backend: Any = None) -> dict[str, Any]:
+    """Run a checked session to its end (or until stopped) and return its report (report.json's content).
+    ``backend``: a simulated fleet's pool of workers kept by the caller across sessions (``fedge.simulation``)."""
     config = plan.config
     if not resuming:
         run_dir.write_text("config.toml", to_toml(config))
@@ -215,14 +232,16 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
     spec = plan.spec
     bind = config.fleet.bind or "tcp://127.0.0.1:0"
     agents = prepare_local_fleet(plan, run_dir) if local else []
-    curve, agents = curve_keys(config, run_dir, bind, agents)
+    simulated = config.fleet.mode == "simulated"
+    curve, agents = (None, agents) if simulated else curve_keys(config, run_dir, bind, agents)
     num_clients = len(agents) if local else (config.data.clients or config.fleet.expect)
     if num_clients < 1:
         raise ConfigError("serving real devices needs fleet.expect (or data.clients) >= 1")
     from fedge.coordinator.evaluation import GlobalEvaluator
 
     evaluator = GlobalEvaluator(plan) if plan.dataset is not None and len(plan.dataset.test_y) else None
-    transport = RouterTransport(bind, curve, max_frame_bytes=plan.max_frame_bytes)
+    transport: Any = simulated_fleet(plan, agents, backend) if simulated else \
+        RouterTransport(bind, curve, max_frame_bytes=plan.max_frame_bytes)
     run_dir.write_provenance(config.run.seed, transport.endpoint, {"curve": curve is not None})
     session = Session(config, run_dir, transport, spec, num_clients, evaluator,
                       run_id=uuid.uuid4().hex[:12], reserved_ids=[a.client_id for a in agents],
@@ -236,7 +255,7 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
                        (Path(config.security.keys_dir or run_dir.path / "keys") / f"{COORDINATOR_KEY}.key")
                        if curve else None, allow_plugins=[ref.name for ref in plan.plugins.values()],
                        python=config.fleet.agent_python, min_agents=max(config.round.min_clients, 1))
-    if local:
+    if local and not simulated:
         session.on_tick = fleet.watch
 
     def stop(signum: int, _frame: object) -> None:
@@ -245,9 +264,10 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
 
     import threading
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+    handlers: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():  # after Ray's own (a simulated fleet's backend)
+        for kind in (signal.SIGTERM, signal.SIGINT):
+            handlers[kind] = signal.signal(kind, stop)
     log.info("coordinator listening on %s (CurveZMQ %s)", transport.endpoint, "on" if curve else "off")
     started = time.monotonic()
     from fedge.plumbing.service import ServiceNotifier
@@ -255,7 +275,8 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
     with ServiceNotifier(lambda: session.progress) if service else contextlib.nullcontext() as notifier:
         if notifier is not None:
             session.show_status = notifier.show
-        fleet.start()
+        if not simulated:
+            fleet.start()
         outcome = "stopped"
         try:
             expect = len(agents) if local else max(config.fleet.expect, 1)
@@ -269,4 +290,6 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
         finally:
             fleet.stop(grace_s=10.0 if outcome == "done" else 0.5)  # local agents end with their coordinator
             transport.close()
+            for kind, handler in handlers.items():
+                signal.signal(kind, handler)
     return report

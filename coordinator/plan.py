@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fedge.coordinator.config import Config, ConfigError, SessionDataError
+from fedge.coordinator.config import Config, ConfigError, SessionDataError, local_clients
 from fedge.plugins import PluginError, PluginRef, describe, is_path, load, registered
 
 
@@ -192,10 +192,7 @@ def local_shards(config: Config, dataset: Any) -> list[Any]:
     """The local fleet's shards, one per agent (checked here; ``launch`` writes them into the run directory)."""
     from fedge.fldata import DataError, partition
 
-    count = config.fleet.local_agents
-    clients = config.data.clients or count
-    if clients != count:
-        raise ConfigError(f"a local fleet runs one agent per client: data.clients ({clients}) != agents ({count})")
+    clients = local_clients(config)
     try:
         return partition(dataset, config.data.partition, clients, seed=config.run.seed, alpha=config.data.alpha,
                          classes_per_client=config.data.classes_per_client,

@@ -81,6 +81,7 @@ class RoundState:
     failed: set[int] = field(default_factory=set)
     tasks_sent: set[int] = field(default_factory=set)
     unavailable: dict[int, str] = field(default_factory=dict)  # declined by their availability rules: why
+    body_up: dict[int, int] = field(default_factory=dict)  # the accepted updates' tensor sections (bodies), bytes
 
     def awaited(self) -> list[int]:
         return [i for i in self.selected if i not in self.updates and i not in self.failed and
@@ -135,7 +136,11 @@ class CoordinatorProtocol:
         if isinstance(message, codec.Heartbeat):
             return [Send(peer, codec.Heartbeat(run_id=self.run_id, round=self.round, sender=SENDER))]
         if isinstance(message, codec.Update):
-            return self.on_update(peer, agent.index, message, len(frame), now)
+            outcome = self.on_update(peer, agent.index, message, len(frame), now)
+            if self.current is not None and agent.index in self.current.updates and \
+                    agent.index not in self.current.body_up:
+                self.current.body_up[agent.index] = len(frame) - codec.read_header(frame).body_at
+            return outcome
         if isinstance(message, codec.Bye):
             return self.on_bye(client_id, agent.index, message)
         if isinstance(message, codec.ErrorMessage):

@@ -241,7 +241,8 @@ class Session:
         row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
         row.update(round=number, algorithm=self.config.algorithm_name, selected=len(current.selected),
                    reported=len(updates), dropped=len(missing), unavailable=len(current.unavailable),
-                   bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()))
+                   bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()),
+                   bytes_up_tensors=sum(current.body_up.values()))
         self.evaluate_into(row, number, [u for _, u in received])
         row.update(update_summary(received))
         row.update(extra)
@@ -253,7 +254,7 @@ class Session:
             self.run_dir.append_jsonl("clients.jsonl", {
                 **record, "round": number, "client_id": agent.client_id, "client_index": index,
                 "available": True, "num_samples": update.num_samples, "bytes_down": current.bytes_down.get(index, 0),
-                "bytes_up": size, "train_loss": finite(update.train_loss),
+                "bytes_up": size, "bytes_up_tensors": current.body_up.get(index, 0), "train_loss": finite(update.train_loss),
                 "train_s": finite(update.train_s), "energy_j_share": share,
                 **client_evaluation(update)})
         for index, reason in sorted(current.unavailable.items()):

@@ -19,7 +19,9 @@ A grid file is TOML::
 
 Every (method, axes point, seed) is one ordinary ``coordinator start`` with its own local fleet and run directory
 under ``OUT/runs/``; a run whose ``report.json`` says done is skipped, a run with a checkpoint is resumed, so a killed
-sweep continues where it stopped. The summary (``summary.md``, ``summary.csv``, ``accuracy_vs_bytes.png``) is written
+sweep continues where it stopped. ``coordinator.sweep_runner`` runs the cells (one at a time, ``--jobs N`` at a
+time, or as Ray tasks; ``--shard I/N`` takes every N-th cell for a batch scheduler), claims each one, and retries a
+failed one before recording it. The summary (``summary.md``, ``summary.csv``, ``accuracy_vs_bytes.png``) is written
 from the run directories alone. Knows no algorithm by name.
 """
 
@@ -29,15 +31,13 @@ import csv
 import io
 import itertools
 import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedge.coordinator.config import ConfigError, from_dict, to_toml, tomllib
+from fedge.coordinator.config import ConfigError, from_dict, tomllib
 
 LAST_ROUNDS = 5
 
@@ -85,25 +85,6 @@ def expand(grid: dict[str, Any]) -> tuple[list[Cell], str]:
             cells.append(Cell(key=key, label=label, point=point, seed=seed, raw=raw))
     baseline = str(sweep.get("baseline", methods[0]["label"]))
     return cells, baseline
-
-
-def run_cell(cell: Cell, out: Path, quiet: bool) -> str:
-    run_dir = out / "runs" / cell.key
-    report = run_dir / "report.json"
-    if report.exists() and json.loads(report.read_text()).get("status") == "done":
-        return "skipped (done)"
-    if (run_dir / "checkpoint.npz").exists():
-        args = ["--resume", str(run_dir)]
-    else:
-        config_path = out / "configs" / f"{cell.key}.toml"
-        config_path.parent.mkdir(parents=True, exist_ok=True)
-        config_path.write_text(to_toml(from_dict(cell.raw)))
-        args = ["--config", str(config_path), "--run-dir", str(run_dir)]
-    command = [sys.executable, "-m", "fedge.coordinator.cli", "start", *args, "--quiet"]
-    result = subprocess.run(command, stdout=None if not quiet else subprocess.DEVNULL)
-    if result.returncode != 0:
-        raise RuntimeError(f"run {cell.key} failed with exit code {result.returncode} (see {run_dir})")
-    return "ran"
 
 
 def load_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -192,19 +173,34 @@ def plot(cells: list[Cell], out: Path) -> None:
     plt.close(figure)
 
 
-def command_sweep(grid_file: str, out_dir: str | None, dry_run: bool, quiet: bool) -> int:
+def command_sweep(grid_file: str, out_dir: str | None, dry_run: bool, quiet: bool, jobs: int = 1,
+                  backend: str = "local", shard: str | None = None, cell_mode: str = "process",
+                  ray_address: str = "") -> int:
+    """Run the grid (or its shard ``I/N``) and tabulate it; 1 when a cell failed (after its retry), else 0."""
+    from fedge.coordinator.sweep_runner import Plan, parse_shard, run_cells
+
     grid = tomllib.loads(Path(grid_file).read_text())
     cells, baseline = expand(grid)
-    out = Path(out_dir or f"runs/sweep-{Path(grid_file).stem}")
+    part = parse_shard(shard)
+    if jobs < 1:
+        raise ConfigError("--jobs must be >= 1")
+    mine = cells if part is None else cells[part[0] - 1::part[1]]
+    out = Path(out_dir or f"runs/sweep-{Path(grid_file).stem}").resolve()  # absolute: Ray nodes share it
     out.mkdir(parents=True, exist_ok=True)
-    print(f"sweep {grid_file}: {len(cells)} runs into {out}/", flush=True)
-    for number, cell in enumerate(cells, 1):
-        if dry_run:
+    which = f" (shard {part[0]}/{part[1]}: {len(mine)} of {len(cells)})" if part else ""
+    print(f"sweep {grid_file}: {len(mine)} runs into {out}/{which}", flush=True)
+    if dry_run:
+        for cell in mine:
             print(f"  {cell.key}")
-            continue
-        outcome = run_cell(cell, out, quiet)
-        print(f"[{number}/{len(cells)}] {cell.key}: {outcome}", flush=True)
-    if not dry_run:
-        summarise(cells, baseline, out)
-        print((out / "summary.md").read_text() if (out / "summary.md").exists() else "no runs", flush=True)
+        return 0
+    plan = Plan(jobs=jobs, backend=backend, cell_mode=cell_mode, ray_address=ray_address, quiet=quiet)
+    outcomes = run_cells(mine, out, plan, lambda n, key, outcome: print(f"[{n}/{len(mine)}] {key}: {outcome}",
+                                                                        flush=True))
+    summarise(cells, baseline, out)  # every finished cell of the grid, whichever shard ran it
+    print((out / "summary.md").read_text() if (out / "summary.md").exists() else "no runs", flush=True)
+    failed = [cell.key for cell, outcome in zip(mine, outcomes, strict=True) if outcome.startswith("failed")]
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)} (listed in {out / 'failed.jsonl'}); run the "
+              "sweep again to retry them", flush=True)
+        return 1
     return 0

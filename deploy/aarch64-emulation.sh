@@ -139,7 +139,7 @@ cp "$RUN/session/model.onnx" "$RUN/session/model.onnx.json" "$state/"
 import sys
 import numpy as np
 import torch
-from fedge.edge_agent.state import DeviceState
+from fedge.client.state import DeviceState
 from fedge.fldata import normalize, read_shard
 from fedge.models import ModelSpec, arrays_to_state, build
 shard, stored = read_shard(sys.argv[1]), DeviceState(sys.argv[2]).committed_model()

@@ -2,10 +2,10 @@
 
 The main thread owns the DEALER socket: it says hello (again, whenever the coordinator seems to have gone), sends
 heartbeats, receives tasks, commits and byes. Local training runs in a worker thread so that heartbeats continue
-during a long step. The agent reads only its own data (``edge_agent.data``). Its algorithm's client half, model and
+during a long step. The agent reads only its own data (``client.data``). Its algorithm's client half, model and
 task are built from the session settings in the coordinator's welcome, after the welcome's plugin names have passed
 this device's rule (``fedge.plugins.check_allowed``: nothing the network names is imported otherwise). Its device
-state is committed in two phases (``edge_agent.state``). Must not know any algorithm by name.
+state is committed in two phases (``client.state``). Must not know any algorithm by name.
 """
 
 from __future__ import annotations
@@ -23,15 +23,11 @@ import torch
 
 import fedge
 from fedge import codec
-from fedge.algorithms.base import Payload, model_arrays
-from fedge.algorithms.loop import TrainingCancelled, round_seed, train_local
-from fedge.algorithms.task import evaluate_task
-from fedge.edge_agent.availability import read_readings, why_not
-from fedge.edge_agent.config import AgentSettings
-from fedge.edge_agent.data import DeviceData
-from fedge.edge_agent.joining import JoinedSession, Refused, data_tensors, join_session, training_device
-from fedge.edge_agent.metering import mask_figures, tcp_peer
-from fedge.edge_agent.protocol import (
+from fedge.algorithms.loop import TrainingCancelled
+from fedge.client.data import DeviceData
+from fedge.client.joining import JoinedSession, Refused, data_tensors, join_session, training_device
+from fedge.client.protocol import (
+    CAPABILITIES,
     Action,
     AgentProtocol,
     CancelTraining,
@@ -44,15 +40,17 @@ from fedge.edge_agent.protocol import (
     Stop,
     Train,
 )
-from fedge.edge_agent.state import DeviceState
-from fedge.edge_agent.transport import CurveClientKeys, DealerTransport
-from fedge.meter import AgentMeter, ParamSnapshot
+from fedge.client.round import play_task, update_frame
+from fedge.client.state import DeviceState
+from fedge.edge_agent.availability import read_readings, why_not
+from fedge.edge_agent.config import AgentSettings
+from fedge.edge_agent.transport import CurveClientKeys, DealerTransport, tcp_peer
+from fedge.meter import AgentMeter
 from fedge.plumbing import hold_directory
 from fedge.plumbing.memory import trim_heap
 
 log = logging.getLogger("fedge.agent")
 
-CAPABILITIES = ("sparse-mask", "sparse-values", "sparse-indices", "f16", "bf16", "int8")
 
 
 @dataclass
@@ -113,7 +111,7 @@ class Agent:
         self.begin_session(session)
 
     def join(self, welcome: codec.Welcome) -> JoinedSession:
-        """The session the welcome describes (``edge_agent.joining``), with this device's data as tensors."""
+        """The session the welcome describes (``client.joining``), with this device's data as tensors."""
         session, self.tensors = join_session(self.settings, self.data, self.device, welcome)
         return session
 
@@ -147,53 +145,18 @@ class Agent:
         self.worker.start()
 
     def train_round(self, session: JoinedSession, task: codec.Task, decode_cpu_s: float) -> None:
-        meter = self.meter
         try:
             if self.settings.data_refresh == "every-task" and self.data.from_callable:
                 self.data = self.data.refresh()
                 if self.data.input_shape != tuple(self.tensors.inputs.shape[1:]):
                     raise ValueError(f"the data callable now returns samples shaped {self.data.input_shape}")
                 self.load_tensors(session, self.data)
-            with meter.phase("receive"):
-                self.state.discard_unconfirmed(session.run_id, task.last_accepted_round)
-                session.client.load_state_dict(self.state.committed(session.run_id))
-                payload = Payload(groups=dict(task.groups), meta=dict(task.meta))
-                session.client.on_receive(task.round, payload, session.model)
-            after_training = session.client.inference_after_training
-            inference = None if after_training else model_arrays(session.model)
-            extra: dict[str, Any] = {}
-            if (task.personal_eval or task.evaluate) and self.tensors.test_labels.numel():
-                metrics = evaluate_task(session.model, self.tensors.test_inputs, self.tensors.test_labels, session.task)
-                if task.evaluate:  # the session has no test set of its own: the agents' evaluations stand in
-                    extra["evaluation"], extra["eval_samples"] = metrics, int(self.tensors.test_labels.shape[0])
-                if task.personal_eval and metrics["accuracy"] is not None:
-                    extra["personal_accuracy"] = metrics["accuracy"]
-            started = time.monotonic()
-            seed = round_seed(session.welcome.seed, task.round, session.index)
-            with meter.phase("train"):
-                snapshot = ParamSnapshot(session.model)
-                stats = train_local(session.model, session.client, self.tensors.inputs, self.tensors.labels, session.train, seed,
-                                    cancelled=self.step, task=session.task)
-            train_s = time.monotonic() - started
-            t = session.train
-            claim, densities = mask_figures(session.client, session.model)
-            meter.add_training(session.model, tuple(self.tensors.inputs.shape[1:]), stats.batch_sizes, t.optimizer,
-                               t.momentum, t.weight_decay, updated_elements=snapshot.changed(session.model),
-                               mask_claim=claim, densities=densities)
-            fields = {**extra, "num_samples": int(self.tensors.labels.shape[0]), "steps": stats.steps,
-                      "train_loss": float(stats.loss), "train_s": float(train_s)}
-            with meter.phase("encode"):
-                update = session.client.make_update(task.round, session.model, stats)
-                body = codec.encode_body(update.groups, update.meta)
-            if inference is None:
-                inference = model_arrays(session.model)
-            self.state.write_pending(session.run_id, task.round, session.client.state_dict(), inference,
-                                     self.inference_meta(session))
+            result = play_task(session, self.tensors, self.state, task, self.meter, cancelled=self.step,
+                               inference_meta=self.inference_meta(session))
             record = self.close_meter_window(task.round)
             record["cpu_s_decode"] = decode_cpu_s
-            frame = codec.encode(self.update_message(session, task.round, update, {**fields, "record": record}),
-                                 body=body)
-            del update, inference, snapshot
+            frame = update_frame(session, self.settings.client_id, result, record)
+            del result
             trim_heap()
             self.outcome = Outcome(task.round, frame)
         except TrainingCancelled:
@@ -234,13 +197,6 @@ class Agent:
         record["round"] = round_number
         self.meter.begin_round(round_number + 1)
         return record
-
-    def update_message(self, session: JoinedSession, round_number: int, update: Payload,
-                       fields: dict[str, Any]) -> codec.Update:
-        """The uplink: the client half's groups and meta (their body is encoded once, in the metered encode
-        phase) and the runtime's fields, the meter's record of the round among them (in the header)."""
-        return codec.Update(run_id=session.run_id, round=round_number, sender=self.settings.client_id,
-                            groups=dict(update.groups), meta=dict(update.meta), **fields)
 
     def unavailable(self) -> str:
         """Why this device may not train now by its ``[availability]`` rules, or ''."""

@@ -55,7 +55,7 @@ def check_energy(settings: AgentSettings) -> Item:
 
 
 def check_data(settings: AgentSettings) -> Item:
-    from fedge.edge_agent.data import DeviceData, LocalDataError
+    from fedge.client.data import DeviceData, LocalDataError
 
     try:
         data = DeviceData.open(settings.data)
@@ -84,7 +84,7 @@ def check_keys(settings: AgentSettings) -> Item:
 
 
 def check_tcp(settings: AgentSettings, timeout_s: float) -> Item:
-    from fedge.edge_agent.metering import tcp_peer
+    from fedge.edge_agent.transport import tcp_peer
 
     peer = tcp_peer(settings.coordinator)
     if peer is None:

@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_check(args)
         return run_agent(args)
     except Exception as exc:
-        from fedge.edge_agent.data import LocalDataError
+        from fedge.client.data import LocalDataError
 
         if isinstance(exc, LocalDataError):
             print(f"edge-agent: data error: {exc}", file=sys.stderr)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fedge.edge_agent.state import DeviceState, StoredState
+from fedge.client.state import DeviceState, StoredState
 from fedge.fldata import normalize
 
 log = logging.getLogger("fedge.agent.predict")

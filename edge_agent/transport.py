@@ -9,6 +9,7 @@ the codec, algorithms, models or torch.
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,3 +124,14 @@ class DealerTransport:
         self.monitor.close()
         self.socket.close()
         self.context.term()
+
+
+def tcp_peer(endpoint: str) -> tuple[str, int] | None:
+    """(IP address, port) of a tcp:// endpoint, for the kernel's per-connection byte counters."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    try:
+        return socket.gethostbyname(host.strip("[]")), int(port)
+    except (OSError, ValueError):
+        return None

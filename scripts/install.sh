@@ -3,7 +3,8 @@
 #
 #   bash scripts/install.sh               # a coordinator or workstation: the runtime with ONNX export and plots
 #   bash scripts/install.sh --agent       # a device: the agent and on-device inference, nothing else
-#   bash scripts/install.sh --dev         # everything the test suite needs
+#   bash scripts/install.sh --dev         # everything the test suite needs (Ray included)
+#   bash scripts/install.sh --ray         # the default plus Ray, for simulated fleets and sweeps on a cluster
 #   bash scripts/install.sh --examples    # the default plus the worked example (examples/tabular, scikit-learn)
 #   bash scripts/install.sh --plan FILE   # only resolve torch (pip --dry-run --report FILE); installs nothing
 #                                         # (it creates .venv, whose pip resolves)
@@ -31,13 +32,15 @@ case "${1:-}" in
   --dev) profile=dev ;;
   --agent) profile=agent ;;
   --examples) profile=examples ;;
+  --ray) profile=ray ;;
   --plan) plan="${2:?--plan needs a report file}"; profile=plan ;;
-  *) fail "unknown option ${1} (use --agent, --dev, --examples or --plan FILE)" ;;
+  *) fail "unknown option ${1} (use --agent, --dev, --ray, --examples or --plan FILE)" ;;
 esac
 case "$profile" in
   default) extras="export,report,svhn" ;;
   agent) extras="agent" ;;
-  dev) extras="dev,export,report,svhn" ;;
+  dev) extras="dev,export,report,svhn,ray" ;;
+  ray) extras="export,report,svhn,ray" ;;
   examples) extras="examples,export,report,svhn" ;;
   plan) extras="" ;;
 esac
@@ -83,7 +86,9 @@ else
   fi
   "${pip[@]}" install -c "$constraints" "$torch_pin" || fail "could not install torch's dependencies"
 fi
-"${pip[@]}" install -c "$constraints" -e ".${extras:+[$extras]}" || fail "could not install Fedge (profile $profile)"
+pins=(-c "$constraints")
+[[ ",$extras," == *,ray,* ]] && pins+=(-c constraints/ray.txt)  # Ray pinned: every node of a cluster needs the same
+"${pip[@]}" install "${pins[@]}" -e ".${extras:+[$extras]}" || fail "could not install Fedge (profile $profile)"
 if [ "$profile" = examples ]; then  # the team's plugin package: no dependencies of its own (Fedge is installed)
   "${pip[@]}" install --no-deps -e examples/tabular || fail "could not install the example package examples/tabular"
 fi

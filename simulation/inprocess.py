@@ -31,10 +31,10 @@ from fedge import codec
 from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from fedge.algorithms.loop import TrainSettings, round_seed, train_local
 from fedge.algorithms.registry import make_client, make_server
+from fedge.client.protocol import AgentProtocol, Confirm, Join, SendFrame, Train
+from fedge.client.state import DeviceState
 from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.protocol import CoordinatorProtocol, Rejected, Send
-from fedge.edge_agent.protocol import AgentProtocol, Confirm, Join, SendFrame, Train
-from fedge.edge_agent.state import DeviceState
 from fedge.models import ModelSpec, build, definition_hash, state_to_arrays
 from fedge.plumbing import without_fsync
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = frozenset({"algorithms", "codec", "coordinator", "edge_agent", "fldata", "meter", "models", "plugins", "plumbing", "api", "simulation"})
+PACKAGES = frozenset({"algorithms", "codec", "coordinator", "edge_agent", "fldata", "meter", "models", "plugins", "plumbing", "api", "simulation", "client"})
 SKIPPED_DIRS = frozenset({".git", ".venv", "build", "dist", "runs", "__pycache__", ".hypothesis", ".mypy_cache",
                           ".ruff_cache", ".pytest_cache"})
 

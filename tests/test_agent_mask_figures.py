@@ -3,7 +3,7 @@ have none."""
 
 from __future__ import annotations
 
-from fedge.edge_agent.metering import mask_figures
+from fedge.client.metering import mask_figures
 from fedge.simulation.inprocess import make_fleet, run_round
 from tests.algo_helpers import ADAM, TINY_MLP, client_data
 

@@ -49,9 +49,9 @@ def test_a_plugin_is_checked_against_the_contract_when_loaded() -> None:
 
 def test_the_session_describes_it_and_a_device_imports_it_only_when_allowed(tmp_path: Path) -> None:
     from fedge import codec
+    from fedge.client.joining import Refused
     from fedge.coordinator.config import from_dict
     from fedge.coordinator.plan import plan_session
-    from fedge.edge_agent.joining import Refused
     from tests.test_byom_sessions import agent, welcome
 
     plan = plan_session(from_dict({"algorithm": {"name": PLUGIN}, "data": {"dataset": "fmnist-demo"},

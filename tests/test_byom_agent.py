@@ -16,11 +16,11 @@ import torch
 from fedge import codec
 from fedge.algorithms import make_server
 from fedge.algorithms.base import ModelLayout, ServerContext
+from fedge.client.data import DeviceData
 from fedge.coordinator.config import ConfigError, from_dict
 from fedge.coordinator.plan import plan_session
 from fedge.edge_agent.agent import Agent
 from fedge.edge_agent.config import AgentSettings
-from fedge.edge_agent.data import DeviceData
 from fedge.fldata import ClientShard, normalize, write_shard
 from fedge.models import ModelSpec, arrays_to_state, build, state_to_arrays
 from tests.plugin_models import sensor_windows
@@ -123,7 +123,7 @@ def test_an_agent_that_declines_frees_its_index_unless_it_trained() -> None:
     assert registry.release("refuses") and registry.index_of("pi-2") == 0
     registry.get("pi-1").last_accepted_round = 3  # type: ignore[union-attr]
     assert not registry.release("pi-1") and registry.index_of("pi-1") == 1
-    names = set(re.findall(r"Refused\(words\.([A-Z_]+)", (ROOT / "edge_agent" / "joining.py").read_text()))
+    names = set(re.findall(r"Refused\(words\.([A-Z_]+)", (ROOT / "client" / "joining.py").read_text()))
     codes = {getattr(codec.vocabulary, name) for name in names}
     assert len(codes) >= 6 and codes <= codec.vocabulary.JOIN_REFUSALS, codes - codec.vocabulary.JOIN_REFUSALS
 
@@ -153,7 +153,7 @@ def test_the_watchdog_follows_training_steps_while_a_round_trains(tmp_path: Path
 def test_a_cancel_stops_the_training_thread_at_its_next_step(tmp_path: Path) -> None:
     import time
 
-    from fedge.edge_agent.protocol import CancelTraining
+    from fedge.client.protocol import CancelTraining
 
     settings = AgentSettings(coordinator="tcp://127.0.0.1:9", client_id="pi", data="in-process",
                              state_dir=str(tmp_path / "state"), allow_plugins=(PLUGIN,))

@@ -24,19 +24,25 @@ FORBIDDEN: dict[str, set[str]] = {
     "plumbing/sdnotify.py": {"zmq"},
     "plumbing/service.py": {"zmq"},
     "plumbing/__init__.py": {"zmq"},
-    "models": {"codec", "algorithms", "coordinator", "edge_agent", "meter", "zmq", "api", "simulation"},
-    "algorithms": {"zmq", "coordinator", "edge_agent", "api", "simulation"},
-    "meter": {"codec", "algorithms", "coordinator", "edge_agent", "api", "simulation"},
-    "coordinator": {"api", "simulation", "edge_agent"},
-    "coordinator/transport.py": {"torch", "codec", "algorithms", "models", "fldata", "meter"},
+    "plumbing/claims.py": {"zmq"},
+    "models": {"codec", "algorithms", "coordinator", "edge_agent", "meter", "zmq", "api", "simulation", "client"},
+    "algorithms": {"zmq", "coordinator", "edge_agent", "api", "simulation", "client"},
+    "meter": {"codec", "algorithms", "coordinator", "edge_agent", "api", "simulation", "client"},
+    # The coordinator never imports the agent's side; only ``coordinator start`` builds a simulated fleet.
+    "coordinator": {"api", "edge_agent", "client"},
+    "coordinator/session.py": {"simulation"},
+    "coordinator/protocol.py": {"zmq", "threading", "time", "socket", "edge_agent", "simulation"},
+    "coordinator/limiter.py": {"zmq", "threading", "time", "socket", "edge_agent", "simulation"},
+    "coordinator/transport.py": {"torch", "codec", "algorithms", "models", "fldata", "meter", "simulation"},
     "edge_agent/transport.py": {"torch", "codec", "algorithms", "models", "fldata", "meter"},
     "edge_agent": {"coordinator", "api", "simulation"},
+    # The client side a real agent and a simulated fleet's workers share: never a transport, socket or thread.
+    "client": {"coordinator", "edge_agent", "api", "simulation", "zmq", "threading", "socket"},
+    "client/protocol.py": {"zmq", "threading", "time", "socket", "torch", "algorithms", "models"},
+    # A simulated fleet runs the client package, never the agent (its sockets, threads and settings).
+    "simulation": {"zmq", "api", "edge_agent"},
     # The in-process driver plays the protocol objects; it has no sockets, threads or clocks of its own.
-    "simulation": {"zmq", "threading", "time", "socket", "api"},
-    # The protocol objects: no sockets, threads or clocks of their own (frames and the time are handed to them).
-    "coordinator/protocol.py": {"zmq", "threading", "time", "socket", "edge_agent"},
-    "coordinator/limiter.py": {"zmq", "threading", "time", "socket", "edge_agent"},
-    "edge_agent/protocol.py": {"zmq", "threading", "time", "socket", "torch", "algorithms", "models"},
+    "simulation/inprocess.py": {"zmq", "threading", "time", "socket", "api", "edge_agent"},
 }
 
 

@@ -53,7 +53,7 @@ def test_a_second_coordinator_and_a_second_agent_are_refused_in_one_line(tmp_pat
 def test_a_long_lived_agent_keeps_the_state_of_its_last_sessions(tmp_path: Path) -> None:
     import numpy as np
 
-    from fedge.edge_agent.state import DeviceState
+    from fedge.client.state import DeviceState
 
     state = DeviceState(tmp_path / "dev", keep_sessions=2)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedge.edge_agent.state import DeviceState
+from fedge.client.state import DeviceState
 from fedge.fldata import normalize, read_shard
 from fedge.models import ModelSpec, arrays_to_state, build
 from tests.e2e import Processes, finished

@@ -7,7 +7,7 @@ from typing import Any
 import msgpack
 
 from fedge import codec
-from fedge.edge_agent.protocol import (
+from fedge.client.protocol import (
     AgentProtocol,
     CancelTraining,
     Confirm,

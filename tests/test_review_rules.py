@@ -73,7 +73,7 @@ def test_edge_agent_check_with_an_address_libzmq_refuses_is_one_line(tmp_path: P
 
 
 def test_a_model_factory_that_fails_is_a_refusal_not_a_crash(tmp_path: Path) -> None:
-    from fedge.edge_agent.joining import Refused
+    from fedge.client.joining import Refused
     from tests.test_byom_sessions import agent, welcome
 
     broken = welcome(model="tests.plugin_models:raises")  # its factory raises RuntimeError

@@ -12,7 +12,7 @@ from fedge import codec
 from fedge.algorithms.base import Payload
 from fedge.algorithms.loop import TrainSettings
 from fedge.algorithms.registry import REGISTRY
-from fedge.edge_agent.state import DeviceState
+from fedge.client.state import DeviceState
 from fedge.plumbing import without_fsync
 from fedge.simulation.inprocess import RUN_ID, make_fleet, run_round
 from tests.algo_helpers import TINY_MLP, client_data

@@ -25,6 +25,9 @@ from fedge.codec import vocabulary as words
 
 MAX_BACKOFF_S = 900.0
 
+# What a client's Hello says it decodes (every client here decodes every encoding the codec writes).
+CAPABILITIES = ("sparse-mask", "sparse-values", "sparse-indices", "f16", "bf16", "int8")
+
 
 @dataclass(frozen=True)
 class Send:
@@ -46,7 +49,7 @@ class SayHello:
 
 @dataclass(frozen=True)
 class Join:
-    """Build the session the welcome describes (``edge_agent.joining``), then call ``AgentProtocol.joined``."""
+    """Build the session the welcome describes (``client.joining``), then call ``AgentProtocol.joined``."""
 
     welcome: codec.Welcome
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -21,12 +21,21 @@ from fedge import codec
 from fedge.algorithms import REGISTRY, make_client
 from fedge.algorithms.loop import TrainSettings, task_of
 from fedge.algorithms.task import BUILTIN_LOSSES, Task
+from fedge.client.data import DeviceData
 from fedge.codec import vocabulary as words
-from fedge.edge_agent.config import AgentSettings
-from fedge.edge_agent.data import DeviceData
 from fedge.fldata import DataError, normalize
 from fedge.models import MODELS, ModelSpec, build, definition_hash
 from fedge.plugins import PluginError, PluginRef, check_allowed, describe, version_mismatch
+
+
+class PluginRule(Protocol):
+    """This device's rule for plugins a welcome names (an agent's settings; a simulated fleet's own)."""
+
+    @property
+    def allow_plugins(self) -> tuple[str, ...]: ...
+
+    @property
+    def allow_plugin_mismatch(self) -> bool: ...
 
 
 @dataclass
@@ -72,7 +81,7 @@ def training_device(choice: str) -> torch.device:
     return torch.device("cpu")
 
 
-def check_plugins(settings: AgentSettings, described: Mapping[str, Any], spec: ModelSpec, loss: str,
+def check_plugins(settings: PluginRule, described: Mapping[str, Any], spec: ModelSpec, loss: str,
                   algorithm: str) -> None:
     """Every plugin the welcome names must pass this device's rule before anything is imported, and match the
     coordinator's distribution and version (``described``: the welcome's plugins) unless the device allows a
@@ -94,7 +103,7 @@ def check_plugins(settings: AgentSettings, described: Mapping[str, Any], spec: M
         if problem:
             raise Refused(words.PLUGIN_MISMATCH, problem)
 
-def join_session(settings: AgentSettings, data: DeviceData, device: torch.device,
+def join_session(settings: PluginRule, data: DeviceData, device: torch.device,
                  welcome: codec.Welcome) -> tuple[JoinedSession, Tensors]:
     """The session the welcome describes, built after every check; Refused naming what does not fit."""
     try:

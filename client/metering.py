@@ -1,12 +1,10 @@
-"""What the agent hands its meter beyond sizes: the algorithm's mask figures and the coordinator's TCP peer.
+"""What a client hands its meter beyond sizes: the algorithm's mask figures.
 
-Small helpers of ``edge_agent.agent``; they know no algorithm by name (a client half that trains a masked subset
-offers ``trainable_masks()``) and open no socket.
+A small helper of the client-round function (``client.round``); it knows no algorithm by name (a client half that
+trains a masked subset offers ``trainable_masks()``).
 """
 
 from __future__ import annotations
-
-import socket
 
 import numpy as np
 import torch
@@ -23,14 +21,3 @@ def mask_figures(client: ClientHalf, model: torch.nn.Module) -> tuple[int | None
         return None, None
     tensors = {name: torch.from_numpy(np.ascontiguousarray(mask)) for name, mask in masks.items()}
     return mask_elements(model, tensors), densities_from_masks(tensors)
-
-
-def tcp_peer(endpoint: str) -> tuple[str, int] | None:
-    """(IP address, port) of a tcp:// endpoint, for the kernel's per-connection byte counters."""
-    if not endpoint.startswith("tcp://"):
-        return None
-    host, _, port = endpoint[len("tcp://"):].rpartition(":")
-    try:
-        return socket.gethostbyname(host.strip("[]")), int(port)
-    except (OSError, ValueError):
-        return None

@@ -1,0 +1,143 @@
+"""The simulated fleet: a transport under the unchanged ``Session`` whose peers are logical clients, not sockets.
+
+``SimulatedFleet`` offers what ``coordinator.transport.RouterTransport`` offers (``poll``, ``send``, ``close``, the
+endpoint and byte counts), so the coordinator's protocol object, validation, records and checkpoint run exactly as
+for a fleet of devices. Each logical client is an ``AgentProtocol`` (``client.protocol``, the agent's own rules)
+fed the real packets the coordinator sends: its Hello is real, it joins on the real Welcome, a Task becomes a
+``Job`` for the backend (``simulation.backends``: inline, a process pool or Ray actors), the Update packet the
+worker returns goes back through the client's protocol (a paced task waits for its grant, a cancelled one is not
+sent), a Commit promotes the client's pending device state in its own directory (``client.state``, two phases). The
+clock is the real one: heartbeats keep the clients live in the coordinator's registry while they wait their turn.
+No sockets and no algorithm by name; the coordinator never imports this module except in ``coordinator start``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Sequence
+
+import torch
+
+import fedge
+from fedge import codec
+from fedge.client.protocol import (
+    CAPABILITIES,
+    Action,
+    AgentProtocol,
+    CancelTraining,
+    Confirm,
+    Join,
+    Left,
+    Noted,
+    SayHello,
+    Send,
+    SendFrame,
+    Stop,
+    Train,
+)
+from fedge.client.state import DeviceState
+from fedge.simulation.backends import Backend
+from fedge.simulation.worker import ClientFiles, Job, WorkerRule
+
+log = logging.getLogger("fedge.simulation")
+
+
+
+class SimulatedFleet:
+    """Logical clients behind a transport's interface; ``poll`` also drives their clocks and the backend."""
+
+    curve = False
+
+    def __init__(self, clients: Sequence[ClientFiles], backend: Backend, input_shape: tuple[int, ...],
+                 num_outputs: int, dataset_sizes: Sequence[int], rule: WorkerRule | None = None,
+                 owns_backend: bool = True) -> None:
+        self.clients = {c.client_id: c for c in clients}
+        self.backend = backend
+        self.owns_backend = owns_backend  # closed with the fleet (a backend handed in by the caller is the caller's)
+        self.rule = rule or WorkerRule()
+        self.input_shape = tuple(input_shape)
+        self.num_outputs = num_outputs
+        self.sizes = {c.client_id: int(n) for c, n in zip(clients, dataset_sizes, strict=True)}
+        self.protocols = {c.client_id: AgentProtocol(c.client_id, hello_interval_s=1.0, stay=False) for c in clients}
+        self.welcomes: dict[str, bytes] = {}
+        self.outbox: collections.deque[tuple[bytes, bytes]] = collections.deque()
+        self.endpoint = f"simulated://{len(clients)}-clients/{backend.__class__.__name__}/{backend.workers}-workers"
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.jobs = 0
+        self.stopped: set[str] = set()  # clients whose session ended: they say and hear nothing more
+
+    # ------------------------------------------------------------------------------------------ the transport
+    def send(self, peer: bytes, frame: bytes) -> bool:
+        """Hand a frame of the coordinator to the client ``peer``; False for a client that does not exist."""
+        client_id = peer.decode(errors="replace")
+        protocol = self.protocols.get(client_id)
+        if protocol is None or client_id in self.stopped:
+            return False
+        self.bytes_out += len(frame)
+        self.act(client_id, protocol.receive(frame, time.monotonic()), frame)
+        return True
+
+    def poll(self, timeout_ms: int, batch: int = 1000) -> list[tuple[bytes, bytes]]:
+        """What the clients sent: finished updates (or failures), heartbeats, hellos, byes."""
+        wait_s = 0.0 if self.outbox else timeout_ms / 1000
+        for outcome in self.backend.results(wait_s):
+            protocol = self.protocols[outcome.client_id]
+            self.act(outcome.client_id, protocol.finished(outcome.round, outcome.frame, outcome.error))
+        now = time.monotonic()
+        for client_id, protocol in self.protocols.items():
+            if client_id not in self.stopped:
+                self.act(client_id, protocol.tick(now))
+        arrived: list[tuple[bytes, bytes]] = []
+        while self.outbox and len(arrived) < batch:
+            peer, frame = self.outbox.popleft()
+            self.bytes_in += len(frame)
+            arrived.append((peer, frame))
+        return arrived
+
+    def close(self) -> None:
+        if self.owns_backend:
+            self.backend.close()
+
+    # ------------------------------------------------------------------------------------------ the clients
+    def act(self, client_id: str, actions: Sequence[Action], frame: bytes = b"") -> None:
+        """Carry out a client protocol's decisions, as an agent's driver does."""
+        peer = client_id.encode()
+        protocol = self.protocols[client_id]
+        for action in actions:
+            if isinstance(action, Send):
+                self.outbox.append((peer, codec.encode(action.message)))
+            elif isinstance(action, SendFrame):
+                self.outbox.append((peer, action.frame))
+            elif isinstance(action, SayHello):
+                self.outbox.append((peer, self.hello(client_id)))
+            elif isinstance(action, Join):
+                welcome = action.welcome
+                self.welcomes[client_id] = frame
+                protocol.joined(welcome.run_id, welcome.client_index, welcome.heartbeat_s, welcome.liveness_s)
+            elif isinstance(action, Train):
+                self.jobs += 1
+                self.backend.submit(Job(self.clients[client_id], self.welcomes[client_id], frame, self.rule))
+            elif isinstance(action, Confirm):
+                state = DeviceState(self.clients[client_id].state_dir)
+                if not state.confirm(protocol.run_id, action.round):
+                    log.warning("client %s had no pending state of round %d to commit", client_id, action.round)
+            elif isinstance(action, Noted):
+                log.log(min(action.level, logging.INFO), "client %s: %s", client_id, action.text)
+            elif isinstance(action, Stop):  # the session ended: the client's goodbye, as an agent's on leaving
+                self.stopped.add(client_id)
+                self.act(client_id, protocol.leaving())
+            elif isinstance(action, (CancelTraining, Left)):
+                continue  # a cancelled job's result is dropped by the protocol; clients do not stay for another
+            else:
+                raise TypeError(f"unexpected action {action!r}")
+
+    def hello(self, client_id: str) -> bytes:
+        protocol = self.protocols[client_id]
+        return codec.encode(codec.Hello(
+            run_id=protocol.run_id, round=0, sender=client_id, fedge_version=fedge.__version__,
+            versions=codec.SPOKEN_VERSIONS, torch_version=torch.__version__, model_hash="",
+            capabilities=CAPABILITIES, dataset_size=self.sizes[client_id], device="cpu",
+            input_shape=self.input_shape, num_outputs=self.num_outputs, holds=protocol.holds()))

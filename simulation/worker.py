@@ -1,0 +1,105 @@
+"""What a simulated fleet's worker does with one task: a logical client rebuilt from its files, trained, its update.
+
+``train_client`` is self-contained, so any worker (the coordinator's own process, a pool process, a Ray actor on
+another node) can train any client: it gets the client's Welcome and Task packets as bytes and the paths of the
+client's shard and state directory, joins the session as an agent would (``client.joining``: the same checks and
+the same model built from the session seed), plays THE client-round function (``client.round.play_task``: the
+committed device state loaded, trained, the round's state written as pending) and returns the Update packet. Its
+state is committed by the fleet when the coordinator's Commit arrives (``client.state``, two phases as on a
+device). One torch thread, as an agent trains (thread counts change bits). Knows no transport and no algorithm by
+name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from fedge import codec
+from fedge.client.data import DeviceData
+from fedge.client.joining import Refused, join_session
+from fedge.client.round import play_task, update_frame
+from fedge.client.state import DeviceState
+
+log = logging.getLogger("fedge.simulation")
+
+
+@dataclass(frozen=True)
+class ClientFiles:
+    """A logical client: its id, its shard and its device-state directory."""
+
+    client_id: str
+    shard: str
+    state_dir: str
+
+
+@dataclass(frozen=True)
+class WorkerRule:
+    """The plugin rule of a simulated client (``client.joining.PluginRule``): the session's own plugins."""
+
+    allow_plugins: tuple[str, ...] = ()
+    allow_plugin_mismatch: bool = False
+
+
+@dataclass(frozen=True)
+class Job:
+    """One task for one client, as the fleet hands it to a worker."""
+
+    client: ClientFiles
+    welcome: bytes
+    task: bytes
+    rule: WorkerRule = field(default_factory=WorkerRule)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A trained task (``frame``: the Update packet) or the one-line reason it failed."""
+
+    client_id: str
+    round: int
+    frame: bytes | None
+    error: str = ""
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def train_client(job: Job) -> Outcome:
+    """Train ``job``'s task as its client; a failure is an Outcome with its reason, never an exception."""
+    task = codec.decode(job.task)
+    if not isinstance(task, codec.Task):
+        return Outcome(job.client.client_id, 0, None, f"not a task: {type(task).__name__}")
+    try:
+        welcome = codec.decode(job.welcome)
+        if not isinstance(welcome, codec.Welcome):
+            raise ValueError(f"not a welcome: {type(welcome).__name__}")
+        with one_torch_thread():
+            session, tensors = join_session(job.rule, DeviceData.open(job.client.shard), torch.device("cpu"),
+                                            welcome)
+            state = DeviceState(job.client.state_dir)
+            result = play_task(session, tensors, state, task)
+        return Outcome(job.client.client_id, task.round, update_frame(session, job.client.client_id, result))
+    except Refused as refusal:
+        return Outcome(job.client.client_id, task.round, None, f"{refusal.code}: {refusal}")
+    except Exception as exc:  # a failed round is reported, never fatal for the worker
+        log.exception("client %s: round %d failed", job.client.client_id, task.round)
+        return Outcome(job.client.client_id, task.round, None, f"{type(exc).__name__}: {exc}")
+
+
+def worker_setup() -> None:
+    """A worker process's start: one thread for every numeric library, as an agent process has."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = "1"
+    torch.set_num_threads(1)

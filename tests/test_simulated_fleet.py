@@ -1,0 +1,119 @@
+"""A simulated fleet (inline, local workers, Ray actors) gives the same models and records as a fleet of agent
+processes, bit for bit, at full and partial participation; and across SIGTERM and --resume. One local Ray cluster
+for the whole module (bound to 127.0.0.1, usage statistics off)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.simfleet import (
+    cli_args,
+    differences,
+    finish_cli,
+    overrides,
+    read_jsonl,
+    records,
+    run_here,
+    start_cli,
+)
+
+ALGORITHMS = ("fedavg", "scaffold", "dssa-fedprox", "ef-fedprox", "fedbn")
+CASES = [(name, fraction) for name in ALGORITHMS for fraction in (0.5, 1.0)]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    from fedge.simulation.ray_backend import start_local_ray
+
+    assert start_local_ray(num_cpus=2), "a Ray cluster was already up in this process"
+    import ray
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pools(ray_cluster: Any) -> Iterator[dict[str, Any]]:
+    """One pool of 2 worker processes and one of 2 Ray actors, kept across the module's sessions."""
+    from fedge.simulation.backends import LocalBackend
+    from fedge.simulation.ray_backend import RayBackend
+
+    kept = {"local": LocalBackend(2), "ray": RayBackend(2)}
+    try:
+        yield kept
+    finally:
+        for backend in kept.values():
+            backend.close()
+
+
+@pytest.mark.parametrize(("algorithm", "fraction"), CASES)
+def test_every_backend_matches_a_fleet_of_agent_processes(algorithm: str, fraction: float, tmp_path: Path,
+                                                         pools: dict[str, Any]) -> None:
+    process = start_cli(overrides(algorithm, fraction, "process"), tmp_path / "process")  # meanwhile, the others
+    try:
+        for backend in ("inline", "local", "ray"):
+            run_here(overrides(algorithm, fraction, "simulated", backend), tmp_path / backend, pools.get(backend))
+    finally:
+        finish_cli(process, tmp_path / "process")
+    expected = records(tmp_path / "process")
+    assert [row["reported"] for row in expected["metrics"]] == [3 if fraction == 0.5 else 6] * 3
+    for backend in ("inline", "local", "ray"):
+        assert differences(expected, records(tmp_path / backend)) == [], backend
+
+
+def test_a_simulated_run_stopped_by_sigterm_resumes_to_the_uninterrupted_run(tmp_path: Path) -> None:
+    slow = ("run.rounds=6", "train.epochs=4")
+    sets = overrides("ef-fedprox", 0.5, "simulated", "local", slow)
+    run_here(overrides("ef-fedprox", 0.5, "simulated", "inline", slow), tmp_path / "whole")
+    run_dir = tmp_path / "stopped"
+    process = subprocess.Popen([sys.executable, "-m", "fedge.coordinator.cli", "start", *cli_args(sets), "--run-dir",
+                                str(run_dir), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        until = time.monotonic() + 120
+        while time.monotonic() < until and not (run_dir / "metrics.jsonl").exists():
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    done = len(read_jsonl(run_dir / "metrics.jsonl"))
+    assert process.returncode == 0 and 1 <= done < 6, output.decode(errors="replace")[-2000:]
+    resumed = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--resume", str(run_dir),
+                              "--quiet"], capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert differences(records(tmp_path / "whole"), records(run_dir)) == []
+
+
+def test_the_local_ray_cluster_listens_on_loopback_only(ray_cluster: Any) -> None:
+    ours = psutil.Process().children(recursive=True)
+    assert ours, "the Ray cluster started no process"
+    listening = []
+    for child in ours:
+        try:
+            listening += [(child.name(), c.laddr) for c in child.net_connections(kind="inet")
+                          if c.status == psutil.CONN_LISTEN]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    assert listening, "no Ray process listens on any TCP port"
+    assert [(name, addr) for name, addr in listening if addr.ip not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")] == []
+
+
+def test_importing_the_coordinator_does_not_import_ray(tmp_path: Path) -> None:
+    code = ("import sys, fedge.coordinator.launch, fedge.coordinator.session, fedge.simulation.fleet; "
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
