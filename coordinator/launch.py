@@ -264,7 +264,7 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
 
     import threading
 
-    handlers: dict[int, Any] = {}
+    handlers: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():  # after Ray's own (a simulated fleet's backend)
         for kind in (signal.SIGTERM, signal.SIGINT):
             handlers[kind] = signal.signal(kind, stop)

@@ -1,5 +1,6 @@
 """The reproduction harness: a tiny grid runs real sessions, tabulates them, skips finished runs and resumes
-unfinished ones."""
+unfinished ones; the same table one cell at a time, two at a time and as Ray tasks; shards; claimed cells are left to
+their holder; a failing cell is retried, recorded and does not end the sweep."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ GRID = """
 seeds = [0]
 baseline = "fedavg"
 [base]
-run = { rounds = 2 }
+run = { rounds = 2, export_onnx = false }
 fleet = { local_agents = 2, heartbeat_s = 0.5 }
 data = { dataset = "fmnist-demo", partition = "iid", train_limit = 100 }
 model = { name = "mlp" }
@@ -28,9 +29,26 @@ algorithm = { name = "ef-fedavg", keep = 0.1 }
 """
 
 
-def sweep(grid: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "sweep", "--grid", str(grid), "--out", str(out)],
-                          capture_output=True, text=True, timeout=400)
+def sweep(grid: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "sweep", "--grid", str(grid), "--out",
+                           str(out), *extra], capture_output=True, text=True, timeout=400)
+
+
+# Uplink packets carry the meter's record (CPU seconds, joules, ...), a few bytes longer or shorter from run to run:
+# the byte columns agree to 0.1 %, everything else exactly.
+PACKET_BYTES = ("bytes_up", "bytes_total", "byte_reduction")
+
+
+def table(out: Path) -> list[dict[str, str]]:
+    return sorted(csv.DictReader((out / "summary.csv").open()), key=lambda row: row["method"])
+
+
+def same_table(a: list[dict[str, str]], b: list[dict[str, str]]) -> bool:
+    exact = [{k: v for k, v in row.items() if k not in PACKET_BYTES} for row in a] == \
+        [{k: v for k, v in row.items() if k not in PACKET_BYTES} for row in b]
+    close = all(abs(float(x[k]) - float(y[k])) <= 1e-3 * abs(float(x[k])) for x, y in zip(a, b, strict=True)
+                for k in PACKET_BYTES if x[k])
+    return exact and close
 
 
 def test_grid_expands_seed_major_with_axes() -> None:
@@ -54,8 +72,43 @@ def test_a_sweep_runs_tabulates_skips_and_resumes(tmp_path: Path) -> None:
     ef = next(r for r in rows if r["method"] == "ef")
     assert float(ef["byte_reduction"]) > 0.5 and 0 <= float(ef["final_accuracy_mean"]) <= 1
     assert (out / "summary.md").read_text().count("|") > 10 and (out / "accuracy_vs_bytes.png").stat().st_size
+    for name, extra in (("jobs", ("--jobs", "2")), ("ray", ("--backend", "ray"))):
+        again = sweep(grid, tmp_path / name, *extra)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert same_table(table(tmp_path / name), table(out)), (name, table(tmp_path / name), table(out))
     (out / "runs" / "ef_seed0" / "report.json").unlink()  # as if the sweep had been killed during this run
     second = sweep(grid, out)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "fedavg_seed0: skipped (done)" in second.stdout and "ef_seed0: ran" in second.stdout
     assert (out / "runs" / "ef_seed0" / "report.json").exists()
+
+
+def test_shards_split_the_grid_and_a_bad_shard_is_refused(tmp_path: Path) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.replace("seeds = [0]", "seeds = [0, 1]"))
+    listed = []
+    for shard in ("1/2", "2/2"):
+        out = sweep(grid, tmp_path / "out", "--dry-run", "--shard", shard)
+        assert out.returncode == 0, out.stderr
+        listed.append([line.strip() for line in out.stdout.splitlines() if line.startswith("  ")])
+    assert listed == [["fedavg_seed0", "fedavg_seed1"], ["ef_seed0", "ef_seed1"]]
+    bad = sweep(grid, tmp_path / "out", "--dry-run", "--shard", "3/2")
+    assert bad.returncode == 2 and "--shard 3/2" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_claimed_cell_is_left_to_its_holder_and_a_failing_cell_is_recorded(tmp_path: Path) -> None:
+    import json
+    import time
+
+    grid, out = tmp_path / "grid.toml", tmp_path / "out"
+    grid.write_text(GRID.replace('algorithm = { name = "ef-fedavg", keep = 0.1 }',
+                                 'algorithm = { name = "fedavg", bogus = 1 }'))
+    (out / "claims").mkdir(parents=True)
+    (out / "claims" / "fedavg_seed0.claim").write_text(json.dumps({"host": "elsewhere", "pid": 1,
+                                                                    "heartbeat": time.time()}))
+    result = sweep(grid, out)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "fedavg_seed0: skipped (" in result.stdout and "claimed by elsewhere pid 1" in result.stdout
+    assert "ef_seed0: failed (exit code 2, then exit code 2" in result.stdout
+    assert [json.loads(line)["cell"] for line in (out / "failed.jsonl").read_text().splitlines()] == ["ef_seed0"]
+    assert not (out / "claims" / "ef_seed0.claim").exists()  # released after its attempts
