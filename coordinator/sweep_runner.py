@@ -153,7 +153,7 @@ def run_cells(cells: Sequence[Any], out: Path, plan: Plan, report: Callable[[int
 
 def ray_launcher(plan: Plan) -> tuple[Callable[[list[str], int], int], int, Callable[[], None]]:
     """Run each start as a Ray task of the CPUs it needs; as many cells in flight as the cluster has CPUs."""
-    from fedge.simulation.ray_backend import ray_module, start_local_ray
+    from fedge.simulation.ray_backend import ray_module, start_local_ray, stop_local_ray
 
     ray = ray_module()
     owned = False
@@ -171,4 +171,4 @@ def ray_launcher(plan: Plan) -> tuple[Callable[[list[str], int], int], int, Call
         return int(ray.get(remote.options(num_cpus=min(cpus, total)).remote(arguments, plan.quiet)))
 
     jobs = max(plan.jobs, total)
-    return launch, jobs, (ray.shutdown if owned else (lambda: None))
+    return launch, jobs, (stop_local_ray if owned else (lambda: None))

@@ -19,7 +19,7 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol
 
-from fedge.simulation.worker import Job, Outcome, train_client, worker_setup
+from fedge.simulation.worker import Job, Outcome, failed, train_client, worker_setup
 
 log = logging.getLogger("fedge.simulation")
 
@@ -111,13 +111,6 @@ class LocalBackend:
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.running.clear()
-
-
-def failed(job: Job, reason: str) -> Outcome:
-    from fedge import codec
-
-    message = codec.decode(job.task)
-    return Outcome(job.client.client_id, message.round, None, reason)
 
 
 def make_backend(name: str, workers: int = 0, ray_address: str = "") -> Backend:

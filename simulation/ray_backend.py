@@ -14,15 +14,17 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import tempfile
 import time
 from typing import Any
 
-from fedge.simulation.worker import Job, Outcome, train_client, worker_setup
+from fedge.simulation.worker import Job, Outcome, failed, train_client, worker_setup
 
 log = logging.getLogger("fedge.simulation")
 
 OBJECT_STORE_BYTES = 256 << 20
+_local_dirs: list[str] = []  # the temporary directories of the private clusters this process started
 
 
 def ray_module() -> Any:
@@ -44,9 +46,17 @@ def start_local_ray(num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     temp_dir = tempfile.mkdtemp(prefix="fr-", dir="/tmp")
+    _local_dirs.append(temp_dir)
     ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
              _node_ip_address="127.0.0.1", _temp_dir=temp_dir, log_to_driver=False, configure_logging=False)
     return True
+
+
+def stop_local_ray() -> None:
+    """``ray.shutdown`` of the private cluster, and its temporary directory removed."""
+    ray_module().shutdown()
+    while _local_dirs:
+        shutil.rmtree(_local_dirs.pop(), ignore_errors=True)
 
 
 class TrainingActor:
@@ -106,8 +116,6 @@ class RayBackend:
                 self.idle.append(actor)
             except Exception as exc:  # the actor died (RayActorError) or the job failed to travel
                 log.error("a Ray worker failed client %s's job: %s", job.client.client_id, exc)
-                from fedge.simulation.backends import failed
-
                 outcomes.append(failed(job, f"its Ray worker failed: {type(exc).__name__}"))
                 self.idle.append(self.actor_class.remote())
         self.dispatch()
@@ -118,4 +126,4 @@ class RayBackend:
             self.ray.kill(actor)
         self.idle, self.running = [], {}
         if self.owned:
-            self.ray.shutdown()
+            stop_local_ray()

@@ -66,6 +66,12 @@ class Outcome:
     error: str = ""
 
 
+def failed(job: Job, reason: str) -> Outcome:
+    """The outcome of a job that never reached (or never came back from) a worker."""
+    task = codec.decode(job.task)
+    return Outcome(job.client.client_id, task.round, None, reason)
+
+
 @contextlib.contextmanager
 def one_torch_thread() -> Iterator[None]:
     before = torch.get_num_threads()

@@ -33,14 +33,15 @@ CASES = [(name, fraction) for name in ALGORITHMS for fraction in (0.5, 1.0)]
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    from fedge.simulation.ray_backend import start_local_ray
+    from fedge.simulation.ray_backend import start_local_ray, stop_local_ray
 
     assert start_local_ray(num_cpus=2), "a Ray cluster was already up in this process"
     import ray
+
     try:
         yield ray
     finally:
-        ray.shutdown()
+        stop_local_ray()
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +118,56 @@ def test_importing_the_coordinator_does_not_import_ray(tmp_path: Path) -> None:
             "print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+class Recording:
+    """A backend that keeps, for every job, a copy of the client's state directory as the job found it."""
+
+    def __init__(self, inner: Any, snapshots: Path) -> None:
+        self.inner, self.workers, self.snapshots = inner, inner.workers, snapshots
+        self.jobs: list[Any] = []
+        self.frames: dict[tuple[str, int], bytes | None] = {}
+
+    def submit(self, job: Any) -> None:
+        import dataclasses
+        import shutil
+
+        copy = self.snapshots / f"{job.client.client_id}-{len(self.jobs)}"
+        shutil.copytree(job.client.state_dir, copy) if Path(job.client.state_dir).exists() else copy.mkdir()
+        self.jobs.append(dataclasses.replace(job, client=dataclasses.replace(job.client, state_dir=str(copy))))
+        self.inner.submit(job)
+
+    def results(self, timeout_s: float) -> list[Any]:
+        outcomes = self.inner.results(timeout_s)
+        self.frames.update({(o.client_id, o.round): o.frame for o in outcomes})
+        return outcomes
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_client_rebuilt_from_its_files_on_a_ray_actor_trains_as_it_did_here(tmp_path: Path,
+                                                                             pools: dict[str, Any]) -> None:
+    """Every task of an inline SCAFFOLD run (device state and all) replayed on a Ray actor from a copy of the
+    client's files as the task found them: the same update, byte for byte in its tensor section."""
+    from fedge import codec
+    from fedge.simulation.backends import InlineBackend
+
+    recording = Recording(InlineBackend(), tmp_path / "snapshots")
+    recording.snapshots.mkdir()
+    run_here(overrides("scaffold", 0.5, "simulated", "inline"), tmp_path / "run", recording)
+    assert len(recording.jobs) == 9 and all(recording.frames.values())
+    ray_pool = pools["ray"]
+    for job in recording.jobs:
+        ray_pool.submit(job)
+    replayed: dict[tuple[str, int], bytes | None] = {}
+    until = time.monotonic() + 120
+    while len(replayed) < len(recording.jobs) and time.monotonic() < until:
+        replayed.update({(o.client_id, o.round): o.frame for o in ray_pool.results(1.0)})
+
+    def body(frame: bytes | None) -> bytes:
+        assert frame is not None
+        return frame[codec.read_header(frame).body_at:]
+
+    assert replayed.keys() == recording.frames.keys()
+    assert all(body(replayed[key]) == body(recording.frames[key]) for key in recording.frames)
