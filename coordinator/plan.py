@@ -11,6 +11,7 @@ by name and imports no transport.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +128,9 @@ def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     if config.fleet.agent_python and not (Path(config.fleet.agent_python).is_file() and
                                           os.access(config.fleet.agent_python, os.X_OK)):
         raise ConfigError(f"fleet.agent_python {config.fleet.agent_python!r} is not an executable file")
+    if config.fleet.mode == "simulated" and config.fleet.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("fleet.backend = \"ray\" needs Ray on this machine: bash scripts/install.sh --ray (or "
+                          "pip install -c constraints/ray.txt 'fedge[ray]')")
     config = by_import_path(config)
     plugins: dict[str, PluginRef] = {}
     if dataset is None:

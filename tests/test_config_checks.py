@@ -3,6 +3,7 @@ written (the CLI case runs a process; the rest run the same plan in process)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
     (["train.optimizer=rmsprop"], "train.optimizer must be one of"),
     (["train.lr=0"], "train.lr > 0"),
     (["algorithm.name=nope"], "unknown algorithm 'nope'"),
+    (["fleet.mode=threads"], "fleet.mode must be one of process, simulated, got 'threads'"),
+    (["fleet.mode=simulated", "fleet.backend=dask"], "fleet.backend must be one of inline, local, ray"),
+    (["fleet.mode=simulated", "fleet.workers=-1"], "fleet.workers must be >= 0"),
+    (["fleet.mode=simulated", "fleet.bind=tcp://127.0.0.1:5555"], "takes no fleet.bind"),
+    (["fleet.ray_address=10.0.0.1:6379"], "fleet.ray_address is for fleet.backend = \"ray\""),
+    (["data.clients=40"], "data.clients (40) != agents (2); for more clients than processes use fleet.mode"),
 ])
 def test_bad_options_are_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -75,3 +82,22 @@ def test_settings_that_do_not_fit_a_welcome_are_refused_when_the_session_is_plan
     too_many = dataclasses.replace(plan, mean=tuple(0.5 for _ in range(2000)), std=tuple(1.0 for _ in range(2000)))
     with pytest.raises(ConfigError, match="do not fit the welcome.*at most 1024 items"):
         check_welcome(too_many)
+
+
+def test_a_simulated_fleet_holds_more_clients_than_agents() -> None:
+    plan = plan_session(load_config(None, ["fleet.local_agents=2", "fleet.mode=simulated", "data.clients=40",
+                                           "data.partition=iid"]))
+    assert len(plan.shards) == 40
+
+
+def test_the_ray_backend_without_ray_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    hide = tmp_path / "noray"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None\n")
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--set", "fleet.mode=simulated",
+                          "--set", "fleet.backend=ray", "--run-dir", str(run_dir)], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(hide)})
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "needs Ray on this machine" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not run_dir.exists()
