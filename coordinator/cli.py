@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show a run's round, connected agents and ETA")
     status.add_argument("run_dir")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--agents", action="store_true",
+                        help="every agent of the session (agents.json), not only the 100 heard from last")
     keygen = sub.add_parser("keygen", help="write the coordinator's CurveZMQ key pair and an empty allow-list")
     keygen.add_argument("--keys-dir", required=True)
     keygen.add_argument("--force", action="store_true", help="replace an existing key pair")
@@ -110,7 +112,16 @@ def command_status(args: argparse.Namespace) -> int:
     eta = status.get("eta_s")
     print(f"run {status['run_id']} ({status['algorithm']}): round {status['round']}/{status['rounds']}, "
           f"{status['phase']} (updated {age:.0f} s ago)" + (f", ETA {eta / 60:.1f} min" if eta else ""))
-    for agent in status.get("agents", []):
+    agents = status.get("agents", [])
+    if args.agents:
+        listed = Path(args.run_dir) / "agents.json"
+        if not listed.exists():
+            raise FileNotFoundError(f"{args.run_dir} has no agents.json yet (written every 10 s while it runs)")
+        agents = json.loads(listed.read_text()).get("agents", [])
+    total = int(status.get("agents_total", len(agents)))
+    print(f"  {status.get('agents_connected', sum(1 for a in agents if a['connected']))} of {total} agents "
+          "connected" + (f"; the {len(agents)} heard from last (all: --agents)" if len(agents) < total else ""))
+    for agent in agents:
         seen = agent.get("seconds_since_seen")
         print(f"  {agent['client_id']:<20} client {agent['index']:<3} "
               f"{'connected' if agent['connected'] else 'gone':<10}"

@@ -25,6 +25,7 @@ from fedge.algorithms import make_server
 from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.config import Config
+from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.protocol import CoordinatorProtocol, Event, Rejected, RoundState, Send, SendFrame
 from fedge.coordinator.records import (
     agent_record,
@@ -47,6 +48,10 @@ log = logging.getLogger("fedge.coordinator")
 # A test seam: FEDGE_CRASH_AT="POINT:ROUND" ends the process at once (exit 70, no cleanup) at that point of that
 # round's finish, so that tests can check that a crash anywhere resumes to the uninterrupted run.
 CRASH_AT = os.environ.get("FEDGE_CRASH_AT", "")
+
+
+STATUS_AGENTS = 100   # status.json lists the agents heard from most recently, at most this many
+AGENTS_EVERY_S = 10.0  # agents.json (every agent) is written this often, and at every round's end
 
 
 def finite(value: float) -> float | None:
@@ -94,8 +99,10 @@ class Session:
                                             self.welcome_fields, self.task_flags)
         self.started = time.monotonic()
         self.status_written = 0.0
+        self.agents_written = -1e18
         self.round_walls: list[float] = []
         self.show_status: Callable[[str], None] = lambda _status: None  # the service's status line
+        self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
         self.bytes_total = {"down": 0, "up": 0}  # packet bytes of the rounds recorded so far (metrics.jsonl)
 
     @property
@@ -155,7 +162,7 @@ class Session:
                 log.log(event.level, "%s", event.text)
 
     def send(self, peer: bytes, message: codec.Message) -> int:
-        frame = codec.encode(message)
+        frame = self.downlinks.frame(message) if isinstance(message, codec.Task) else codec.encode(message)
         return len(frame) if self.transport.send(peer, frame) else 0
 
     def handle(self, peer: bytes, frame: bytes) -> None:
@@ -311,10 +318,16 @@ class Session:
                   for a in self.registry.agents.values()]
         eta_s = mean_round * remaining if mean_round is not None else None
         rejections = self.rejections()
-        self.run_dir.write_status(run_id=self.run_id, phase=phase, round=self.round, rounds=self.config.run.rounds,
-                                  algorithm=self.config.algorithm_name, agents=agents, rejections=rejections,
-                                  eta_s=eta_s)
         connected = sum(1 for a in agents if a["connected"])
+        recent = sorted(agents, key=lambda a: (a["seconds_since_seen"] is None, a["seconds_since_seen"] or 0.0))
+        self.run_dir.write_status(run_id=self.run_id, phase=phase, round=self.round, rounds=self.config.run.rounds,
+                                  algorithm=self.config.algorithm_name, agents=recent[:STATUS_AGENTS],
+                                  agents_total=len(agents), agents_connected=connected, rejections=rejections,
+                                  eta_s=eta_s)
+        if force or now - self.agents_written >= AGENTS_EVERY_S:  # every agent: `coordinator status --agents`
+            self.agents_written = now
+            self.run_dir.write_json("agents.json", {"run_id": self.run_id, "updated_at": time.time(),
+                                                    "agents": agents})
         self.show_status(f"{phase}; round {self.round}/{self.config.run.rounds}; {connected}/{len(agents)} agents "
                          f"connected" + (f"; ETA {eta_s / 60:.1f} min" if eta_s is not None else ""))
         gauges = fleet_gauges(self.run_id, self.round, self.config.run.rounds, agents, self.bytes_total, rejections,

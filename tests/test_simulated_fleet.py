@@ -171,3 +171,22 @@ def test_a_client_rebuilt_from_its_files_on_a_ray_actor_trains_as_it_did_here(tm
 
     assert replayed.keys() == recording.frames.keys()
     assert all(body(replayed[key]) == body(recording.frames[key]) for key in recording.frames)
+
+
+def test_status_lists_the_100_agents_heard_from_last_and_agents_json_lists_all(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_here(["model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=120",
+              "data.partition=iid", "data.train_limit=20", "round.count=4", "run.rounds=1", "run.export_onnx=false"],
+             run_dir)
+    import json
+
+    status = json.loads((run_dir / "status.json").read_text())
+    assert len(status["agents"]) == 100 and status["agents_total"] == 120
+    everyone = json.loads((run_dir / "agents.json").read_text())["agents"]
+    assert sorted(a["index"] for a in everyone) == list(range(120))
+    shown = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "status", str(run_dir), "--agents"],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and sum("agent-" in line for line in shown.stdout.splitlines()) == 120
+    short = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "status", str(run_dir)],
+                           capture_output=True, text=True, timeout=60)
+    assert "the 100 heard from last (all: --agents)" in short.stdout

@@ -1,0 +1,56 @@
+"""A round's downlink bodies, encoded once for every client that is sent the same payload.
+
+FedAvg, FedProx, SCAFFOLD and a dense FedBN send every selected client the same model: compressing it once per
+client was most of the coordinator's time per agent. ``DownlinkBodies.frame`` encodes a Task's body (its tensor
+groups and meta) the first time a payload is seen in the round and joins the cached body to each client's own
+header (``codec.encode(task, body=...)``: the same bytes as encoding the whole Task). A payload counts as seen when
+its groups hold the very same tensors (the same array objects and the same sparse section object: a server half
+that hands every client its one model does) and an equal meta; anything else (ef's catch-ups, pFedLA's personal
+models) is encoded for its client alone. Identity, not content, is compared, so the check costs nothing per
+tensor, and the cached groups are kept referenced for the round so that no identity can be reused. Cleared at every round. Pure bytes in memory: no sockets, no algorithms by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fedge import codec
+
+MAX_BODIES = 64  # distinct payloads cached in one round (beyond, a payload is encoded for its client alone)
+
+
+def same_groups(a: Mapping[str, codec.TensorGroup], b: Mapping[str, codec.TensorGroup]) -> bool:
+    """True when two payloads' groups carry the same tensors."""
+    if a.keys() != b.keys():
+        return False
+    for name, group in a.items():
+        other = b[name]
+        if group.sparse is not other.sparse or group.dense.keys() != other.dense.keys():
+            return False
+        if any(array is not other.dense[key] for key, array in group.dense.items()):
+            return False
+    return True
+
+
+class DownlinkBodies:
+    """The bodies encoded in the current round; ``frame(task)`` is the Task's packet."""
+
+    def __init__(self) -> None:
+        self.round = -1
+        self.cached: list[tuple[dict[str, codec.TensorGroup], dict[str, Any], bytes]] = []
+        self.encoded = 0  # bodies compressed this round
+        self.shared = 0   # tasks that reused a body this round
+
+    def frame(self, task: codec.Task) -> bytes:
+        if task.round != self.round:
+            self.round, self.cached, self.encoded, self.shared = task.round, [], 0, 0
+        for groups, meta, body in self.cached:
+            if meta == task.meta and same_groups(groups, task.groups):
+                self.shared += 1
+                return codec.encode(task, body=body)
+        body = codec.encode_body(task.groups, task.meta)
+        self.encoded += 1
+        if len(self.cached) < MAX_BODIES:
+            self.cached.append((dict(task.groups), dict(task.meta), body))
+        return codec.encode(task, body=body)
