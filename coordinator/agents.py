@@ -22,6 +22,7 @@ class Agent:
     connected: bool = False
     hello: dict[str, Any] = field(default_factory=dict)
     last_accepted_round: int = 0
+    round_s: float | None = None  # measured round time (task sent to update received), averaged; None: not yet
 
 
 class AgentRegistry:

@@ -35,6 +35,7 @@ class RunSection:
 
 
 FLEET_MODES = ("process", "simulated")
+SELECTION_POLICIES = ("uniform", "latency")
 FLEET_BACKENDS = ("inline", "local", "ray")
 
 
@@ -101,6 +102,10 @@ class RoundSection:
     count: int = 0
     min_clients: int = 1
     deadline_s: float = 300.0
+    # Over-selection: close the round once this many updates arrived (0: wait for every selected client); the rest
+    # are sent Cancel. policy "latency" prefers agents whose measured round time fits (docs/protocol.md).
+    target: int = 0
+    policy: str = "uniform"
 
 
 @dataclass(frozen=True)
@@ -271,6 +276,12 @@ def validate(config: Config) -> None:
         raise ConfigError("fleet.ray_address is for fleet.backend = \"ray\"")
     if not 0 < config.round.fraction <= 1:
         raise ConfigError("round.fraction must be in (0, 1]")
+    if config.round.target < 0:
+        raise ConfigError("round.target must be >= 0 (0: wait for every selected client)")
+    if config.round.count and config.round.target > config.round.count:
+        raise ConfigError(f"round.target ({config.round.target}) cannot exceed round.count ({config.round.count})")
+    if config.round.policy not in SELECTION_POLICIES:
+        raise ConfigError(f"round.policy must be one of {', '.join(SELECTION_POLICIES)}, got {config.round.policy!r}")
     if config.round.deadline_s <= 0:
         raise ConfigError("round.deadline_s must be > 0")
     if config.security.curve not in ("auto", "on", "off"):

@@ -82,6 +82,7 @@ class RoundState:
     tasks_sent: set[int] = field(default_factory=set)
     unavailable: dict[int, str] = field(default_factory=dict)  # declined by their availability rules: why
     body_up: dict[int, int] = field(default_factory=dict)  # the accepted updates' tensor sections (bodies), bytes
+    target: int = 0  # close once this many updates arrived (0: wait for every selected client)
 
     def awaited(self) -> list[int]:
         return [i for i in self.selected if i not in self.updates and i not in self.failed and
@@ -227,6 +228,9 @@ class CoordinatorProtocol:
         if problem:
             return self.refuse(peer, words.INVALID_UPDATE, problem, now)
         current.updates[index] = (update, size)
+        agent = self.registry.by_index(index)
+        took = max(now - current.started, 0.0)  # its round time: task sent to update received
+        agent.round_s = took if agent.round_s is None else 0.5 * (agent.round_s + took)
         current.failed.discard(index)
         current.unavailable.pop(index, None)
         return []
@@ -283,11 +287,14 @@ class CoordinatorProtocol:
         self.server.forget(index)
 
     # ------------------------------------------------------------------------------------------ the round
-    def open_round(self, number: int, selected: Sequence[int], now: float, deadline_s: float) -> list[Event]:
-        """Start round ``number`` with the selected clients: their tasks."""
+    def open_round(self, number: int, selected: Sequence[int], now: float, deadline_s: float,
+                   target: int = 0) -> list[Event]:
+        """Start round ``number`` with the selected clients: their tasks. ``target``: close it once this many
+        updates arrived (over-selection)."""
         if self.current is not None:
             raise RuntimeError(f"round {self.current.number} is still open")
-        self.current = RoundState(number=number, selected=list(selected), started=now, deadline=now + deadline_s)
+        self.current = RoundState(number=number, selected=list(selected), started=now, deadline=now + deadline_s,
+                                  target=target)
         return [self.task(index, now) for index in self.current.selected]
 
     def task(self, index: int, now: float) -> Send:
@@ -313,9 +320,12 @@ class CoordinatorProtocol:
             self.current.bytes_down[index] = self.current.bytes_down.get(index, 0) + size
 
     def complete(self, now: float) -> bool:
-        """Every selected agent reported or failed, the deadline passed, or every awaited agent is gone."""
+        """Every selected agent reported or failed, the target number of updates arrived, the deadline passed, or
+        every awaited agent is gone."""
         current = self.current
         if current is None:
+            return True
+        if current.target and len(current.updates) >= current.target:
             return True
         awaited = current.awaited()
         if not awaited or now >= current.deadline:

@@ -39,6 +39,7 @@ from fedge.coordinator.records import (
     welcome_fields,
 )
 from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir
+from fedge.coordinator.selection import choose
 from fedge.coordinator.transport import RouterTransport
 from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays
@@ -193,7 +194,8 @@ class Session:
         r = self.config.round
         count = r.count if r.count > 0 else math.ceil(r.fraction * len(available))
         count = min(len(available), max(count, r.min_clients))
-        return sorted(int(i) for i in rng.choice(available, size=count, replace=False))
+        times = {i: self.registry.by_index(i).round_s for i in available} if r.policy != "uniform" else {}
+        return choose(available, count, rng, r.policy, times, r.deadline_s)
 
     def wait_for_agents(self, expect: int, timeout_s: float) -> bool:
         minimum = max(self.config.round.min_clients, 1)
@@ -216,7 +218,7 @@ class Session:
         self.drain()
         available = self.registry.live_indices()
         self.act(self.protocol.open_round(number, self.select(number, available), started,
-                                          self.config.round.deadline_s))
+                                          self.config.round.deadline_s, self.config.round.target))
         while not self.protocol.complete(time.monotonic()):
             if self.stopping:
                 self.protocol.abandon_round()
@@ -248,6 +250,7 @@ class Session:
         row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
         row.update(round=number, algorithm=self.config.algorithm_name, selected=len(current.selected),
                    reported=len(updates), dropped=len(missing), unavailable=len(current.unavailable),
+                   accepted=[index for index, _ in ordered],
                    bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()),
                    bytes_up_tensors=sum(current.body_up.values()))
         self.evaluate_into(row, number, [u for _, u in received])

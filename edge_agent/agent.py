@@ -173,6 +173,8 @@ class Agent:
         """Called by the training loop before each step: count it (the watchdog's progress while training) and
         say whether to stop (the agent is stopping, or the coordinator cancelled the round)."""
         self.train_steps += 1
+        if self.settings.step_delay_s:  # a slower board, emulated (agent.step_delay_s); a cancel cuts it short
+            self.cancel_requested.wait(self.settings.step_delay_s)
         return self.stop_requested.is_set() or self.cancel_requested.is_set()
 
     def watchdog_count(self) -> int:

@@ -37,6 +37,7 @@ class AgentSettings:
     data_refresh: str = "once"
     after_session: str = "wait"  # wait for the next session, or exit when one finishes
     keep_sessions: int = 3       # device states kept: this session's and the most recent earlier ones
+    step_delay_s: float = 0.0    # emulate a slower board: wait this long before each training step
     availability: Rules = field(default_factory=Rules)  # when this device may train ([availability])
 
     def validate(self) -> None:
@@ -56,6 +57,9 @@ class AgentSettings:
             raise ValueError("agent.allow_plugin_mismatch must be true or false")
         if isinstance(self.keep_sessions, bool) or not isinstance(self.keep_sessions, int) or self.keep_sessions < 1:
             raise ValueError(f"agent.keep_sessions must be an integer >= 1, got {self.keep_sessions!r}")
+        if isinstance(self.step_delay_s, bool) or not isinstance(self.step_delay_s, (int, float)) or \
+                not 0 <= self.step_delay_s <= 60:
+            raise ValueError(f"agent.step_delay_s must be a number of seconds in [0, 60], got {self.step_delay_s!r}")
         if self.after_session not in ("wait", "exit"):
             raise ValueError(f"agent.after_session must be wait or exit, got {self.after_session!r}")
         if self.curve not in ("on", "off"):
@@ -65,7 +69,7 @@ class AgentSettings:
 
 
 AGENT_KEYS = {"coordinator", "client_id", "data", "state_dir", "device", "hello_interval_s", "energy",
-              "allow_plugins", "allow_plugin_mismatch", "after_session", "keep_sessions"}
+              "allow_plugins", "allow_plugin_mismatch", "after_session", "keep_sessions", "step_delay_s"}
 DATA_KEYS = {"refresh"}
 SECURITY_KEYS = {"curve", "keys_dir", "coordinator_public_key"}
 

@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
     (["fleet.mode=simulated", "fleet.bind=tcp://127.0.0.1:5555"], "takes no fleet.bind"),
     (["fleet.ray_address=10.0.0.1:6379"], "fleet.ray_address is for fleet.backend = \"ray\""),
     (["data.clients=40"], "data.clients (40) != agents (2); for more clients than processes use fleet.mode"),
+    (["round.count=2", "round.target=3"], "round.target (3) cannot exceed round.count (2)"),
+    (["round.target=-1"], "round.target must be >= 0"),
+    (["round.policy=fastest"], "round.policy must be one of uniform, latency, got 'fastest'"),
 ])
 def test_bad_options_are_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
