@@ -50,6 +50,7 @@ class FleetSection:
     agent_python: str = ""
     # "process": one real agent process per client; "simulated": data.clients logical clients trained by a pool of
     # workers under the same Session (docs/scale.md). backend: inline, local or ray; workers: 0 = one per core.
+    max_uploads: int = 0  # paced uploads: at most this many updates granted and not yet received (0: unpaced)
     mode: str = "process"
     backend: str = "local"
     workers: int = 0
@@ -267,6 +268,8 @@ def validate(config: Config) -> None:
         raise ConfigError(f"fleet.mode must be one of {', '.join(FLEET_MODES)}, got {fleet.mode!r}")
     if fleet.backend not in FLEET_BACKENDS:
         raise ConfigError(f"fleet.backend must be one of {', '.join(FLEET_BACKENDS)}, got {fleet.backend!r}")
+    if fleet.max_uploads < 0:
+        raise ConfigError("fleet.max_uploads must be >= 0 (0: agents send their update as soon as it is trained)")
     if fleet.workers < 0:
         raise ConfigError("fleet.workers must be >= 0 (0: one per CPU core)")
     if fleet.mode == "simulated" and fleet.bind:

@@ -25,6 +25,7 @@ from fedge.algorithms.contract import ServerHalf
 from fedge.codec import vocabulary as words
 from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.limiter import RejectionLimiter
+from fedge.coordinator.pacing import UploadPacer
 from fedge.coordinator.records import check_update
 
 __all__ = ["CoordinatorProtocol", "Event", "Noted", "Rejected", "RejectionLimiter", "RoundState", "Send", "SendFrame"]
@@ -97,7 +98,7 @@ class CoordinatorProtocol:
     def __init__(self, run_id: str, model_hash: str, shapes: dict[str, tuple[int, ...]], registry: AgentRegistry,
                  server: ServerHalf, welcome_fields: Callable[[int], dict[str, Any]],
                  task_flags: Callable[[int], dict[str, bool]] | None = None,
-                 limiter: RejectionLimiter | None = None) -> None:
+                 limiter: RejectionLimiter | None = None, max_uploads: int = 0) -> None:
         self.run_id = run_id
         self.model_hash = model_hash
         self.shapes = shapes
@@ -111,6 +112,7 @@ class CoordinatorProtocol:
         self.over = False                     # the session finished: hellos are not answered any more
         self.current: RoundState | None = None
         self.closed: RoundState | None = None  # the round last closed, until its commits are sent
+        self.pacer = UploadPacer(max_uploads)  # paced uploads (fleet.max_uploads; 0: unpaced)
 
     # ------------------------------------------------------------------------------------------ receiving
     def receive(self, peer: bytes, frame: bytes, now: float) -> list[Event]:
@@ -135,9 +137,10 @@ class CoordinatorProtocol:
         self.registry.touch(client_id, now)
         agent.peer = peer
         if isinstance(message, codec.Heartbeat):
-            return [Send(peer, codec.Heartbeat(run_id=self.run_id, round=self.round, sender=SENDER))]
+            echo: list[Event] = [Send(peer, codec.Heartbeat(run_id=self.run_id, round=self.round, sender=SENDER))]
+            return echo + self.on_ready(agent.index, message, now) if message.ready else echo
         if isinstance(message, codec.Update):
-            outcome = self.on_update(peer, agent.index, message, len(frame), now)
+            outcome = self.on_update(peer, agent.index, message, len(frame), now) + self.grants(now)
             if self.current is not None and agent.index in self.current.updates and \
                     agent.index not in self.current.body_up:
                 self.current.body_up[agent.index] = len(frame) - codec.read_header(frame).body_at
@@ -295,7 +298,31 @@ class CoordinatorProtocol:
             raise RuntimeError(f"round {self.current.number} is still open")
         self.current = RoundState(number=number, selected=list(selected), started=now, deadline=now + deadline_s,
                                   target=target)
+        self.pacer.reset()
         return [self.task(index, now) for index in self.current.selected]
+
+    def on_ready(self, index: int, heartbeat: codec.Heartbeat, now: float) -> list[Event]:
+        """A paced agent holds its update of the round in progress: its grant, now or when a slot frees."""
+        current = self.current
+        if not self.pacer.on or current is None or heartbeat.round != current.number or \
+                index not in current.awaited():
+            return []
+        again = [self.grant(index)] if self.pacer.ready(index) else []
+        return again + self.grants(now)
+
+    def grants(self, now: float) -> list[Event]:
+        current = self.current
+        if not self.pacer.on or current is None:
+            return []
+        awaited = set(current.awaited())
+        chosen = self.pacer.next_grants(awaited, lambda i: self.registry.alive(self.registry.by_index(i), now))
+        return [self.grant(index) for index in chosen]
+
+    def grant(self, index: int) -> Send:
+        current = self.current
+        assert current is not None
+        return Send(self.registry.by_index(index).peer, codec.Grant(run_id=self.run_id, round=current.number,
+                                                                    sender=SENDER))
 
     def task(self, index: int, now: float) -> Send:
         """The task of the current round for client ``index`` (its downlink from the server half)."""
@@ -311,7 +338,7 @@ class CoordinatorProtocol:
         return Send(agent.peer, codec.Task(run_id=self.run_id, round=current.number, sender=SENDER,
                                            groups=dict(payload.groups), meta=dict(payload.meta),
                                            committed_round=self.round, last_accepted_round=agent.last_accepted_round,
-                                           deadline_s=max(0.0, current.deadline - now),
+                                           deadline_s=max(0.0, current.deadline - now), paced=self.pacer.on,
                                            **self.task_flags(current.number)), task_of=index)
 
     def sent_task(self, index: int, size: int) -> None:

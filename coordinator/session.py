@@ -97,7 +97,8 @@ class Session:
         context = ServerContext(num_clients=num_clients, layout=self.layout, seed=config.run.seed)
         self.server = make_server(config.algorithm_name, config.algorithm_options, state_to_arrays(model), context)
         self.protocol = CoordinatorProtocol(run_id, self.model_hash, self.shapes, registry, self.server,
-                                            self.welcome_fields, self.task_flags)
+                                            self.welcome_fields, self.task_flags,
+                                            max_uploads=config.fleet.max_uploads)
         self.started = time.monotonic()
         self.status_written = 0.0
         self.agents_written = -1e18

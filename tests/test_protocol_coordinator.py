@@ -29,13 +29,13 @@ def welcome_fields(index: int) -> dict[str, Any]:
 
 
 def protocol(capacity: int = 3, algorithm: str = "fedavg", options: dict[str, Any] | None = None,
-             liveness_s: float = 5.0) -> CoordinatorProtocol:
+             liveness_s: float = 5.0, max_uploads: int = 0) -> CoordinatorProtocol:
     model = build(TINY_MLP, seed=0)
     arrays = state_to_arrays(model)
     server = make_server(algorithm, options or {}, arrays, ServerContext(capacity, ModelLayout.of(model)))
     shapes = {name: tuple(a.shape) for name, a in arrays.items()}
     return CoordinatorProtocol("run-1", HASH, shapes, AgentRegistry(capacity, liveness_s), server,
-                               welcome_fields)
+                               welcome_fields, max_uploads=max_uploads)
 
 
 def hello(sender: str, **changes: Any) -> bytes:
