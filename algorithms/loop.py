@@ -56,10 +56,12 @@ def task_of(settings: TrainSettings, labels: torch.Tensor) -> Task:
 
 def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, labels: torch.Tensor,
                 settings: TrainSettings, seed: int, cancelled: Callable[[], bool] | None = None,
-                task: Task | None = None) -> LocalStats:
+                task: Task | None = None, spent: Callable[[int], bool] | None = None) -> LocalStats:
     """Run ``settings.epochs`` epochs of minibatch training with the hooks; return what was done. ``cancelled`` is
-    polled between steps: when it returns True, ``TrainingCancelled`` is raised. The loss is ``task``'s (default:
-    the one ``settings.loss`` names)."""
+    polled between steps: when it returns True, ``TrainingCancelled`` is raised. ``spent(steps)``, polled before
+    each step, ends training early when it returns True (a device's work budget): the round's update is then that
+    of the steps taken, and ``LocalStats.steps`` says how many. The loss is ``task``'s (default: the one
+    ``settings.loss`` names)."""
     task = task or task_of(settings, labels)
     hooks.before_training(model, inputs, labels, settings)
     model.train()
@@ -74,6 +76,8 @@ def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, la
             batch = order[start:start + settings.batch_size]
             if batch.numel() < minimum_batch:
                 continue
+            if spent is not None and steps and spent(steps):
+                break
             if cancelled is not None and cancelled():
                 raise TrainingCancelled(f"stopped after {steps} steps")
             optimizer.zero_grad(set_to_none=False)
@@ -88,6 +92,9 @@ def train_local(model: nn.Module, hooks: TrainingHooks, inputs: torch.Tensor, la
             sizes.append(int(batch.numel()))
             samples += int(batch.numel())
             loss_sum += float(loss.detach()) * int(batch.numel())
+        else:
+            continue
+        break  # the budget is spent: no further epoch
     return LocalStats(steps=steps, samples=samples, loss=loss_sum / max(samples, 1), lr=settings.lr,
                       batch_sizes=tuple(sizes))
 

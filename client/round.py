@@ -53,9 +53,10 @@ def _no_phase() -> Iterator[None]:
 
 def play_task(session: JoinedSession, tensors: Tensors, state: DeviceState, task: codec.Task,
               meter: RoundMeter | None = None, cancelled: Callable[[], bool] | None = None,
-              inference_meta: dict[str, Any] | None = None) -> TaskResult:
+              inference_meta: dict[str, Any] | None = None,
+              spent: Callable[[int], bool] | None = None) -> TaskResult:
     """Train one task and write its state as pending (``state.write_pending``); TrainingCancelled when
-    ``cancelled`` says so before a step."""
+    ``cancelled`` says so before a step; fewer steps when the device's work budget (``spent``) says so."""
 
     def phase(name: str) -> contextlib.AbstractContextManager[Any]:
         return meter.phase(name) if meter is not None else _no_phase()
@@ -78,7 +79,7 @@ def play_task(session: JoinedSession, tensors: Tensors, state: DeviceState, task
     with phase("train"):
         snapshot = ParamSnapshot(model) if meter is not None else None
         stats = train_local(model, client, tensors.inputs, tensors.labels, session.train, seed,
-                            cancelled=cancelled, task=session.task)
+                            cancelled=cancelled, task=session.task, spent=spent)
     train_s = time.monotonic() - started
     if meter is not None and snapshot is not None:
         t = session.train

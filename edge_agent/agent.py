@@ -152,7 +152,7 @@ class Agent:
                     raise ValueError(f"the data callable now returns samples shaped {self.data.input_shape}")
                 self.load_tensors(session, self.data)
             result = play_task(session, self.tensors, self.state, task, self.meter, cancelled=self.step,
-                               inference_meta=self.inference_meta(session))
+                               inference_meta=self.inference_meta(session), spent=self.budget())
             record = self.close_meter_window(task.round)
             record["cpu_s_decode"] = decode_cpu_s
             frame = update_frame(session, self.settings.client_id, result, record)
@@ -168,6 +168,15 @@ class Agent:
             self.outcome = Outcome(task.round, None, f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(RuntimeError):
                 self.close_meter_window(task.round)
+
+    def budget(self) -> Callable[[int], bool] | None:
+        """This device's work budget for a round (agent.max_steps, agent.max_seconds), or None."""
+        max_steps, max_seconds = self.settings.max_steps, self.settings.max_seconds
+        if not max_steps and not max_seconds:
+            return None
+        started = time.monotonic()
+        return lambda steps: bool((max_steps and steps >= max_steps) or
+                                  (max_seconds and time.monotonic() - started >= max_seconds))
 
     def step(self) -> bool:
         """Called by the training loop before each step: count it (the watchdog's progress while training) and

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--coordinator-key", help="the coordinator's public key file")
     run.add_argument("--after-session", choices=("wait", "exit"),
                      help="when a session finishes: wait for the next one (default) or exit")
+    run.add_argument("--max-steps", type=int, help="this device's work budget: at most this many steps a round")
+    run.add_argument("--max-seconds", type=float, help="this device's work budget: train at most this long a round")
     run.add_argument("--step-delay-s", type=float,
                      help="emulate a slower board: wait this long before each training step (agent.step_delay_s)")
     run.add_argument("--parent-pid", type=int, help="stop when this process is gone (used by the local fleet)")
@@ -89,7 +91,7 @@ def run_agent(args: argparse.Namespace) -> int:
         "coordinator": args.coordinator, "client_id": args.client_id, "data": args.data,
         "state_dir": args.state_dir, "device": args.device, "curve": args.curve, "keys_dir": args.keys_dir,
         "coordinator_public_key": args.coordinator_key, "after_session": args.after_session,
-        "step_delay_s": args.step_delay_s,
+        "step_delay_s": args.step_delay_s, "max_steps": args.max_steps, "max_seconds": args.max_seconds,
     }, extra_plugins=args.allow_plugin or [])
     import torch
 

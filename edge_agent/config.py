@@ -38,6 +38,8 @@ class AgentSettings:
     after_session: str = "wait"  # wait for the next session, or exit when one finishes
     keep_sessions: int = 3       # device states kept: this session's and the most recent earlier ones
     step_delay_s: float = 0.0    # emulate a slower board: wait this long before each training step
+    max_steps: int = 0           # this device's work budget a round: at most this many steps (0: no limit)
+    max_seconds: float = 0.0     # ... and training ends after this long (0: no limit); a partial update is sent
     availability: Rules = field(default_factory=Rules)  # when this device may train ([availability])
 
     def validate(self) -> None:
@@ -60,6 +62,10 @@ class AgentSettings:
         if isinstance(self.step_delay_s, bool) or not isinstance(self.step_delay_s, (int, float)) or \
                 not 0 <= self.step_delay_s <= 60:
             raise ValueError(f"agent.step_delay_s must be a number of seconds in [0, 60], got {self.step_delay_s!r}")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 0:
+            raise ValueError(f"agent.max_steps must be an integer >= 0 (0: no limit), got {self.max_steps!r}")
+        if isinstance(self.max_seconds, bool) or not isinstance(self.max_seconds, (int, float)) or self.max_seconds < 0:
+            raise ValueError(f"agent.max_seconds must be a number >= 0 (0: no limit), got {self.max_seconds!r}")
         if self.after_session not in ("wait", "exit"):
             raise ValueError(f"agent.after_session must be wait or exit, got {self.after_session!r}")
         if self.curve not in ("on", "off"):
@@ -69,7 +75,7 @@ class AgentSettings:
 
 
 AGENT_KEYS = {"coordinator", "client_id", "data", "state_dir", "device", "hello_interval_s", "energy",
-              "allow_plugins", "allow_plugin_mismatch", "after_session", "keep_sessions", "step_delay_s"}
+              "allow_plugins", "allow_plugin_mismatch", "after_session", "keep_sessions", "step_delay_s", "max_steps", "max_seconds"}
 DATA_KEYS = {"refresh"}
 SECURITY_KEYS = {"curve", "keys_dir", "coordinator_public_key"}
 

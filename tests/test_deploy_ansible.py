@@ -245,6 +245,8 @@ def render_agent_toml(**overrides: object) -> str:
         "fedge_agent_allow_plugins": [],
         "fedge_agent_allow_plugin_mismatch": False,
         "fedge_agent_data_refresh": "once",
+        "fedge_agent_max_steps": 0,
+        "fedge_agent_max_seconds": 0,
     }
     values.update(overrides)
     return env.from_string(AGENT_TOML.read_text()).render(values)
@@ -295,6 +297,8 @@ def test_agent_toml_with_a_users_plugins() -> None:
         ({"fedge_agent_allow_plugin_mismatch": "yes"}, {"agent.allow_plugin_mismatch": True}),
         ({"fedge_agent_allow_plugin_mismatch": "false"}, {}),
         ({"fedge_agent_data_refresh": "every-task"}, {"data.refresh": "every-task"}),
+        ({"fedge_agent_max_steps": 20, "fedge_agent_max_seconds": 45}, {"agent.max_steps": 20,
+                                                                         "agent.max_seconds": 45.0}),
         ({"fedge_agent_allow_plugins": ['odd"name\\x:y']}, {"agent.allow_plugins": ['odd"name\\x:y']}),
     ],
 )

@@ -1,6 +1,7 @@
 """Rounds that do not wait for the slowest, end to end: two agents slowed by a documented agent option
 (``--step-delay-s``, not a mock), ``round.target`` closes each round before they report, they are sent Cancel,
-nothing of theirs is aggregated or committed, and the session's stateful algorithms carry on consistently."""
+nothing of theirs is aggregated or committed, and the session's stateful algorithms carry on consistently; an agent
+with a work budget (``--max-steps``) sends the update of the steps it took."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_the_round_closes_at_its_target_and_the_slow_agents_are_cancelled(algori
     address = wait_for(lambda: (run_dir / "endpoint").exists() and (run_dir / "endpoint").read_text().strip(), 60,
                        "the endpoint file")
     for i in range(4):
-        slow = ["--step-delay-s", "3.0"] if i >= 2 else []
+        slow = ["--step-delay-s", "3.0"] if i >= 2 else (["--max-steps", "1"] if i == 1 else [])
         procs.agent("--coordinator", address, "--client-id", f"dev-{i}", "--data", str(data / f"client-{i:03d}.npz"),
                     "--state-dir", str(tmp_path / f"state-{i}"), *slow, name=f"agent-{i}")
     assert finished(coordinator, 180) == 0, procs.output("coordinator")
@@ -45,6 +46,8 @@ def test_the_round_closes_at_its_target_and_the_slow_agents_are_cancelled(algori
     fast = {c["client_index"] for c in clients}
     assert {c["client_id"] for c in clients} == {"dev-0", "dev-1"}
     assert all(sorted(r["accepted"]) == sorted(fast) for r in rows)
+    # dev-1's work budget (--max-steps 1): a partial update of one step; dev-0 trains both of its batches.
+    assert {c["client_id"]: c["steps"] for c in clients if c["round"] == 1} == {"dev-0": 2, "dev-1": 1}
     log = (run_dir / "coordinator.log").read_text()
     assert "invalid-update" not in log and "Traceback" not in log
     run_id = json.loads((run_dir / "report.json").read_text())["run_id"]
