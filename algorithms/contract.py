@@ -30,6 +30,11 @@ class ServerHalf(Protocol):
         """A reason to refuse an update that ``aggregate`` could not use (a group, tensor or meta key), or ''."""
     def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         """Fold the round's accepted updates into the server state; returns metrics for metrics.jsonl."""
+    def fold(self, round_number: int, update: ClientUpdate) -> None:
+        """Take one accepted update of the round as it arrives (the coordinator then drops its tensors)."""
+    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
+        """Close the round over what was folded: the same state, bit for bit, as ``aggregate`` of those updates,
+        whatever order they were folded in; returns metrics for metrics.jsonl."""
     def missed(self, round_number: int, client_indices: Sequence[int]) -> None:
         """Selected clients that sent nothing before the round closed."""
     def forget(self, client_index: int) -> None:
@@ -86,7 +91,17 @@ class GlobalModelServer(ServerHalf, Protocol):
 
 
 class BaseServer:
-    """The defaults of ``ServerHalf``'s optional hooks."""
+    """The defaults of ``ServerHalf``'s optional hooks. The batch default of streaming aggregation: ``fold`` keeps
+    each update and ``aggregate_folded`` calls ``aggregate`` on them in client order (an algorithm that needs every
+    update at once, as pFedLA and fedcos do, keeps this; one with an incremental path overrides both)."""
+
+    def fold(self, round_number: int, update: ClientUpdate) -> None:
+        self.__dict__.setdefault("_folded", []).append(update)
+
+    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
+        held: list[ClientUpdate] = sorted(self.__dict__.pop("_folded", []), key=lambda u: u.index)
+        aggregate = getattr(self, "aggregate")  # noqa: B009 - every server half has one; BaseServer declares none
+        return dict(aggregate(round_number, held)) if held else {}
 
     def select(self, round_number: int, available: Sequence[int], rng: np.random.Generator) -> list[int] | None:
         return None

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from fedge import codec
+from fedge.algorithms.accumulate import FlatMean
 from fedge.algorithms.base import (
     MODEL_GROUP,
     UPDATE_GROUPS,
@@ -53,10 +54,10 @@ from fedge.algorithms.base import (
     LocalStats,
     Payload,
     ServerContext,
-    weights_of,
     wrapper_config,
 )
 from fedge.algorithms.contract import GlobalModelServer, WrappedClient, WrappedServer
+from fedge.algorithms.fedavg import fold_weight
 from fedge.algorithms.sparse import FlatLayout, compress, decoded
 from fedge.codec import SparseSection, TensorGroup
 
@@ -128,6 +129,7 @@ class Server(WrappedServer):
         self.base = base_module.Server(config.base, initial, context)
         self.layout = FlatLayout.of(initial, context.layout.prunable)
         self.last_round = 0
+        self.complement: FlatMean | None = None  # the sparse round being folded: its complement coordinates
         self.cached: tuple[int, np.ndarray, Arrays] | None = None
 
     def is_sparse(self, round_number: int) -> bool:
@@ -174,32 +176,50 @@ class Server(WrappedServer):
         return self.base.check_update(round_number, dataclasses.replace(update, payload=Payload(groups,
                                                                                                 update.payload.meta)))
 
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+    def fold(self, round_number: int, update: ClientUpdate) -> None:
+        """In a sparse round: the update densified (the pruned model at the retained coordinates of a model
+        upload), its complement coordinates into the round's exact weighted sums, and the dense update folded
+        into the base's; in a warm-up round, the base's fold."""
+        if not self.is_sparse(round_number):
+            self.base.fold(round_number, update)
+            return
+        mask, pruned = self.round_state(round_number)
+        if self.complement is None:
+            self.complement = FlatMean(int(np.count_nonzero(~mask)))
+        weight = fold_weight(update, self.config.base.weighting)
+        pruned_flat = self.layout.flat(pruned)
+        groups = {}
+        for name, group in update.payload.groups.items():
+            arrays = group_arrays(group, mask)
+            if name in UPDATE_GROUPS:
+                flat = self.layout.flat(arrays)
+                self.complement.add(flat[~mask], None, weight)
+                if name == MODEL_GROUP:
+                    arrays.update(self.layout.split(np.where(mask, pruned_flat, flat)))
+            groups[name] = TensorGroup(dense=arrays)
+        self.base.fold(round_number, dataclasses.replace(update, payload=Payload(groups, update.payload.meta)))
+
+    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
         self.last_round = round_number
         if not self.is_sparse(round_number):
-            return {**self.base.aggregate(round_number, updates), "dssa_sparse": 0}
+            return {**self.base.aggregate_folded(round_number), "dssa_sparse": 0}
+        complement, self.complement = self.complement, None
         mask, pruned = self.round_state(round_number)
-        pruned_flat = self.layout.flat(pruned)
-        complement = np.zeros(int(np.count_nonzero(~mask)), dtype=np.float64)
-        dense_updates = []
-        for weight, update in zip(weights_of(updates, self.config.base.weighting), updates, strict=True):
-            groups = {}
-            for name, group in update.payload.groups.items():
-                arrays = group_arrays(group, mask)
-                if name in UPDATE_GROUPS:
-                    flat = self.layout.flat(arrays)
-                    complement += weight * flat[~mask].astype(np.float64)
-                    if name == MODEL_GROUP:
-                        arrays.update(self.layout.split(np.where(mask, pruned_flat, flat)))
-                groups[name] = TensorGroup(dense=arrays)
-            dense_updates.append(dataclasses.replace(update, payload=Payload(groups, update.payload.meta)))
         self.base.set_global_model(dict(pruned))
-        metrics = dict(self.base.aggregate(round_number, dense_updates))
-        scaled = (self.config.scale * complement).astype(np.float32)
-        pruned_flat[~mask] = scaled
+        metrics = dict(self.base.aggregate_folded(round_number))
+        pruned_flat = self.layout.flat(pruned)
+        if complement is not None and complement.count:
+            pruned_flat[~mask] = (self.config.scale * complement.mean()).astype(np.float32)
+        scaled = pruned_flat[~mask]
         self.base.set_global_model({**self.base.global_model(), **self.layout.split(pruned_flat)})
         return {**metrics, "dssa_sparse": 1, "dssa_retained": int(np.count_nonzero(mask)),
                 "dssa_prunable": self.layout.size, "dssa_complement_norm": float(np.linalg.norm(scaled))}
+
+    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        self.complement = None
+        for update in updates:
+            self.fold(round_number, update)
+        return self.aggregate_folded(round_number)
 
     def pruned_evaluation_arrays(self) -> Arrays | None:
         """w~ of the current global model (what the next sparse round transmits); None while warm-up continues."""

@@ -32,6 +32,7 @@ from torch import nn
 
 from fedge import codec
 from fedge.algorithms import fedavg
+from fedge.algorithms.accumulate import FlatMean
 from fedge.algorithms.base import (
     DELTA_GROUP,
     MODEL_GROUP,
@@ -43,7 +44,6 @@ from fedge.algorithms.base import (
     is_float,
     lacking,
     mistyped,
-    weights_of,
     wrapper_config,
 )
 from fedge.algorithms.contract import BaseServer, WrappedClient
@@ -129,6 +129,8 @@ class Server(BaseServer):
         self.history: dict[int, Delta] = {}
         self.resyncs = 0
         self.crc = public_crc(self.public)
+        self.folding: FlatMean | None = None  # the round being folded (not checkpointed: a round is redone whole)
+        self.stale = 0                        # ... and its updates against an older public model
 
     def delta_group(self, version: int) -> TensorGroup:
         delta = self.history[version]
@@ -177,24 +179,28 @@ class Server(BaseServer):
             return "an ef update must carry the float tensors as one sparse section, in the model's order"
         return ""
 
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        current = [u for u in updates if int(u.payload.meta.get("ef_base", -2)) == self.version]
-        for update in updates:
-            self.synced[update.index] = int(update.payload.meta.get("ef_base", -1))
-        if not current:
-            return {"ef_stale_updates": len(updates), "ef_dense_resyncs": self.resyncs}
-        total = np.zeros(self.layout.size, dtype=np.float64)
-        integers: dict[str, list[np.ndarray]] = {}
-        for weight, update in zip(weights_of(current, self.config.base.weighting), current, strict=True):
-            group = update.payload.groups["update"]
-            if group.sparse is None or tuple(group.sparse.names) != self.layout.names:
-                raise ValueError("an ef update must carry the float tensors as one indexed sparse section")
-            total[group.sparse.positions()] += weight * group.sparse.values.astype(np.float64)
-            for name, value in group.dense.items():
-                integers.setdefault(name, []).append(np.asarray(value))
-        merged = {name: np.max(np.stack(values), axis=0).astype(self.public[name].dtype)
-                  for name, values in integers.items()}
-        sent = compress(self.layout, total.astype(np.float32) + self.residual, self.config.keep,
+    def fold(self, round_number: int, update: ClientUpdate) -> None:
+        """An update against the current public model joins the round's exact sums (``algorithms.accumulate``); a
+        stale one only tells which public model its client holds."""
+        base = int(update.payload.meta.get("ef_base", -1))
+        self.synced[update.index] = base
+        if self.folding is None:
+            self.folding, self.stale = FlatMean(self.layout.size), 0
+        if base != self.version:
+            self.stale += 1
+            return
+        group = update.payload.groups["update"]
+        if group.sparse is None or tuple(group.sparse.names) != self.layout.names:
+            raise ValueError("an ef update must carry the float tensors as one indexed sparse section")
+        self.folding.add(group.sparse.values, group.sparse.positions(),
+                         fedavg.fold_weight(update, self.config.base.weighting), group.dense)
+
+    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
+        folding, self.folding = self.folding, None
+        if folding is None or not folding.count:
+            return {"ef_stale_updates": self.stale if folding is not None else 0, "ef_dense_resyncs": self.resyncs}
+        merged = {name: value.astype(self.public[name].dtype) for name, value in folding.maxima.items()}
+        sent = compress(self.layout, folding.mean().astype(np.float32) + self.residual, self.config.keep,
                         self.config.value_dtype, dense=merged)
         self.residual = sent.residual
         self.public = advance(self.public, self.layout, sent.indices, sent.decoded, merged)
@@ -203,10 +209,16 @@ class Server(BaseServer):
         self.version = round_number
         for old in sorted(self.history)[:-self.config.history]:
             del self.history[old]
-        metrics = {"ef_stale_updates": len(updates) - len(current), "ef_dense_resyncs": self.resyncs,
+        metrics = {"ef_stale_updates": self.stale, "ef_dense_resyncs": self.resyncs,
                    "ef_sent_down": int(sent.indices.size), "ef_residual_norm": float(np.linalg.norm(self.residual))}
         self.resyncs = 0
         return metrics
+
+    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        self.folding = None
+        for update in updates:
+            self.fold(round_number, update)
+        return self.aggregate_folded(round_number)
 
     def evaluation_arrays(self) -> Arrays | None:
         return self.public

@@ -4,7 +4,10 @@ Server: x <- sum_i p_i y_i over the float tensors (parameters and float buffers)
 integer buffers (BatchNorm's num_batches_tracked) take the clients' maximum, never an average.
 Client: load x, train, upload. Decision: the upload is the trained model itself (``upload = "model"``, default),
 so that one client with p = 1 reproduces its local run bit for bit; ``upload = "delta"`` sends y - x and the server
-computes x + sum p_i delta_i (both accumulate in float64). Must not import a transport.
+computes x + sum p_i delta_i. Aggregation streams: each update is folded into exact sums of n_i y_i
+(``algorithms.accumulate``) as it arrives, and the mean (sum n_i y_i) / (sum n_i) is taken when the round closes,
+so the model is the same bit for bit whatever order updates arrived in; ``aggregate`` is the same code over a
+list. Must not import a transport.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from fedge.algorithms.accumulate import WeightedSum
 from fedge.algorithms.base import (
     DELTA_GROUP,
     MODEL_GROUP,
@@ -29,7 +33,6 @@ from fedge.algorithms.base import (
     load_into,
     model_arrays,
     weighted_sum,
-    weights_of,
 )
 from fedge.algorithms.contract import BaseClient, BaseServer
 from fedge.codec import TensorGroup
@@ -65,6 +68,49 @@ def average(base: Arrays, uploads: Sequence[Arrays], weights: np.ndarray, as_del
     return result
 
 
+def fold_weight(update: ClientUpdate, weighting: str) -> float:
+    """An update's weight in the running sums: its sample count (``samples``), or 1 (``uniform``); 0 for an update
+    of no samples, which counts only when no update of the round has any (then they weigh alike)."""
+    if weighting == "uniform":
+        return 1.0
+    if weighting != "samples":
+        raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
+    return float(max(update.num_samples, 0))
+
+
+class Folding:
+    """One round's running sums: those of weighted updates, and those of updates with no samples (weight 1)."""
+
+    def __init__(self, round_number: int, as_delta: bool) -> None:
+        self.round = round_number
+        self.as_delta = as_delta
+        self.weighted = WeightedSum()
+        self.empty = WeightedSum()
+
+    def add(self, round_number: int, arrays: Arrays, as_delta: bool, weight: float) -> None:
+        if round_number != self.round:
+            raise ValueError(f"an update of round {round_number} folded into round {self.round}")
+        if as_delta != self.as_delta:
+            raise ValueError("updates mix models and deltas")
+        (self.weighted if weight > 0 else self.empty).add(arrays, weight if weight > 0 else 1.0)
+
+    def mean_into(self, base: Arrays, names: Sequence[str] | None = None) -> Arrays:
+        """base with each of ``names`` (default: all of base) replaced by the round's mean (or base + mean delta);
+        integer tensors take the clients' maximum."""
+        sums = self.weighted if self.weighted.count else self.empty
+        result = dict(base)
+        for name in names if names is not None else base:
+            if not is_float(base[name]):
+                if name in sums.maxima:
+                    result[name] = sums.maxima[name].astype(base[name].dtype)
+                continue
+            if name not in sums.sums:
+                continue
+            mean = (sums.total(name) / sums.weight).astype(np.float32)  # the mean delta as a client receives it
+            result[name] = (base[name].astype(np.float64) + mean if self.as_delta else mean).astype(np.float32)
+        return result
+
+
 def receive_model(payload: Payload, model: nn.Module) -> Arrays:
     """Load the downlink's model group into the model; returns a copy of what was received."""
     received = {name: array.copy() for name, array in payload.groups[MODEL_GROUP].dense.items()}
@@ -79,6 +125,7 @@ class Server(BaseServer):
         self.config = config
         self.context = context
         self.model: Arrays = {name: array.copy() for name, array in initial.items()}
+        self.folding: Folding | None = None  # the round being folded (not checkpointed: a round is redone whole)
 
     def downlink(self, round_number: int, client_index: int) -> Payload:
         return Payload(groups={MODEL_GROUP: TensorGroup(dense=self.model)})
@@ -94,13 +141,24 @@ class Server(BaseServer):
             return dict(groups[MODEL_GROUP].dense), False
         return dict(groups[DELTA_GROUP].dense), True
 
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        weights = weights_of(updates, self.config.weighting)
-        uploads = [self.uploaded(u) for u in updates]
-        if len({as_delta for _, as_delta in uploads}) != 1:
-            raise ValueError("updates mix models and deltas")
-        self.model = average(self.model, [arrays for arrays, _ in uploads], weights, uploads[0][1])
+    def fold(self, round_number: int, update: ClientUpdate) -> None:
+        arrays, as_delta = self.uploaded(update)
+        folding = self.folding
+        if folding is None:
+            folding = self.folding = Folding(round_number, as_delta)
+        folding.add(round_number, arrays, as_delta, fold_weight(update, self.config.weighting))
+
+    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
+        folding, self.folding = self.folding, None
+        if folding is not None:
+            self.model = folding.mean_into(self.model)
         return {}
+
+    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        self.folding = None
+        for update in updates:
+            self.fold(round_number, update)
+        return self.aggregate_folded(round_number)
 
     def evaluation_arrays(self) -> Arrays | None:
         return self.model

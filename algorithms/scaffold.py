@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from fedge.algorithms import fedavg
+from fedge.algorithms.accumulate import WeightedSum
 from fedge.algorithms.base import (
     DELTA_GROUP,
     MODEL_GROUP,
@@ -51,7 +52,6 @@ from fedge.algorithms.base import (
     mistyped,
     model_arrays,
 )
-from fedge.algorithms.base import weights_of as base_weights
 from fedge.algorithms.contract import BaseClient, BaseServer
 from fedge.algorithms.loop import TrainSettings, task_of
 from fedge.algorithms.task import Task, make_task
@@ -84,14 +84,6 @@ def control_names(layout: ModelLayout, initial: Arrays) -> list[str]:
     return learned_floats(layout, initial)
 
 
-def shifted(base: np.ndarray, arrays: Sequence[np.ndarray], weights: Sequence[float] | np.ndarray) -> np.ndarray:
-    """base + sum_i w_i a_i, accumulated in float64 and cast back to base's dtype."""
-    total = base.astype(np.float64)
-    for weight, array in zip(weights, arrays, strict=True):
-        total += weight * np.asarray(array, dtype=np.float64)
-    return total.astype(base.dtype)
-
-
 class Server(BaseServer):
     """Holds the global model x and the global control variate c."""
 
@@ -102,6 +94,9 @@ class Server(BaseServer):
         self.control: Arrays = {name: np.zeros_like(initial[name])
                                 for name in control_names(context.layout, initial)}
         self.lr: float | None = None
+        self.folding: fedavg.Folding | None = None  # the round being folded (n_i * delta y_i)
+        self.controls = WeightedSum()                 # ... and its delta c_i
+        self.lr_from = -1                             # the client index the round's learning rate came from
 
     def downlink(self, round_number: int, client_index: int) -> Payload:
         meta = {} if self.lr is None else {"lr": self.lr}
@@ -114,24 +109,40 @@ class Server(BaseServer):
         return lacking(update.payload, {DELTA_GROUP: self.model, "control": self.control}) or \
             mistyped(update.payload, {"lr": (int, float), "steps": int})
 
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        weights = base_weights(updates, self.config.weighting) * self.config.global_lr
-        deltas = [update.payload.groups[DELTA_GROUP].dense for update in updates]
-        controls = [update.payload.groups["control"].dense for update in updates]
+    def fold(self, round_number: int, update: ClientUpdate) -> None:
+        """Exact running sums of n_i * delta y_i and of delta c_i (``algorithms.accumulate``)."""
+        if self.folding is None:
+            self.folding = fedavg.Folding(round_number, as_delta=True)
+            self.controls = WeightedSum()
+        self.folding.add(round_number, dict(update.payload.groups[DELTA_GROUP].dense), True,
+                         fedavg.fold_weight(update, self.config.weighting))
+        self.controls.add(dict(update.payload.groups["control"].dense), 1.0)
+        if "lr" in update.payload.meta and update.index >= self.lr_from:  # the highest client index's, as sorted
+            self.lr_from, self.lr = update.index, float(update.payload.meta["lr"])
+
+    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
+        """x <- x + eta_g * (sum n_i delta y_i) / (sum n_i); c <- c + (sum delta c_i) / N."""
+        folding, self.folding, self.lr_from = self.folding, None, -1
+        if folding is None:
+            return {}
+        mean = folding.mean_into({name: np.zeros_like(value) for name, value in self.model.items()})
         for name, value in self.model.items():
-            uploaded = [np.asarray(delta[name]) for delta in deltas]
             if fedavg.is_float(value):
-                self.model[name] = shifted(value, uploaded, weights)
+                self.model[name] = (value.astype(np.float64) +
+                                    self.config.global_lr * mean[name].astype(np.float64)).astype(value.dtype)
             else:
-                self.model[name] = np.max(np.stack(uploaded), axis=0).astype(value.dtype)
-        share = [1.0 / self.context.num_clients] * len(updates)
+                self.model[name] = mean[name].astype(value.dtype)
         for name, value in self.control.items():
-            self.control[name] = shifted(value, [control[name] for control in controls], share)
-        rates = [float(u.payload.meta["lr"]) for u in updates if "lr" in u.payload.meta]
-        if rates:
-            self.lr = rates[-1]
+            total = self.controls.total(name) / self.context.num_clients
+            self.control[name] = (value.astype(np.float64) + total).astype(value.dtype)
         norm = float(np.sqrt(sum(float(np.sum(np.square(c, dtype=np.float64))) for c in self.control.values())))
         return {"control_norm": norm}
+
+    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        self.folding = None
+        for update in updates:
+            self.fold(round_number, update)
+        return self.aggregate_folded(round_number)
 
     def evaluation_arrays(self) -> Arrays | None:
         return self.model

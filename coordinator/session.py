@@ -11,6 +11,7 @@ algorithm by name.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -104,6 +105,7 @@ class Session:
         self.agents_written = -1e18
         self.round_walls: list[float] = []
         self.show_status: Callable[[str], None] = lambda _status: None  # the service's status line
+        self.folded: set[int] = set()  # the clients of the round in progress whose update is folded in
         self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
         self.bytes_total = {"down": 0, "up": 0}  # packet bytes of the rounds recorded so far (metrics.jsonl)
 
@@ -169,6 +171,22 @@ class Session:
 
     def handle(self, peer: bytes, frame: bytes) -> None:
         self.act(self.protocol.receive(peer, frame, time.monotonic()))
+        self.fold_arrivals()
+
+    def fold_arrivals(self) -> None:
+        """Streaming aggregation: each update the protocol accepted is folded into the server half at once and its
+        tensors dropped (the round keeps its typed fields and size for the records)."""
+        current = self.protocol.current
+        if current is None or len(current.updates) == len(self.folded):
+            return
+        for index, (update, size) in list(current.updates.items()):
+            if index in self.folded:
+                continue
+            self.folded.add(index)
+            self.server.fold(current.number, ClientUpdate(
+                client_id=self.registry.by_index(index).client_id, index=index, num_samples=update.num_samples,
+                payload=Payload(groups=dict(update.groups), meta=dict(update.meta))))
+            current.updates[index] = (dataclasses.replace(update, groups={}, meta={}), size)
 
     def pump(self, timeout_ms: int) -> None:
         self.progress += 1
@@ -218,6 +236,7 @@ class Session:
         started = time.monotonic()
         self.drain()
         available = self.registry.live_indices()
+        self.folded = set()
         self.act(self.protocol.open_round(number, self.select(number, available), started,
                                           self.config.round.deadline_s, self.config.round.target))
         while not self.protocol.complete(time.monotonic()):
@@ -242,15 +261,12 @@ class Session:
             log.warning("round %d: no update from client(s) %s before the deadline", number, missing)
             self.server.missed(number, missing)
         ordered = sorted(current.updates.items())
-        updates = [ClientUpdate(client_id=self.registry.by_index(i).client_id, index=i, num_samples=u.num_samples,
-                                payload=Payload(groups=dict(u.groups), meta=dict(u.meta)))
-                   for i, (u, _) in ordered]
         received = [(self.registry.by_index(i).client_id, u) for i, (u, _) in ordered]
-        extra = dict(self.server.aggregate(number, updates)) if updates else {}
+        extra = dict(self.server.aggregate_folded(number)) if ordered else {}  # folded as they arrived
         crash_point("aggregated", number)
         row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
         row.update(round=number, algorithm=self.config.algorithm_name, selected=len(current.selected),
-                   reported=len(updates), dropped=len(missing), unavailable=len(current.unavailable),
+                   reported=len(ordered), dropped=len(missing), unavailable=len(current.unavailable),
                    accepted=[index for index, _ in ordered],
                    bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()),
                    bytes_up_tensors=sum(current.body_up.values()))

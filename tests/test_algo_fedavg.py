@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedge.algorithms import fedavg
-from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
+from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext, weights_of
 from fedge.algorithms.loop import round_seed, train_local
 from fedge.codec import TensorGroup
 from fedge.models import build, state_to_arrays
@@ -55,9 +55,9 @@ def test_aggregation_is_the_sample_weighted_mean_and_integers_take_the_max() -> 
     for name in initial:
         expected = sum(n / 100 * u[name].astype(np.float64) for u, n in zip(uploads, sizes, strict=True))
         assert np.allclose(server.model[name], expected, atol=1e-6)
-    weights = fedavg.weights_of(updates, "samples")
+    weights = weights_of(updates, "samples")
     assert weights.sum() == pytest.approx(1.0) and list(weights) == [0.1, 0.3, 0.6]
-    assert list(fedavg.weights_of(updates, "uniform")) == [1 / 3] * 3
+    assert list(weights_of(updates, "uniform")) == [1 / 3] * 3
     ints = fedavg.average({"n": np.array(0)}, [{"n": np.array(4)}, {"n": np.array(9)}], weights[:2], False)
     assert int(ints["n"]) == 9 and ints["n"].dtype == np.array(0).dtype
 

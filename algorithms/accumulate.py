@@ -1,0 +1,127 @@
+"""Order-independent sums: an aggregate that is the same, bit for bit, whichever update arrived first.
+
+Float addition is not associative, so folding updates into a running float64 sum in arrival order would make the
+model depend on which agent answered first, and break bit-for-bit resume and every equivalence test. ``ExactSum``
+keeps a sum of float64 terms *exactly*: each term is cut at fixed binary boundaries into 32-bit slices (an integer
+times 2^(32k), found from the top slice down, every step exact in float64), and slice k of every term is added to
+accumulator k, a float64 array of integers below 2^53 (exact for up to 2^21 terms). The accumulators are therefore
+the same whatever the order; ``value()`` combines them, lowest slice first, into one float64 array, rounding the
+same way every time. Only the slices a term occupies are touched; a model's values usually span three or four.
+
+``WeightedSum`` folds named arrays with weights (a client's sample count, or 1): the sums of w_i * y_i per float
+tensor, the running element-wise maximum of integer tensors (BatchNorm's counters), and the total weight, so that
+FedAvg's mean (sum n_i y_i) / (sum n_i) is known only when the round closes, as it must be. Pure numpy; no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+SLICE_BITS = 32
+MAX_TERMS = 1 << 21  # accumulators hold integers below 2^53: 2^21 terms of at most 32 bits each
+
+
+class ExactSum:
+    """The exact sum of float64 arrays of one shape (optionally added at flat positions)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.slices: dict[int, np.ndarray] = {}
+        self.terms = 0
+
+    def add(self, terms: np.ndarray, at: np.ndarray | None = None) -> None:
+        """Add ``terms`` (flat float64; at the flat positions ``at``, which must not repeat, when given)."""
+        if self.terms >= MAX_TERMS:
+            raise OverflowError(f"an exact sum holds at most {MAX_TERMS} terms")
+        self.terms += 1
+        rest = np.array(terms, dtype=np.float64, copy=True).ravel()
+        if not np.all(np.isfinite(rest)):
+            raise ValueError("an exact sum takes finite values only")
+        nonzero = rest[rest != 0]
+        if nonzero.size == 0:
+            return
+        _, exponents = np.frexp(nonzero)  # |t| < 2^e
+        top = -(-(int(exponents.max()) - SLICE_BITS) // SLICE_BITS)  # ceil((e_max - 32) / 32)
+        low = (int(exponents.min()) - 53) // SLICE_BITS               # the slice of the lowest bit of any term
+        for k in range(top, low - 1, -1):
+            piece = np.trunc(np.ldexp(rest, -SLICE_BITS * k))
+            if not piece.any():
+                continue
+            rest -= np.ldexp(piece, SLICE_BITS * k)
+            accumulator = self.slices.get(k)
+            if accumulator is None:
+                accumulator = self.slices[k] = np.zeros(self.size, dtype=np.float64)
+            if at is None:
+                accumulator += piece
+            else:
+                accumulator[at] += piece
+
+    def value(self) -> np.ndarray:
+        """The sum as float64, combined in one fixed order (the same bits for the same terms in any order)."""
+        total = np.zeros(self.size, dtype=np.float64)
+        for k in sorted(self.slices):
+            total += np.ldexp(self.slices[k], SLICE_BITS * k)
+        return total
+
+
+class WeightedSum:
+    """Sums of w_i * y_i over named arrays, the total weight, and the maximum of integer arrays."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, ExactSum] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.maxima: dict[str, np.ndarray] = {}
+        self.weight = 0.0
+        self.count = 0
+
+    def add(self, arrays: Mapping[str, np.ndarray], weight: float) -> None:
+        self.count += 1
+        self.weight += weight
+        for name, array in arrays.items():
+            array = np.asarray(array)
+            if array.dtype.kind != "f":
+                previous = self.maxima.get(name)
+                self.maxima[name] = array.copy() if previous is None else np.maximum(previous, array)
+                continue
+            total = self.sums.get(name)
+            if total is None:
+                total = self.sums[name] = ExactSum(array.size)
+                self.shapes[name] = array.shape
+            total.add(weight * array.astype(np.float64, copy=False).ravel())
+
+    def total(self, name: str) -> np.ndarray:
+        """sum_i w_i y_i of one float tensor, float64, in its shape."""
+        return self.sums[name].value().reshape(self.shapes[name])
+
+
+class FlatMean:
+    """The weighted mean of flat vectors (each given at its positions), exactly summed: sum w_i v_i / sum w_i;
+    vectors of weight 0 count, alike, only when none has a weight. Integer arrays beside them take the maximum."""
+
+    def __init__(self, size: int) -> None:
+        self.weighted, self.empty = ExactSum(size), ExactSum(size)
+        self.weight, self.empties = 0.0, 0
+        self.maxima: dict[str, np.ndarray] = {}
+
+    def add(self, values: np.ndarray, at: np.ndarray | None, weight: float,
+            integers: Mapping[str, np.ndarray] | None = None) -> None:
+        if weight > 0:
+            self.weighted.add(weight * np.asarray(values, dtype=np.float64), at)
+            self.weight += weight
+        else:
+            self.empty.add(np.asarray(values, dtype=np.float64), at)
+            self.empties += 1
+        for name, value in (integers or {}).items():
+            previous = self.maxima.get(name)
+            self.maxima[name] = np.array(value) if previous is None else np.maximum(previous, value)
+
+    @property
+    def count(self) -> int:
+        return self.weighted.terms + self.empty.terms
+
+    def mean(self) -> np.ndarray:
+        if self.weight > 0:
+            return self.weighted.value() / self.weight
+        return self.empty.value() / max(self.empties, 1)

@@ -1,0 +1,85 @@
+"""Streaming aggregation does not depend on arrival order: the updates of a real round (trained by the in-process
+driver), folded one by one in 20 random orders into a server half restored from the same state, give the same
+state, bit for bit, every time, and the same as the batch path; the exact sums behind it are exact."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedge.algorithms.accumulate import ExactSum
+from fedge.algorithms.base import ModelLayout, ServerContext
+from fedge.algorithms.loop import TrainSettings
+from fedge.algorithms.registry import make_server
+from fedge.models import build, state_to_arrays
+from fedge.simulation.inprocess import make_fleet, run_round
+from tests.algo_helpers import TINY_MLP, client_data
+
+CLIENTS = 6
+DATA = client_data(TINY_MLP, CLIENTS, samples=24)
+SGD = TrainSettings(epochs=1, batch_size=8, lr=0.05, optimizer="sgd")
+INCREMENTAL = [("fedavg", {}), ("fedavg", {"upload": "delta"}), ("fedprox", {"mu": 0.01}), ("scaffold", {}),
+               ("dssa-fedavg", {"warmup_rounds": 0}), ("dssa-scaffold", {"warmup_rounds": 0}),
+               ("ef-fedprox", {}), ("ef-fedavg", {"keep": 0.1})]
+
+
+def bits(state: tuple[dict[str, np.ndarray], dict[str, Any]]) -> tuple[dict[str, bytes], str]:
+    arrays, meta = state
+    return {name: array.tobytes() for name, array in arrays.items()}, repr(sorted(meta.items()))
+
+
+@pytest.mark.parametrize(("name", "options"), INCREMENTAL, ids=[f"{n}{o or ''}" for n, o in INCREMENTAL])
+def test_twenty_arrival_orders_give_one_state(name: str, options: dict[str, Any]) -> None:
+    fleet = make_fleet(name, options, TINY_MLP, clients=CLIENTS, seed=4)
+    run_round(fleet, 1, DATA, SGD, seed=4)  # state to start from: control variates, public model, masks
+    before = fleet.server.state_dict()
+    captured: list[Any] = []
+    real = fleet.server.aggregate
+    fleet.server.aggregate = lambda number, updates: captured.extend(updates) or real(number, updates)
+    run_round(fleet, 2, DATA, SGD, seed=4)
+    assert len(captured) == CLIENTS and len({u.num_samples for u in captured}) >= 1
+    expected = bits(fleet.server.state_dict())
+    orders = random.Random(0)
+    for _ in range(20):
+        order = list(captured)
+        orders.shuffle(order)
+        server = make_server(name, options, state_to_arrays(build(TINY_MLP)),
+                             ServerContext(num_clients=CLIENTS, layout=ModelLayout.of(fleet.models[0]), seed=4))
+        server.load_state_dict(*before)
+        for update in order:
+            server.fold(2, update)
+        server.aggregate_folded(2)
+        assert bits(server.state_dict()) == expected, [u.index for u in order]
+
+
+def test_an_exact_sum_is_the_same_in_any_order_and_within_an_ulp_of_the_true_sum() -> None:
+    rng = np.random.default_rng(3)
+    terms = [rng.standard_normal(500) * 10.0 ** rng.integers(-30, 30, 500) for _ in range(7)]
+    terms.append(np.full(500, 1e300))
+    terms.append(np.full(500, -1e300))
+    sums = []
+    for seed in range(5):
+        order = list(range(len(terms)))
+        random.Random(seed).shuffle(order)
+        total = ExactSum(500)
+        for i in order:
+            total.add(terms[i])
+        sums.append(total.value())
+    assert all(np.array_equal(s, sums[0]) for s in sums)
+    exact = np.array([math.fsum(t[j] for t in terms) for j in range(500)])
+    assert np.all(np.abs(sums[0] - exact) <= 2 * np.spacing(np.abs(exact)))
+    naive = sum(terms[i] for i in range(len(terms)))  # 1e300 - 1e300 in float order loses everything else
+    assert not np.array_equal(naive, sums[0])
+
+
+def test_an_exact_sum_refuses_what_it_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        ExactSum(2).add(np.array([1.0, np.inf]))
+    total = ExactSum(3)
+    total.add(np.array([1.0, 2.0, 3.0]), at=None)
+    total.add(np.array([5.0]), at=np.array([1]))
+    assert total.value().tolist() == [1.0, 7.0, 3.0]
