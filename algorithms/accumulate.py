@@ -31,25 +31,25 @@ class ExactSum:
         self.slices: dict[int, np.ndarray] = {}
         self.terms = 0
 
-    def add(self, terms: np.ndarray, at: np.ndarray | None = None) -> None:
-        """Add ``terms`` (flat float64; at the flat positions ``at``, which must not repeat, when given)."""
+    def add(self, terms: np.ndarray, at: np.ndarray | None = None, *, owned: bool = False) -> None:
+        """Add ``terms`` (flat float64; at the flat positions ``at``, which must not repeat, when given).
+        ``owned``: the caller hands over ``terms`` (it is used as scratch, saving a copy)."""
         if self.terms >= MAX_TERMS:
             raise OverflowError(f"an exact sum holds at most {MAX_TERMS} terms")
         self.terms += 1
-        rest = np.array(terms, dtype=np.float64, copy=True).ravel()
-        if not np.all(np.isfinite(rest)):
+        rest = np.asarray(terms, dtype=np.float64).ravel()
+        if not owned or rest is terms and not rest.flags.writeable:
+            rest = rest.copy()
+        largest = float(np.max(np.abs(rest))) if rest.size else 0.0
+        if not np.isfinite(largest):
             raise ValueError("an exact sum takes finite values only")
-        nonzero = rest[rest != 0]
-        if nonzero.size == 0:
+        if largest == 0.0:
             return
-        _, exponents = np.frexp(nonzero)  # |t| < 2^e
-        top = -(-(int(exponents.max()) - SLICE_BITS) // SLICE_BITS)  # ceil((e_max - 32) / 32)
-        low = (int(exponents.min()) - 53) // SLICE_BITS               # the slice of the lowest bit of any term
-        for k in range(top, low - 1, -1):
-            piece = np.trunc(np.ldexp(rest, -SLICE_BITS * k))
-            if not piece.any():
-                continue
-            rest -= np.ldexp(piece, SLICE_BITS * k)
+        k = -(-(int(np.frexp(largest)[1]) - SLICE_BITS) // SLICE_BITS)  # the top slice: ceil((e_max - 32) / 32)
+        piece = np.empty_like(rest)
+        while True:  # from the top slice down, until nothing is left (every step exact in float64)
+            np.ldexp(rest, -SLICE_BITS * k, out=piece)
+            np.trunc(piece, out=piece)
             accumulator = self.slices.get(k)
             if accumulator is None:
                 accumulator = self.slices[k] = np.zeros(self.size, dtype=np.float64)
@@ -57,6 +57,11 @@ class ExactSum:
                 accumulator += piece
             else:
                 accumulator[at] += piece
+            np.ldexp(piece, SLICE_BITS * k, out=piece)
+            rest -= piece
+            if not rest.any():
+                return
+            k -= 1
 
     def value(self) -> np.ndarray:
         """The sum as float64, combined in one fixed order (the same bits for the same terms in any order)."""
@@ -89,7 +94,9 @@ class WeightedSum:
             if total is None:
                 total = self.sums[name] = ExactSum(array.size)
                 self.shapes[name] = array.shape
-            total.add(weight * array.astype(np.float64, copy=False).ravel())
+            terms = array.astype(np.float64).ravel()  # a copy of its own ...
+            terms *= weight
+            total.add(terms, owned=True)               # ... used as the sum's scratch
 
     def total(self, name: str) -> np.ndarray:
         """sum_i w_i y_i of one float tensor, float64, in its shape."""
@@ -107,11 +114,13 @@ class FlatMean:
 
     def add(self, values: np.ndarray, at: np.ndarray | None, weight: float,
             integers: Mapping[str, np.ndarray] | None = None) -> None:
+        terms = np.array(values, dtype=np.float64).ravel()
         if weight > 0:
-            self.weighted.add(weight * np.asarray(values, dtype=np.float64), at)
+            terms *= weight
+            self.weighted.add(terms, at, owned=True)
             self.weight += weight
         else:
-            self.empty.add(np.asarray(values, dtype=np.float64), at)
+            self.empty.add(terms, at, owned=True)
             self.empties += 1
         for name, value in (integers or {}).items():
             previous = self.maxima.get(name)

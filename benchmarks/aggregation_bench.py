@@ -45,7 +45,7 @@ def main() -> int:
         started = time.perf_counter()
         for i in order:
             server.fold(1, updates[i])
-        slices = sum(len(t.slices) * t.size * 8 for t in server.folding.sums.values()) if server.folding else 0
+        slices = sum(len(t.slices) * t.size * 8 for t in server.folding.weighted.sums.values()) if server.folding else 0
         server.aggregate_folded(1)
         return time.perf_counter() - started, server.model, slices
 
