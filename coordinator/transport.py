@@ -48,13 +48,30 @@ class CurveServerKeys:
 class AllowList:
     """ZAP credentials callback: a peer is allowed when its public key is in a *.key file of the allow-list dir.
 
-    The directory is read again on every handshake, so adding or removing an agent's key needs no restart.
+    The keys are cached and read again when the directory changes (a key file added, removed or replaced moves the
+    directory's modification time), so a thousand handshakes read it once, and adding or removing an agent's key
+    needs no restart.
     """
 
     def __init__(self, allowed_dir: Path) -> None:
         self.allowed_dir = allowed_dir
+        self.cached: set[bytes] = set()
+        self.cached_at: tuple[int, int] | None = None  # (mtime_ns, link count) of the directory when it was read
+        self.reads = 0
 
     def allowed_keys(self) -> set[bytes]:
+        try:
+            stat = self.allowed_dir.stat()
+            stamp = (stat.st_mtime_ns, stat.st_nlink)
+        except OSError:
+            stamp = None
+        if stamp is not None and stamp == self.cached_at:
+            return self.cached
+        self.cached, self.cached_at = self.read_keys(), stamp
+        return self.cached
+
+    def read_keys(self) -> set[bytes]:
+        self.reads += 1
         keys: set[bytes] = set()
         if self.allowed_dir.is_dir():
             for path in sorted(self.allowed_dir.glob("*.key")):

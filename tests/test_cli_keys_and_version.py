@@ -54,3 +54,26 @@ def test_keygen_refuses_to_overwrite_and_keeps_secrets_private(program: str, tmp
     assert forced.returncode == 0, forced.stderr
     assert public.read_bytes() != before[0] and stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert not [p for p in os.listdir(keys) if p.endswith(".tmp")]
+
+
+def test_the_allow_list_is_read_once_until_its_directory_changes(tmp_path: Path) -> None:
+    import time
+
+    from fedge.coordinator.transport import AllowList
+    from fedge.plumbing.keys import generate_keys
+
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    first, _ = generate_keys(tmp_path / "a", "agent")
+    second, _ = generate_keys(tmp_path / "b", "agent")
+    (allowed / "a.key").write_bytes(first.read_bytes())
+    allow = AllowList(allowed)
+    key_a = zmq.auth.load_certificate(first)[0]
+    key_b = zmq.auth.load_certificate(second)[0]
+    assert all(allow.callback("*", key_a) for _ in range(1000)) and allow.reads == 1
+    assert not allow.callback("*", key_b)
+    (allowed / "b.key").write_bytes(second.read_bytes())
+    os.utime(allowed, ns=(time.time_ns(), time.time_ns() + 1_000_000))  # a coarse clock must still see it
+    assert allow.callback("*", key_b) and allow.reads == 2
+    (allowed / "a.key").unlink()
+    assert not allow.callback("*", key_a) and allow.reads == 3
