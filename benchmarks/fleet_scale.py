@@ -1,0 +1,301 @@
+"""The coordinator at fleet scale: the real coordinator against N light agents on real sockets.
+
+    python benchmarks/fleet_scale.py [--agents 10,100,1000] [--algorithms fedavg,ef-fedprox] [--curve off,on]
+        [--rounds 4] [--per-process 250] [--max-uploads 16]
+
+Starts ``coordinator start --bind tcp://127.0.0.1:0`` (the paper CNN at 3x32x32, 1,147,466 parameters, no data on
+the coordinator, no evaluation) and N light agents in processes of ``--per-process`` agents each. A light agent is
+the agent's own protocol object (``fedge.client.protocol``) and the real codec over its own DEALER socket, without
+torch: it answers a task with a synthetic update of the right names, shapes and encoding, computed cheaply (FedAvg:
+the received model sent back; ef-fedprox: an int8 indexed section of 30 % of the float coordinates, against the
+public model the task names). Samples the coordinator's CPU time and resident memory through psutil and prints, per
+configuration, over rounds 2 to R: the coordinator's CPU seconds per round (the primary figure: on 2 cores the
+light agents compete for the CPU), its wall time per round (the light agents compute nothing, so this is all
+beyond the slowest agent's compute), its peak RSS, and the bytes each way; and, measured in the same run, the
+transport floor: the same frames (one task down to each agent, one update back) through ZeroMQ alone. FedAvg runs
+with paced uploads (``fleet.max_uploads``). Figures only: no thresholds (docs/scale.md has the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import zmq
+import zmq.auth
+
+import fedge
+from fedge import codec
+from fedge.client.protocol import AgentProtocol, Join, Left, SayHello, Send, SendFrame, Stop, Train
+
+MODEL = ["--model", "cnn", "--set", "model.input_shape=[3, 32, 32]", "--set", "model.outputs=10",
+         "--set", 'data.dataset=""']
+KEEP = 0.3
+
+
+# ------------------------------------------------------------------------------------------------ light agents
+class LightAgent:
+    """One agent: its protocol object and its socket; answers tasks with synthetic updates."""
+
+    layout: list[tuple[str, tuple[int, ...]]] = []  # the float tensors, learned from the first dense task
+
+    def __init__(self, context: zmq.Context[Any], endpoint: str, client_id: str, curve: dict[str, bytes] | None):
+        self.client_id = client_id
+        self.protocol = AgentProtocol(client_id, hello_interval_s=1.0, stay=False)
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.IDENTITY, client_id.encode())
+        self.socket.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            self.socket.curve_secretkey, self.socket.curve_publickey = curve["secret"], curve["public"]
+            self.socket.curve_serverkey = curve["server"]
+        self.socket.connect(endpoint)
+        self.done = False
+
+    def hello(self) -> bytes:
+        return codec.encode(codec.Hello(run_id=self.protocol.run_id, round=0, sender=self.client_id,
+                                        fedge_version=fedge.__version__, versions=codec.SPOKEN_VERSIONS,
+                                        torch_version="none", model_hash="", capabilities=(), dataset_size=64,
+                                        device="cpu", input_shape=(3, 32, 32), num_outputs=10,
+                                        holds=self.protocol.holds()))
+
+    def act(self, actions: list[Any], frame: bytes = b"") -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                self.socket.send(codec.encode(action.message), zmq.NOBLOCK)
+            elif isinstance(action, SendFrame):
+                self.socket.send(action.frame, zmq.NOBLOCK)
+            elif isinstance(action, SayHello):
+                self.socket.send(self.hello(), zmq.NOBLOCK)
+            elif isinstance(action, Join):
+                w = action.welcome
+                self.protocol.joined(w.run_id, w.client_index, w.heartbeat_s, w.liveness_s)
+            elif isinstance(action, Train):
+                try:
+                    frame = self.update(action.task)
+                except (codec.CodecError, KeyError, ValueError) as exc:  # reported, so the round does not wait
+                    self.act(self.protocol.finished(action.task.round, None, f"{type(exc).__name__}: {exc}"))
+                    continue
+                self.act(self.protocol.finished(action.task.round, frame))
+            elif isinstance(action, (Stop, Left)):
+                self.act(self.protocol.leaving())
+                self.done = True
+
+    def update(self, task: codec.Task) -> bytes:
+        fields = {"num_samples": 64, "steps": 1, "train_loss": 1.0, "train_s": 0.0}
+        if "ef_to" not in task.meta:  # FedAvg: the received model, as if a step changed nothing
+            return codec.encode(codec.Update(run_id=task.run_id, round=task.round, sender=self.client_id,
+                                             groups={"model": task.groups["model"]}, **fields))
+        if "public" in task.groups and not LightAgent.layout:  # ef's dense sync: the public model
+            LightAgent.layout = [(n, tuple(a.shape)) for n, a in task.groups["public"].dense.items()
+                                 if a.dtype.kind == "f"]
+        names = tuple(n for n, _ in LightAgent.layout)
+        shapes = tuple(s for _, s in LightAgent.layout)
+        indices, values = pattern(sum(int(np.prod(s)) for s in shapes), zlib.crc32(f"{self.client_id}:{task.round}".encode()) % 8)
+        section = codec.SparseSection.with_indices(names, shapes, indices, values)
+        group = codec.TensorGroup(dense={}, sparse=section, value_dtype="int8")
+        return codec.encode(codec.Update(run_id=task.run_id, round=task.round, sender=self.client_id,
+                                         groups={"update": group}, meta={"ef_base": int(task.meta["ef_to"])},
+                                         **fields))
+
+
+PATTERNS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def pattern(size: int, which: int) -> tuple[np.ndarray, np.ndarray]:
+    """One of 8 seeded (indices, ternary values) of 30 % of ``size`` coordinates: as hard to compress as a real
+    top-k selection, and drawn once per process (the agents of a process share them, by round and id)."""
+    if which not in PATTERNS:
+        rng = np.random.default_rng(which)
+        indices = np.sort(rng.choice(size, max(1, int(KEEP * size)), replace=False)).astype(np.int64)
+        PATTERNS[which] = indices, (rng.integers(0, 2, indices.size) * 2e-3 - 1e-3).astype(np.float32)
+    return PATTERNS[which]
+
+
+def serve_agents(endpoint: str, first: int, count: int, keys_dir: str) -> int:
+    """A process of light agents, until every one of them has left its session."""
+    context = zmq.Context()
+    curve = None
+    if keys_dir:
+        server = zmq.auth.load_certificate(Path(keys_dir) / "coordinator.key")[0]
+        public, secret = zmq.curve_keypair()  # one key pair for this process's agents, in the allow-list
+        (Path(keys_dir) / "allowed" / f"light-{first}.key").write_text(
+            f"metadata\ncurve\n    public-key = \"{public.decode()}\"\n")
+        curve = {"public": public, "secret": secret, "server": server}
+    agents = [LightAgent(context, endpoint, f"light-{i:05d}", curve) for i in range(first, first + count)]
+    poller = zmq.Poller()
+    by_socket = {}
+    for agent in agents:
+        poller.register(agent.socket, zmq.POLLIN)
+        by_socket[agent.socket] = agent
+    last_tick = 0.0
+    while not all(a.done for a in agents):
+        for socket, _ in poller.poll(100):
+            agent = by_socket[socket]
+            while True:
+                try:
+                    frame = socket.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                agent.act(agent.protocol.receive(frame, time.monotonic()), frame)
+        now = time.monotonic()
+        if now - last_tick >= 0.2:
+            last_tick = now
+            for agent in agents:
+                if not agent.done:
+                    agent.act(agent.protocol.tick(now))
+    for agent in agents:
+        agent.socket.close()
+    context.term()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ the floor
+def transport_floor(task: bytes, update: bytes, agents: int) -> float:
+    """Seconds to move ``task`` to each of ``agents`` DEALERs and ``update`` back, through ZeroMQ alone."""
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealers = []
+    for i in range(agents):
+        dealer = context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, f"d{i}".encode())
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        dealer.send(b"hi")
+        dealers.append(dealer)
+    for _ in range(agents):
+        router.recv_multipart()
+    started = time.perf_counter()
+    for i in range(agents):
+        router.send_multipart([f"d{i}".encode(), task])
+    poller = zmq.Poller()
+    for dealer in dealers:
+        poller.register(dealer, zmq.POLLIN)
+    answered = 0
+    while answered < agents:
+        for socket, _ in poller.poll(1000):
+            socket.recv()
+            socket.send(update)
+            poller.unregister(socket)
+            answered += 1
+    for _ in range(agents):
+        router.recv_multipart()
+    took = time.perf_counter() - started
+    for dealer in dealers:
+        dealer.close(0)
+    router.close(0)
+    context.term()
+    return took
+
+
+# ------------------------------------------------------------------------------------------------ one configuration
+def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int, max_uploads: int,
+        workdir: Path) -> dict[str, Any]:
+    run_dir = workdir / f"{algorithm}-{agents}-{'curve' if curve else 'plain'}"
+    keys = workdir / f"keys-{agents}-{algorithm}"
+    args = [sys.executable, "-m", "fedge.coordinator.cli", "start", "--bind", "tcp://127.0.0.1:0", "--expect",
+            str(agents), "--rounds", str(rounds), "--run-dir", str(run_dir), "--algorithm", algorithm, *MODEL,
+            "--set", f"data.clients={agents}", "--set", "eval.every=0", "--set", "run.export_onnx=false",
+            "--set", "fleet.heartbeat_s=5", "--set", "fleet.liveness_s=300", "--set", "round.deadline_s=900",
+            "--set", "fleet.join_timeout_s=600", "--set", f"security.curve={'on' if curve else 'off'}", "--quiet"]
+    if curve:
+        subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "keygen", "--keys-dir", str(keys)],
+                       check=True, capture_output=True)
+        args += ["--set", f"security.keys_dir={keys}"]
+    if algorithm == "fedavg" and max_uploads:
+        args += ["--set", f"fleet.max_uploads={max_uploads}"]
+    coordinator = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint_file = run_dir / "endpoint"
+    until = time.monotonic() + 120
+    while not (endpoint_file.exists() and endpoint_file.read_text().strip()) and time.monotonic() < until:
+        time.sleep(0.1)
+    endpoint = endpoint_file.read_text().strip()
+    light = [subprocess.Popen([sys.executable, __file__, "--serve-agents", str(first), str(min(per_process,
+                                                                                           agents - first)),
+                               "--endpoint", endpoint, "--keys-dir", str(keys) if curve else ""])
+             for first in range(0, agents, per_process)]
+    process = psutil.Process(coordinator.pid)
+    peak_rss, samples, seen = 0, [], 0
+    while coordinator.poll() is None:
+        try:
+            times, rss = process.cpu_times(), process.memory_info().rss
+        except psutil.Error:
+            break
+        peak_rss = max(peak_rss, rss)
+        rows = read_rows(run_dir)
+        if len(rows) > seen:
+            seen = len(rows)
+            samples.append((seen, times.user + times.system))
+        time.sleep(0.05)
+    for child in light:
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    rows = read_rows(run_dir)
+    cpu = [b - a for (_, a), (_, b) in zip(samples, samples[1:], strict=False)]
+    later = rows[1:] or rows
+    return {"algorithm": algorithm, "agents": agents, "curve": curve, "rounds": len(rows),
+            "cpu_s": statistics.median(cpu) if cpu else None,
+            "wall_s": statistics.median(r["wall_s"] for r in later) if later else None,
+            "rss_mb": peak_rss / 2**20, "down_mb": statistics.median(r["bytes_down"] for r in later) / 1e6,
+            "up_mb": statistics.median(r["bytes_up"] for r in later) / 1e6, "exit": coordinator.returncode,
+            "run_dir": str(run_dir)}
+
+
+def read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--agents", default="10,100,1000")
+    parser.add_argument("--algorithms", default="fedavg,ef-fedprox")
+    parser.add_argument("--curve", default="off,on")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--per-process", type=int, default=250)
+    parser.add_argument("--max-uploads", type=int, default=16)
+    parser.add_argument("--serve-agents", nargs=2, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--keys-dir", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_agents:
+        return serve_agents(args.endpoint, args.serve_agents[0], args.serve_agents[1], args.keys_dir)
+    workdir = Path(tempfile.mkdtemp(prefix="fedge-fleet-"))
+    print(f"# fleet_scale: {os.cpu_count()} CPUs; runs under {workdir}")
+    print("| algorithm | agents | CurveZMQ | coordinator CPU s / round | wall s / round | floor s | wall / floor | "
+          "peak RSS MB | down MB / round | up MB / round |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    results = []
+    for algorithm in args.algorithms.split(","):
+        for agents in (int(n) for n in args.agents.split(",")):
+            for curve in (c == "on" for c in args.curve.split(",")):
+                result = run(algorithm, agents, curve, args.rounds, args.per_process, args.max_uploads, workdir)
+                down = int(result["down_mb"] * 1e6 / max(agents, 1))
+                up = int(result["up_mb"] * 1e6 / max(agents, 1))
+                floor = transport_floor(b"t" * max(down, 1), b"u" * max(up, 1), agents)
+                result["floor_s"] = floor
+                results.append(result)
+                ratio = result["wall_s"] / floor if result["wall_s"] else float("nan")
+                print(f"| {algorithm} | {agents} | {'on' if curve else 'off'} | {result['cpu_s'] or float('nan'):.2f} "
+                      f"| {result['wall_s'] or float('nan'):.2f} | {floor:.3f} | {ratio:.1f} | {result['rss_mb']:.0f} | "
+                      f"{result['down_mb']:.1f} | {result['up_mb']:.1f} |" +
+                      ("" if result["exit"] == 0 else f" (exit {result['exit']}: {result['run_dir']})"), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
