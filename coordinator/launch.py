@@ -274,7 +274,7 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
 
     with ServiceNotifier(lambda: session.progress) if service else contextlib.nullcontext() as notifier:
         if notifier is not None:
-            session.show_status = notifier.show
+            session.status.show = notifier.show
         if not simulated:
             fleet.start()
         outcome = "stopped"

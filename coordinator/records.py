@@ -8,7 +8,7 @@ Pure functions over decoded messages and plain values; no sockets, no algorithms
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +173,25 @@ def load_checkpoint(path: Path, model_hash: str, algorithm: str) -> tuple[dict[s
         raise ValueError(f"{path} was written by another model or algorithm "
                          f"({meta.get('algorithm')}, model {meta.get('model_hash')})")
     return arrays, meta
+
+
+def test_metrics(server: Any, evaluator: Callable[[dict[str, np.ndarray]], dict[str, float | None]] | None,
+                 updates: Sequence[codec.Update]) -> dict[str, Any]:
+    """A round's test metrics: the coordinator's own test set when it has one (``evaluator``, on the server half's
+    global model, and ``test_accuracy_pruned`` on its pruned one), else the sample-weighted mean of the agents'
+    evaluations of the model they received this round (``eval_source`` says which)."""
+    if evaluator is None:
+        metrics, samples = agents_evaluation(list(updates))
+        if not metrics:
+            return {}
+        return {**{f"test_{name}": value for name, value in metrics.items()}, "eval_source": "agents",
+                "eval_samples": samples}
+    row: dict[str, Any] = {}
+    arrays = server.evaluation_arrays()
+    if arrays is not None:
+        row.update({f"test_{name}": value for name, value in evaluator(dict(arrays)).items()},
+                   eval_source="coordinator")
+    pruned_arrays = server.pruned_evaluation_arrays()
+    if pruned_arrays is not None:
+        row["test_accuracy_pruned"] = evaluator(dict(pruned_arrays))["accuracy"]
+    return row

@@ -30,17 +30,17 @@ from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.protocol import CoordinatorProtocol, Event, Rejected, RoundState, Send, SendFrame
 from fedge.coordinator.records import (
     agent_record,
-    agents_evaluation,
     client_evaluation,
-    fleet_gauges,
     load_checkpoint,
     meter_totals,
     save_checkpoint,
+    test_metrics,
     update_summary,
     welcome_fields,
 )
 from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir
 from fedge.coordinator.selection import choose
+from fedge.coordinator.status import StatusBoard
 from fedge.coordinator.transport import RouterTransport
 from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays
@@ -50,10 +50,6 @@ log = logging.getLogger("fedge.coordinator")
 # A test seam: FEDGE_CRASH_AT="POINT:ROUND" ends the process at once (exit 70, no cleanup) at that point of that
 # round's finish, so that tests can check that a crash anywhere resumes to the uninterrupted run.
 CRASH_AT = os.environ.get("FEDGE_CRASH_AT", "")
-
-
-STATUS_AGENTS = 100   # status.json lists the agents heard from most recently, at most this many
-AGENTS_EVERY_S = 10.0  # agents.json (every agent) is written this often, and at every round's end
 
 
 def finite(value: float) -> float | None:
@@ -101,10 +97,8 @@ class Session:
                                             self.welcome_fields, self.task_flags,
                                             max_uploads=config.fleet.max_uploads)
         self.started = time.monotonic()
-        self.status_written = 0.0
-        self.agents_written = -1e18
+        self.status = StatusBoard(run_dir, config.run.rounds, config.algorithm_name)  # status.json and friends
         self.round_walls: list[float] = []
-        self.show_status: Callable[[str], None] = lambda _status: None  # the service's status line
         self.folded: set[int] = set()  # the clients of the round in progress whose update is folded in
         self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
         self.bytes_total = {"down": 0, "up": 0}  # packet bytes of the rounds recorded so far (metrics.jsonl)
@@ -307,52 +301,14 @@ class Session:
         return every > 0 and (number % every == 0 or number == self.config.run.rounds)
 
     def evaluate_into(self, row: dict[str, Any], number: int, updates: list[codec.Update]) -> None:
-        """The round's test metrics: the coordinator's own test set when it has one, else the sample-weighted mean
-        of the agents' evaluations of the model they received this round (``eval_source`` says which)."""
-        if not self.evaluation_due(number):
-            return
-        if self.evaluator is None:
-            metrics, samples = agents_evaluation(updates)
-            if metrics:
-                row.update({f"test_{name}": value for name, value in metrics.items()}, eval_source="agents",
-                           eval_samples=samples)
-            return
-        arrays = self.server.evaluation_arrays()
-        if arrays is not None:
-            row.update({f"test_{name}": value for name, value in self.evaluator(dict(arrays)).items()},
-                       eval_source="coordinator")
-        pruned_arrays = self.server.pruned_evaluation_arrays()
-        if pruned_arrays is not None:
-            row["test_accuracy_pruned"] = self.evaluator(dict(pruned_arrays))["accuracy"]
+        """The round's test metrics (``records.test_metrics``), in the rounds ``eval.every`` names."""
+        if self.evaluation_due(number):
+            row.update(test_metrics(self.server, self.evaluator, updates))
 
     # ----------------------------------------------------------------------------------------- driving
     def write_status(self, phase: str, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.status_written < 1.0:
-            return
-        self.status_written = now
-        mean_round = float(np.mean(self.round_walls[-5:])) if self.round_walls else None
-        remaining = self.config.run.rounds - self.round
-        agents = [{"client_id": a.client_id, "index": a.index, "connected": self.registry.alive(a),
-                   "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None}
-                  for a in self.registry.agents.values()]
-        eta_s = mean_round * remaining if mean_round is not None else None
-        rejections = self.rejections()
-        connected = sum(1 for a in agents if a["connected"])
-        recent = sorted(agents, key=lambda a: (a["seconds_since_seen"] is None, a["seconds_since_seen"] or 0.0))
-        self.run_dir.write_status(run_id=self.run_id, phase=phase, round=self.round, rounds=self.config.run.rounds,
-                                  algorithm=self.config.algorithm_name, agents=recent[:STATUS_AGENTS],
-                                  agents_total=len(agents), agents_connected=connected, rejections=rejections,
-                                  eta_s=eta_s)
-        if force or now - self.agents_written >= AGENTS_EVERY_S:  # every agent: `coordinator status --agents`
-            self.agents_written = now
-            self.run_dir.write_json("agents.json", {"run_id": self.run_id, "updated_at": time.time(),
-                                                    "agents": agents})
-        self.show_status(f"{phase}; round {self.round}/{self.config.run.rounds}; {connected}/{len(agents)} agents "
-                         f"connected" + (f"; ETA {eta_s / 60:.1f} min" if eta_s is not None else ""))
-        gauges = fleet_gauges(self.run_id, self.round, self.config.run.rounds, agents, self.bytes_total, rejections,
-                              eta_s)
-        self.run_dir.write_prometheus(gauges)
+        self.status.write(phase, force, run_id=self.run_id, round_number=self.round, registry=self.registry,
+                          rejections=self.rejections(), bytes_total=self.bytes_total, round_walls=self.round_walls)
 
     def rejections(self) -> dict[str, int]:
         """Messages refused per peer (routing id), the 100 largest counts."""

@@ -179,7 +179,12 @@ def command_sweep(grid_file: str, out_dir: str | None, dry_run: bool, quiet: boo
     """Run the grid (or its shard ``I/N``) and tabulate it; 1 when a cell failed (after its retry), else 0."""
     from fedge.coordinator.sweep_runner import Plan, parse_shard, run_cells
 
-    grid = tomllib.loads(Path(grid_file).read_text())
+    try:
+        grid = tomllib.loads(Path(grid_file).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"grid file not found: {grid_file} (grids live in benchmarks/grids/)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{grid_file} is not valid TOML: {exc}") from None
     cells, baseline = expand(grid)
     part = parse_shard(shard)
     if jobs < 1:

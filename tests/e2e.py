@@ -84,3 +84,18 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def finished(process: subprocess.Popen[bytes], timeout: float) -> int:
     return process.wait(timeout=timeout)
+
+
+def shards(tmp_path: Path, clients: int) -> Path:
+    """IID shards of fmnist-demo for ``clients`` devices, written by `coordinator partition`."""
+    out = tmp_path / "shards"
+    subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "partition", "--dataset", "fmnist-demo",
+                    "--partition", "iid", "--clients", str(clients), "--seed", "0", "--out", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    return out
+
+
+def endpoint(run_dir: Path) -> str:
+    """The endpoint a coordinator bound (its run directory's endpoint file), once written."""
+    return wait_for(lambda: (run_dir / "endpoint").exists() and (run_dir / "endpoint").read_text().strip(),
+                    60, "the endpoint file")

@@ -16,20 +16,7 @@ import numpy as np
 import zmq
 
 from fedge import codec
-from tests.e2e import FAST, Processes, finished, metrics, wait_for
-
-
-def shards(tmp_path: Path, clients: int) -> Path:
-    out = tmp_path / "shards"
-    subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "partition", "--dataset", "fmnist-demo",
-                    "--partition", "iid", "--clients", str(clients), "--seed", "0", "--out", str(out)],
-                   check=True, capture_output=True, timeout=120)
-    return out
-
-
-def endpoint(run_dir: Path) -> str:
-    return wait_for(lambda: (run_dir / "endpoint").exists() and (run_dir / "endpoint").read_text().strip(),
-                    60, "the endpoint file")
+from tests.e2e import FAST, Processes, endpoint, finished, metrics, shards, wait_for
 
 
 def test_an_agent_killed_mid_round_is_dropped_and_rejoins(procs: Processes, tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "coordinator/pacing.py": {"zmq", "threading", "time", "socket", "torch", "codec", "algorithms", "simulation"},
     "coordinator/selection.py": {"zmq", "threading", "time", "socket", "torch", "codec", "algorithms",
                                  "simulation"},
+    "coordinator/status.py": {"zmq", "threading", "socket", "torch", "algorithms", "simulation"},
     "coordinator/downlinks.py": {"zmq", "threading", "time", "socket", "torch", "algorithms", "simulation"},
     "coordinator/transport.py": {"torch", "codec", "algorithms", "models", "fldata", "meter", "simulation"},
     "edge_agent/transport.py": {"torch", "codec", "algorithms", "models", "fldata", "meter"},

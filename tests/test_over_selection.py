@@ -6,22 +6,12 @@ with a work budget (``--max-steps``) sends the update of the steps it took."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fedge.client.state import DeviceState
-from tests.e2e import Processes, finished, metrics, wait_for
-
-
-def shards(tmp_path: Path, clients: int) -> Path:
-    out = tmp_path / "shards"
-    subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "partition", "--dataset", "fmnist-demo",
-                    "--partition", "iid", "--clients", str(clients), "--seed", "0", "--out", str(out)],
-                   check=True, capture_output=True, timeout=120)
-    return out
+from tests.e2e import Processes, endpoint, finished, metrics, shards
 
 
 @pytest.mark.parametrize("algorithm", ["scaffold", "ef-fedprox"])
@@ -33,8 +23,7 @@ def test_the_round_closes_at_its_target_and_the_slow_agents_are_cancelled(algori
         "--algorithm", algorithm, "--set", "data.clients=4", "--set", "data.partition=iid",
         "--set", "data.train_limit=128", "--set", "fleet.liveness_s=30", "--set", "round.count=4", "--set", "round.target=2",
         "--set", "fleet.heartbeat_s=0.5", "--set", "run.export_onnx=false", "--quiet")
-    address = wait_for(lambda: (run_dir / "endpoint").exists() and (run_dir / "endpoint").read_text().strip(), 60,
-                       "the endpoint file")
+    address = endpoint(run_dir)
     for i in range(4):
         slow = ["--step-delay-s", "3.0"] if i >= 2 else (["--max-steps", "1"] if i == 1 else [])
         procs.agent("--coordinator", address, "--client-id", f"dev-{i}", "--data", str(data / f"client-{i:03d}.npz"),

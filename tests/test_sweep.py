@@ -94,6 +94,8 @@ def test_shards_split_the_grid_and_a_bad_shard_is_refused(tmp_path: Path) -> Non
     assert listed == [["fedavg_seed0", "fedavg_seed1"], ["ef_seed0", "ef_seed1"]]
     bad = sweep(grid, tmp_path / "out", "--dry-run", "--shard", "3/2")
     assert bad.returncode == 2 and "--shard 3/2" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    missing = sweep(tmp_path / "nope.toml", tmp_path / "out", "--dry-run")
+    assert missing.returncode == 2 and "grid file not found" in missing.stderr
 
 
 def test_a_claimed_cell_is_left_to_its_holder_and_a_failing_cell_is_recorded(tmp_path: Path) -> None:

@@ -1,0 +1,59 @@
+"""What an operator sees of a running session: status.json, agents.json, fedge.prom and the service's status line.
+
+``StatusBoard.write`` turns the registry and the session's counts into those files, at most once a second (unless
+forced, at a round's end): ``status.json`` holds counts and the 100 agents heard from most recently, ``agents.json``
+every agent (every 10 s and when forced; ``coordinator status --agents``), ``fedge.prom`` the same facts as gauges.
+Knows no algorithm and no transport.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from fedge.coordinator.agents import AgentRegistry
+from fedge.coordinator.records import fleet_gauges
+from fedge.coordinator.rundir import RunDir
+
+STATUS_AGENTS = 100   # status.json lists the agents heard from most recently, at most this many
+AGENTS_EVERY_S = 10.0  # agents.json (every agent) is written this often, and at every round's end
+
+
+class StatusBoard:
+    """The session's status files, written no more often than they are read."""
+
+    def __init__(self, run_dir: RunDir, rounds: int, algorithm: str) -> None:
+        self.run_dir = run_dir
+        self.rounds = rounds
+        self.algorithm = algorithm
+        self.status_written = 0.0
+        self.agents_written = -1e18
+        self.show: Callable[[str], None] = lambda _status: None  # the service's status line
+
+    def write(self, phase: str, force: bool, *, run_id: str, round_number: int, registry: AgentRegistry,
+              rejections: dict[str, int], bytes_total: dict[str, int], round_walls: Sequence[float]) -> None:
+        now = time.monotonic()
+        if not force and now - self.status_written < 1.0:
+            return
+        self.status_written = now
+        mean_round = float(np.mean(round_walls[-5:])) if round_walls else None
+        eta_s = mean_round * (self.rounds - round_number) if mean_round is not None else None
+        agents: list[dict[str, Any]] = [
+            {"client_id": a.client_id, "index": a.index, "connected": registry.alive(a),
+             "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None}
+            for a in registry.agents.values()]
+        connected = sum(1 for a in agents if a["connected"])
+        recent = sorted(agents, key=lambda a: (a["seconds_since_seen"] is None, a["seconds_since_seen"] or 0.0))
+        self.run_dir.write_status(run_id=run_id, phase=phase, round=round_number, rounds=self.rounds,
+                                  algorithm=self.algorithm, agents=recent[:STATUS_AGENTS], agents_total=len(agents),
+                                  agents_connected=connected, rejections=rejections, eta_s=eta_s)
+        if force or now - self.agents_written >= AGENTS_EVERY_S:  # every agent: `coordinator status --agents`
+            self.agents_written = now
+            self.run_dir.write_json("agents.json", {"run_id": run_id, "updated_at": time.time(), "agents": agents})
+        self.show(f"{phase}; round {round_number}/{self.rounds}; {connected}/{len(agents)} agents connected"
+                  + (f"; ETA {eta_s / 60:.1f} min" if eta_s is not None else ""))
+        self.run_dir.write_prometheus(fleet_gauges(run_id, round_number, self.rounds, agents, bytes_total,
+                                                   rejections, eta_s))
