@@ -97,11 +97,13 @@ class ModelLayout:
 
 @dataclass(frozen=True)
 class ServerContext:
-    """Facts of the session a server half may need: the client count N, the layout, the seed."""
+    """Facts of the session a server half may need: the client count N, the layout, the seed, and whether the
+    initial model is the model spec built from that seed (so a device can rebuild it; not so with ``model.init``)."""
 
     num_clients: int
     layout: ModelLayout
     seed: int = 0
+    initial_from_seed: bool = True
 
 
 @dataclass(frozen=True)

@@ -51,12 +51,15 @@ class ServerHalf(Protocol):
 
 class ClientHalf(Protocol):
     """What an agent (and THE loop) calls on an algorithm's client half. ``BaseClient`` gives every optional hook
-    its default (no extra loss, nothing before training or after a backward pass or a step, every weight
-    trainable, nothing to freeze, predictions from the received model)."""
+    its default (no use of the initial model, no extra loss, nothing before training or after a backward pass or a
+    step, every weight trainable, nothing to freeze, predictions from the received model)."""
 
     @property
     def inference_after_training(self) -> bool:
         """Predictions use the model as trained on the device (True) or as received (False)."""
+    def initial_model(self, arrays: Arrays) -> None:
+        """The session's initial model as this device built it (the model spec and the session seed), given once
+        when the half is made (ef rebuilds its first public model from it instead of receiving it)."""
     def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
         """Load what the round's task carries into the model (and the half's own state)."""
     def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
@@ -126,6 +129,9 @@ class BaseClient:
     def inference_after_training(self) -> bool:
         return False
 
+    def initial_model(self, arrays: Arrays) -> None:
+        return None
+
     def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                         settings: TrainSettings) -> None:
         return None
@@ -180,6 +186,9 @@ class WrappedClient(BaseClient):
     @property
     def inference_after_training(self) -> bool:
         return self.base.inference_after_training
+
+    def initial_model(self, arrays: Arrays) -> None:
+        self.base.initial_model(arrays)
 
     def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                         settings: TrainSettings) -> None:

@@ -24,7 +24,7 @@ from fedge.algorithms.task import BUILTIN_LOSSES, Task
 from fedge.client.data import DeviceData
 from fedge.codec import vocabulary as words
 from fedge.fldata import DataError, normalize
-from fedge.models import MODELS, ModelSpec, build, definition_hash
+from fedge.models import MODELS, ModelSpec, build, definition_hash, state_to_arrays
 from fedge.plugins import PluginError, PluginRef, check_allowed, describe, version_mismatch
 
 
@@ -135,6 +135,7 @@ def join_session(settings: PluginRule, data: DeviceData, device: torch.device,
         client = make_client(welcome.algorithm, dict(welcome.algorithm_options), welcome.client_index)
     except (KeyError, TypeError, ValueError) as exc:
         raise Refused(words.BAD_WELCOME, f"cannot build the client half of {welcome.algorithm!r}: {exc}") from None
+    client.initial_model(state_to_arrays(model))
     session = JoinedSession(run_id=welcome.run_id, index=welcome.client_index, welcome=welcome, model=model,
                       client=client, train=train, task=task, mean=tuple(float(v) for v in mean),
                       std=tuple(float(v) for v in std), heartbeat_s=welcome.heartbeat_s,

@@ -91,7 +91,8 @@ class Session:
         self.model_hash = definition_hash(spec)
         self.layout = ModelLayout.of(model)
         self.shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-        context = ServerContext(num_clients=num_clients, layout=self.layout, seed=config.run.seed)
+        context = ServerContext(num_clients=num_clients, layout=self.layout, seed=config.run.seed,
+                                initial_from_seed=initial is None)
         self.server = make_server(config.algorithm_name, config.algorithm_options, state_to_arrays(model), context)
         self.protocol = CoordinatorProtocol(run_id, self.model_hash, self.shapes, registry, self.server,
                                             self.welcome_fields, self.task_flags,

@@ -92,33 +92,47 @@ def load_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def last_rounds_mean(rows: list[dict[str, Any]]) -> float:
+    return float(np.mean([x["test_accuracy"] for x in rows[-LAST_ROUNDS:] if x.get("test_accuracy") is not None]))
+
+
 def summarise(cells: list[Cell], baseline: str, out: Path) -> list[dict[str, Any]]:
-    """One row per (method, axes point): accuracy mean +- std over seeds, bytes, reduction against the baseline."""
-    groups: dict[tuple[str, tuple[tuple[str, Any], ...]], list[list[dict[str, Any]]]] = {}
+    """One row per (method, axes point): accuracy mean +- std over seeds, bytes, reduction against the baseline, the
+    accuracy gap (the mean over seeds of the baseline's last-5 mean minus the method's, paired by seed, with its
+    range), and whether every round accepted the same clients as the baseline's run of that seed."""
+    groups: dict[tuple[str, tuple[tuple[str, Any], ...]], dict[int, list[dict[str, Any]]]] = {}
     for cell in cells:
         rows = load_rows(out / "runs" / cell.key)
         if rows:
-            groups.setdefault((cell.label, cell.point), []).append(rows)
+            groups.setdefault((cell.label, cell.point), {})[cell.seed] = rows
     table = []
-    for (label, point), runs in groups.items():
+    for (label, point), by_seed in groups.items():
+        runs = list(by_seed.values())
         finals = [r[-1]["test_accuracy"] for r in runs if r[-1].get("test_accuracy") is not None]
-        lasts = [float(np.mean([x["test_accuracy"] for x in r[-LAST_ROUNDS:] if x.get("test_accuracy") is not None]))
-                 for r in runs]
         down = float(np.mean([sum(x["bytes_down"] for x in r) for r in runs]))
         up = float(np.mean([sum(x["bytes_up"] for x in r) for r in runs]))
         table.append({
             "method": label, **{k: v for k, v in point}, "seeds": len(runs), "rounds": min(len(r) for r in runs),
             "final_accuracy_mean": float(np.mean(finals)) if finals else None,
             "final_accuracy_std": float(np.std(finals)) if finals else None,
-            "last5_accuracy_mean": float(np.mean(lasts)), "bytes_down": down, "bytes_up": up,
-            "bytes_total": down + up,
+            "last5_accuracy_mean": float(np.mean([last_rounds_mean(r) for r in runs])), "bytes_down": down,
+            "bytes_up": up, "bytes_total": down + up,
         })
     for row in table:
         base = next((b for b in table if b["method"] == baseline and
                      all(b.get(k) == row.get(k) for k in row if k.startswith(("data.", "round.", "train.")))), None)
         row["byte_reduction"] = 1 - row["bytes_total"] / base["bytes_total"] if base else None
-        row["accuracy_gap_points"] = (100 * (base["last5_accuracy_mean"] - row["last5_accuracy_mean"])
-                                      if base else None)
+        pairs = []
+        if base is not None:
+            point = tuple((k, row[k]) for k in row if "." in k)
+            mine, theirs = groups[(row["method"], point)], groups[(baseline, point)]
+            pairs = [(theirs[seed], mine[seed]) for seed in sorted(mine) if seed in theirs]
+        gaps = [100 * (last_rounds_mean(b) - last_rounds_mean(m)) for b, m in pairs]
+        row["accuracy_gap_points"] = float(np.mean(gaps)) if gaps else None
+        row["gap_min_points"] = min(gaps) if gaps else None
+        row["gap_max_points"] = max(gaps) if gaps else None
+        row["same_clients_as_baseline"] = (all([x.get("accepted") for x in b] == [x.get("accepted") for x in m]
+                                               for b, m in pairs) if pairs else None)
     write_tables(table, out)
     plot(cells, out)
     return table
@@ -134,16 +148,19 @@ def write_tables(table: list[dict[str, Any]], out: Path) -> None:
     writer.writerows(table)
     (out / "summary.csv").write_text(buffer.getvalue())
     lines = ["| method | seeds | rounds | final accuracy (mean ± std) | last-5 mean | bytes down | bytes up | "
-             "reduction vs baseline | gap (points) |", "|---|---|---|---|---|---|---|---|---|"]
+             "reduction vs baseline | gap (points), range over seeds | same clients as baseline |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in table:
         extra = " ".join(f"{k}={row[k]}" for k in row if "." in k)
         acc = (f"{100 * row['final_accuracy_mean']:.2f} ± {100 * row['final_accuracy_std']:.2f}"
                if row["final_accuracy_mean"] is not None else "n/a")
         red = f"{100 * row['byte_reduction']:.1f} %" if row["byte_reduction"] is not None else "n/a"
-        gap = f"{row['accuracy_gap_points']:+.2f}" if row["accuracy_gap_points"] is not None else "n/a"
+        gap = (f"{row['accuracy_gap_points']:+.2f} ({row['gap_min_points']:+.2f} .. {row['gap_max_points']:+.2f})"
+               if row["accuracy_gap_points"] is not None else "n/a")
+        same = {True: "yes", False: "no", None: "n/a"}[row["same_clients_as_baseline"]]
         lines.append(f"| {row['method']} {extra} | {row['seeds']} | {row['rounds']} | {acc} | "
                      f"{100 * row['last5_accuracy_mean']:.2f} | {row['bytes_down'] / 1e6:.1f} MB | "
-                     f"{row['bytes_up'] / 1e6:.1f} MB | {red} | {gap} |")
+                     f"{row['bytes_up'] / 1e6:.1f} MB | {red} | {gap} | {same} |")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 

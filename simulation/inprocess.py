@@ -54,6 +54,7 @@ class Fleet:
     agents: list[AgentProtocol]
     states: list[DeviceState]
     state_root: Path
+    initial: dict[str, np.ndarray] = field(default_factory=dict)  # the models' common start (client halves get it)
     welcomes: list[codec.Welcome] = field(default_factory=list)
     bytes_down: list[int] = field(default_factory=list)
     bytes_up: list[int] = field(default_factory=list)
@@ -102,7 +103,8 @@ def make_fleet(name: str, options: Mapping[str, Any], spec: ModelSpec, clients: 
                                       server, lambda index: {**welcome, "client_index": index})
     fleet = Fleet(server=server, clients=[], models=models, coordinator=coordinator,
                   agents=[AgentProtocol(client_id(i), hello_interval_s=1.0) for i in range(clients)],
-                  states=[DeviceState(root / client_id(i)) for i in range(clients)], state_root=root, keep=keep)
+                  states=[DeviceState(root / client_id(i)) for i in range(clients)], state_root=root, keep=keep,
+                  initial=arrays)
     for index, agent in enumerate(fleet.agents):
         hello = codec.Hello(run_id="", round=0, sender=agent.client_id, fedge_version=fedge.__version__,
                             versions=codec.SPOKEN_VERSIONS, torch_version=torch.__version__, model_hash=model_hash,
@@ -116,6 +118,7 @@ def make_fleet(name: str, options: Mapping[str, Any], spec: ModelSpec, clients: 
                 agent.joined(w.run_id, w.client_index, w.heartbeat_s, w.liveness_s)
                 fleet.welcomes.append(w)
                 fleet.clients.append(client_half(w))
+                fleet.clients[-1].initial_model(fleet.initial)
         if agent.index is None:
             raise AssertionError(f"agent {agent.client_id} did not join the session")
     return fleet

@@ -34,7 +34,8 @@ class ReplicaCheck:
 
     def __call__(self, index: int, payload: Payload, model: torch.nn.Module) -> None:
         public = self.fleet.server.public
-        assert same_arrays(self.fleet.clients[index].replica, public)
+        assert same_arrays(self.fleet.clients[index].start, public)
+        assert same_arrays(self.fleet.clients[index].replica.key, self.fleet.server.model.key)
         assert same_arrays(state_to_arrays(model), public)
         self.kinds[index] = sorted(payload.groups)
 
@@ -46,6 +47,7 @@ def restart(fleet: Fleet, name: str, options: dict[str, Any]) -> None:
     states = [client.state_dict() for client in fleet.clients]
     fleet.clients = [ef.Client(config, index, base) for index in range(len(states))]
     for client, state in zip(fleet.clients, states, strict=True):
+        client.initial_model(fleet.initial)
         client.load_state_dict({k: np.array(v, copy=True) for k, v in state.items()})
     arrays, meta = fleet.server.state_dict()
     fleet.server = ef.Server(config, global_arrays(fleet), fleet.server.context, base)
@@ -64,11 +66,11 @@ def test_replica_is_the_public_model_bit_for_bit_through_misses_and_restarts(nam
         check = ReplicaCheck(fleet)
         run_round(fleet, round_number, DATA, ADAM, seed=1, participants=chosen, inspect=check)
         assert len(check.kinds) == len(chosen)
-    assert fleet.clients[0].version == len(PATTERN) - 1 and np.abs(fleet.clients[0].residual).max() > 0
+    assert fleet.clients[0].start_version == len(PATTERN) - 1 and np.abs(fleet.clients[0].residual).max() > 0
 
 
-def test_missed_rounds_get_the_delta_chain_or_a_dense_copy_and_both_are_counted() -> None:
-    fleet = make_fleet("ef-fedavg", {"history": 3}, TINY_MLP, clients=3, seed=2)
+def test_with_a_keyframe_every_round_missed_rounds_get_the_delta_chain_or_a_dense_copy_and_both_are_counted() -> None:
+    fleet = make_fleet("ef-fedavg", {"history": 3, "keyframe_ratio": 0.0}, TINY_MLP, clients=3, seed=2)
     seen: dict[int, list[str]] = {}
     sizes = []
     for round_number, chosen in enumerate([[0, 1, 2], [0], [0], [0, 1], [0], [0], [0], [0, 2]], start=1):
@@ -77,15 +79,17 @@ def test_missed_rounds_get_the_delta_chain_or_a_dense_copy_and_both_are_counted(
         metrics = run_round(fleet, round_number, DATA, ADAM, seed=2, participants=chosen, inspect=check)
         sizes.append(dict(zip(chosen, fleet.bytes_down[before:], strict=True)))
         seen.update({(round_number, i): k for i, k in check.kinds.items()})  # type: ignore[misc]
+        assert metrics["ef_keyframe"] == 1
         if round_number == 8:
             assert metrics["ef_dense_resyncs"] == 1
-    assert seen[(1, 0)] == ["public"]  # never synced: dense
+    assert seen[(1, 0)] == []  # never synced: it rebuilds the initial model, no tensor travels
     assert seen[(2, 0)] == ["delta-1"]
     assert seen[(4, 1)] == ["delta-1", "delta-2", "delta-3"]  # missed two rounds: the chain, smaller than dense
     assert seen[(8, 2)] == ["public"]  # missed more rounds than the history holds: dense f32
     floats = sum(a.size for a in global_arrays(fleet).values())
     assert sizes[7][2] > 2 * floats > 4 * sizes[7][0]  # the resync travels in (and is counted by) the packet
     assert sizes[3][1] < sizes[7][2] / 3
+    assert sizes[0][0] < 1000 < floats  # the first task: headers and meta only
 
 
 def test_keep_fraction_is_respected_both_ways() -> None:
@@ -119,7 +123,7 @@ def test_error_feedback_keeps_what_was_not_sent_on_both_sides() -> None:
     fleet = make_fleet("ef-fedavg", {"keep": 0.1, "value_dtype": "f32"}, TINY_MLP, clients=1, seed=5)
     run_round(fleet, 1, DATA, ADAM, seed=5)
     client, server = fleet.clients[0], fleet.server
-    start = server.layout.flat(client.replica)
+    start = server.layout.flat(client.start)
     trained = server.layout.flat(state_to_arrays(fleet.models[0]))
     delta = trained - start
     assert np.array_equal(client.residual[client.residual != 0], delta[client.residual != 0])
@@ -155,7 +159,7 @@ def test_options_are_validated() -> None:
     assert ef.make_config(fedprox, {"mu": 0.2, "keep": 0.2}).base == fedprox.Config(mu=0.2)
     with pytest.raises(ValueError, match="mu"):
         ef.make_config(fedavg, {"mu": 0.2})
-    for bad in ({"keep": 0.0}, {"value_dtype": "f64"}, {"history": 0}):
+    for bad in ({"keep": 0.0}, {"value_dtype": "f64"}, {"history": 0}, {"keyframe_ratio": -1.0}):
         with pytest.raises(ValueError):
             ef.make_config(fedavg, bad)
 
@@ -170,7 +174,7 @@ def test_ternary_sends_one_magnitude_per_tensor_and_feeds_back_the_rest() -> Non
     group = uploads[0].payload.groups["update"]
     section = group.sparse
     assert group.value_dtype == "int8" and section.kind == "indices"
-    start = layout.flat(client.replica)
+    start = layout.flat(client.start)
     sent = (layout.flat(state_to_arrays(fleet.models[0])) - start)[section.indices]  # residual was zero
     bounds = np.searchsorted(section.indices, np.cumsum([0, *layout.sizes]))
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
@@ -179,7 +183,7 @@ def test_ternary_sends_one_magnitude_per_tensor_and_feeds_back_the_rest() -> Non
             np.testing.assert_allclose(magnitudes, np.abs(sent[lo:hi]).mean(), rtol=1e-6)
             assert np.array_equal(np.sign(section.values[lo:hi]), np.sign(sent[lo:hi]))
     np.testing.assert_array_equal(client.residual[section.indices], sent - section.values)
-    broadcast = fleet.server.history[1].values  # the coordinator's delta is ternary too
+    broadcast = fleet.server.model.history[1].values  # the coordinator's delta is ternary too
     assert 1 <= len(np.unique(np.abs(broadcast))) <= len(layout.sizes)
 
 

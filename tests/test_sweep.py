@@ -114,3 +114,29 @@ def test_a_claimed_cell_is_left_to_its_holder_and_a_failing_cell_is_recorded(tmp
     assert "ef_seed0: failed (exit code 2, then exit code 2" in result.stdout
     assert [json.loads(line)["cell"] for line in (out / "failed.jsonl").read_text().splitlines()] == ["ef_seed0"]
     assert not (out / "claims" / "ef_seed0.claim").exists()  # released after its attempts
+
+
+def test_the_gap_is_paired_by_seed_with_its_range_and_the_clients_are_checked(tmp_path: Path) -> None:
+    import json
+
+    import tomllib
+
+    from fedge.coordinator.sweep import summarise
+
+    grid = tomllib.loads(GRID)
+    grid["sweep"]["seeds"] = [0, 1]
+    cells, baseline = expand(grid)
+    accuracy = {("fedavg", 0): 0.80, ("fedavg", 1): 0.70, ("ef", 0): 0.81, ("ef", 1): 0.68}
+    for cell in cells:
+        run = tmp_path / "runs" / cell.key
+        run.mkdir(parents=True)
+        clients = [[0, 1]] * 6 if (cell.label, cell.seed) != ("ef", 1) else [[0, 1]] * 5 + [[1]]
+        run.joinpath("metrics.jsonl").write_text("".join(
+            json.dumps({"round": r + 1, "test_accuracy": accuracy[(cell.label, cell.seed)], "bytes_down": 10,
+                        "bytes_up": 10, "accepted": clients[r]}) + "\n" for r in range(6)))
+    rows = {row["method"]: row for row in summarise(cells, baseline, tmp_path)}
+    ef = rows["ef"]
+    assert abs(ef["accuracy_gap_points"] - 0.5) < 1e-9  # seed 0: -1 point, seed 1: +2 points
+    assert abs(ef["gap_min_points"] + 1) < 1e-9 and abs(ef["gap_max_points"] - 2) < 1e-9
+    assert ef["same_clients_as_baseline"] is False and rows["fedavg"]["same_clients_as_baseline"] is True
+    assert "+0.50 (-1.00 .. +2.00) | no |" in (tmp_path / "summary.md").read_text()

@@ -1,0 +1,283 @@
+"""ef's public model as the clients hold it: keyframes, the round's catch-up, and each client's replica
+(docs/ef.md, "Partial participation"; docs/algorithms.md section 11.2).
+
+The coordinator's side, ``PublicModel``, keeps
+- the keyframe K, a model every client can hold exactly: it advances at keyframe rounds by a broadcast delta
+  (the top fraction of S - K, S the coordinator's exact model, ef's residual being S - K);
+- the round's public model P = K + dec(C), where the catch-up C is the top fraction of S - K taken at a round
+  that is not a keyframe round (P = K right after a keyframe round). Every client of a round trains from P;
+- the last ``history`` keyframe deltas, and the keyframe version each client holds: -1 before its first task
+  (it rebuilds the initial model from the model spec and the session seed, checked by CRC), -2 once forgotten
+  (its next downlink carries K dense).
+A downlink is the keyframe deltas its client lacks (a chain, or K dense when the chain is not stored or encodes
+larger) and the round's catch-up. Keyframes are made when, since the last one, as many updates as ``cycle`` times
+the clients of the session arrived (``KeyframeClock``): every round at full participation (then P = K always, and
+ef is its original scheme), about once per participation cycle otherwise, so that a client back after missing
+rounds pays about one keyframe delta and one catch-up instead of a delta per round missed.
+
+The client's side, ``Replica``, holds K (device state), applies what a downlink carries with the same float32
+``advance`` as the coordinator, and refuses to train from a model whose version or CRC differs from the one the
+packet names. Pure numpy and the codec: no torch, no transport, no algorithm rule beyond what the replicas need.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedge import codec
+from fedge.algorithms.base import Arrays, is_float
+from fedge.algorithms.sparse import Compressed, FlatLayout, decoded, wire_dtype
+from fedge.codec import SparseSection, TensorGroup
+
+NEVER_SYNCED = -1  # a client before its first task: it rebuilds the initial model
+FORGOTTEN = -2     # a client whose replica is not trusted: its next downlink carries the keyframe dense
+
+
+def float_layout(arrays: Mapping[str, np.ndarray]) -> FlatLayout:
+    return FlatLayout.of(arrays, [name for name, value in arrays.items() if is_float(value)])
+
+
+def advance(public: Arrays, layout: FlatLayout, indices: np.ndarray, values: np.ndarray,
+            integers: Mapping[str, np.ndarray]) -> Arrays:
+    """X + D: the one float32 update both sides apply, so that their copies stay bit-identical."""
+    flat = layout.flat(public)
+    flat[indices] += np.asarray(values, dtype=np.float32)
+    moved = layout.split(flat)
+    return {name: moved[name] if name in moved else np.array(integers.get(name, value), copy=True)
+            for name, value in public.items()}
+
+
+def public_crc(public: Arrays) -> int:
+    crc = 0
+    for name, value in public.items():
+        crc = zlib.crc32(name.encode(), crc)
+        crc = zlib.crc32(np.ascontiguousarray(value).tobytes(), crc)
+    return crc
+
+
+def encoded_size(groups: Mapping[str, TensorGroup]) -> int:
+    return len(codec.encode(codec.Task(run_id="size", round=0, sender="algorithms", groups=dict(groups))))
+
+
+def start_model(initial: Mapping[str, np.ndarray], start_dtype: str) -> Arrays:
+    """The public model at version 0: the initial model rounded through ``start_dtype`` (both sides do this)."""
+    start = decoded(TensorGroup(dense=dict(initial), value_dtype=start_dtype)).dense
+    return {name: np.array(start[name], dtype=np.asarray(initial[name]).dtype) for name in initial}
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A sparse step of the public model: the version it applies to, its positions, its values before encoding,
+    and the integer buffers it sets."""
+
+    previous: int
+    indices: np.ndarray
+    values: np.ndarray
+    integers: Arrays
+
+
+@dataclass
+class KeyframeClock:
+    """When to make a keyframe: once the updates received since the last one reach ``ratio`` times the clients
+    absent from the round (so every round at full participation, where a keyframe costs no client anything; 0:
+    every round). Checkpointed with the public model."""
+
+    clients: int
+    ratio: float
+    arrived: int = 0
+
+    def due(self, reported: int) -> bool:
+        self.arrived += reported
+        if self.arrived >= self.ratio * max(self.clients - reported, 0):
+            self.arrived = 0
+            return True
+        return False
+
+
+class PublicModel:
+    """The coordinator's keyframe, the round's public model and catch-up, the keyframe history and what each client
+    holds (the module docstring)."""
+
+    def __init__(self, start: Arrays, num_clients: int, history: int, value_dtype: str, start_dtype: str,
+                 keyframe_ratio: float, rebuildable: bool = True) -> None:
+        self.layout = float_layout(start)
+        self.value_dtype = wire_dtype(value_dtype)
+        self.start_dtype = start_dtype
+        self.history_size = history
+        self.rebuildable = rebuildable
+        self.key: Arrays = start
+        self.key_version = 0
+        self.key_crc = public_crc(start)
+        self.start_crc = self.key_crc
+        self.catchup: Delta | None = None
+        self.public: Arrays = start
+        self.version = 0
+        self.crc = self.key_crc
+        self.history: dict[int, Delta] = {}
+        self.holds = np.full(num_clients, NEVER_SYNCED, dtype=np.int64)
+        self.clock = KeyframeClock(num_clients, keyframe_ratio)
+        self.resyncs = 0
+
+    def forget(self, client_index: int) -> None:
+        self.holds[client_index] = FORGOTTEN
+
+    def take_resyncs(self) -> int:
+        """Dense downlinks since the last call (for the round's metrics)."""
+        count, self.resyncs = self.resyncs, 0
+        return count
+
+    def group(self, delta: Delta) -> TensorGroup:
+        section = SparseSection.with_indices(self.layout.names, self.layout.shapes, delta.indices, delta.values)
+        return TensorGroup(dense=delta.integers, sparse=section, value_dtype=self.value_dtype)
+
+    def publish(self, round_number: int, sent: Compressed, integers: Arrays, keyframe: bool) -> None:
+        """The round's step ``sent`` (top fraction of S - K): a new keyframe, or the catch-up of the next round."""
+        values = sent.group.sparse.values  # type: ignore[union-attr]
+        step = Delta(self.key_version, sent.indices, values, integers)
+        moved = advance(self.key, self.layout, sent.indices, sent.decoded, integers)
+        if keyframe:
+            self.history[round_number] = step
+            for old in sorted(self.history)[:-self.history_size]:
+                del self.history[old]
+            self.key, self.key_version, self.key_crc = moved, round_number, public_crc(moved)
+            self.catchup, self.public, self.crc = None, self.key, self.key_crc
+        else:
+            self.catchup, self.public, self.crc = step, moved, public_crc(moved)
+        self.version = round_number
+
+    def chain(self, start: int) -> list[int] | None:
+        """The stored keyframe versions leading from ``start`` to the current keyframe, or None when one is missing."""
+        versions = [v for v in sorted(self.history) if v > start]
+        previous = start
+        for version in versions:
+            if self.history[version].previous != previous:
+                return None
+            previous = version
+        return versions if previous == self.key_version else None
+
+    def downlink(self, client_index: int) -> tuple[dict[str, TensorGroup], dict[str, Any]]:
+        """What client ``client_index`` needs to hold this round's public model: groups and meta."""
+        start = int(self.holds[client_index])
+        if start == NEVER_SYNCED and self.rebuildable:
+            start = 0
+        meta: dict[str, Any] = {"ef_to": self.version, "ef_crc": self.crc}
+        tail: dict[str, TensorGroup] = {}
+        if self.catchup is not None:
+            meta.update(ef_key=self.key_version, ef_key_crc=self.key_crc)
+            tail["catchup"] = self.group(self.catchup)
+        versions = self.chain(start) if start >= 0 else None
+        dense_dtype = self.start_dtype if self.key_version == 0 else "f32"
+        dense = {"public": TensorGroup(dense=self.key, value_dtype=dense_dtype), **tail}
+        if versions is not None:
+            groups = {**{f"delta-{v}": self.group(self.history[v]) for v in versions}, **tail}
+            if len(versions) <= 1 or encoded_size(groups) < encoded_size(dense):
+                if start == 0:
+                    meta["ef_start_crc"] = self.start_crc
+                return groups, {**meta, "ef_from": start, "ef_rounds": versions}
+        self.resyncs += 1
+        return dense, {**meta, "ef_from": -1, "ef_rounds": []}
+
+    def state_dict(self, prefix: str) -> tuple[Arrays, dict[str, Any]]:
+        arrays: Arrays = {f"{prefix}key/{k}": v for k, v in self.key.items()}
+        arrays[f"{prefix}holds"] = self.holds
+        steps = {f"history/{v}": d for v, d in self.history.items()}
+        if self.catchup is not None:
+            steps["catchup"] = self.catchup
+        for name, delta in steps.items():
+            arrays[f"{prefix}{name}/indices"] = delta.indices
+            arrays[f"{prefix}{name}/values"] = delta.values
+            arrays.update({f"{prefix}{name}/int/{k}": v for k, v in delta.integers.items()})
+        meta = {"version": self.version, "key_version": self.key_version, "arrived": self.clock.arrived,
+                "history": [[v, d.previous] for v, d in self.history.items()],
+                "catchup": None if self.catchup is None else self.catchup.previous}
+        return arrays, meta
+
+    def load_state_dict(self, arrays: Arrays, meta: dict[str, Any], prefix: str) -> None:
+        def delta(name: str, previous: int) -> Delta:
+            ints = f"{prefix}{name}/int/"
+            return Delta(int(previous), arrays[f"{prefix}{name}/indices"].copy(),
+                         arrays[f"{prefix}{name}/values"].copy(),
+                         {k[len(ints):]: v.copy() for k, v in arrays.items() if k.startswith(ints)})
+
+        if "key_version" not in meta:
+            raise ValueError("this ef checkpoint was written before ef's keyframes (docs/ef.md, \"Partial "
+                             "participation\"): finish the run with the Fedge that wrote it")
+        key = f"{prefix}key/"
+        self.key = {k[len(key):]: v.copy() for k, v in arrays.items() if k.startswith(key)}
+        self.key_version, self.key_crc = int(meta["key_version"]), public_crc(self.key)
+        self.holds = np.array(arrays[f"{prefix}holds"], dtype=np.int64)
+        self.clock.arrived = int(meta["arrived"])
+        self.history = {int(v): delta(f"history/{v}", p) for v, p in meta["history"]}
+        self.catchup = None if meta["catchup"] is None else delta("catchup", meta["catchup"])
+        self.public = self.key if self.catchup is None else advance(
+            self.key, self.layout, self.catchup.indices, decoded(self.group(self.catchup)).sparse.values,  # type: ignore[union-attr]
+            self.catchup.integers)
+        self.version, self.crc = int(meta["version"]), public_crc(self.public)
+
+
+class Replica:
+    """A client's copy of the keyframe (device state) and the round's public model it trains from."""
+
+    def __init__(self, start_dtype: str) -> None:
+        self.start_dtype = start_dtype
+        self.initial: Arrays | None = None  # the initial model as this device built it (``initial_model``)
+        self.key: Arrays = {}
+        self.version = -1
+
+    def rebuild(self, crc: int | None) -> None:
+        if self.initial is None:
+            raise RuntimeError("ef: the packet asks this device to rebuild the initial model, which it was not given; "
+                               "the coordinator must resync it densely")
+        self.key, self.version = start_model(self.initial, self.start_dtype), 0
+        if crc is not None and public_crc(self.key) != int(crc):
+            raise RuntimeError("ef: the initial model rebuilt on this device differs from the coordinator's (another "
+                               "torch version, or model.init?); the coordinator resyncs it densely")
+
+    def sync(self, groups: Mapping[str, TensorGroup], meta: Mapping[str, Any]) -> Arrays:
+        """Bring the keyframe to the version the packet names, check it, and return the round's public model."""
+        key_version = int(meta.get("ef_key", meta["ef_to"]))
+        if "public" in groups:
+            self.key = {k: np.array(v, copy=True) for k, v in groups["public"].dense.items()}
+            self.version = key_version
+        elif not self.key and int(meta["ef_from"]) == 0:
+            self.rebuild(meta.get("ef_start_crc"))
+        elif self.version < int(meta["ef_from"]):
+            raise RuntimeError(f"ef: the replica is at version {self.version} but the packet starts at "
+                               f"{meta['ef_from']}; the coordinator must resync this client densely (forget)")
+        for version in meta["ef_rounds"]:
+            if version > self.version:
+                self.key = self.apply(self.key, groups[f"delta-{version}"], f"delta-{version}")
+                self.version = int(version)
+        if self.version != key_version or public_crc(self.key) != int(meta.get("ef_key_crc", meta["ef_crc"])):
+            raise RuntimeError(f"ef: the replica (version {self.version}) differs from the public model "
+                               f"(version {key_version}); it needs a dense resync")
+        if "catchup" not in groups:
+            return self.key
+        public = self.apply(self.key, groups["catchup"], "catchup")
+        if public_crc(public) != int(meta["ef_crc"]):
+            raise RuntimeError(f"ef: the round's public model (version {meta['ef_to']}) rebuilt here differs from "
+                               "the coordinator's; it needs a dense resync")
+        return public
+
+    @staticmethod
+    def apply(arrays: Arrays, group: TensorGroup, name: str) -> Arrays:
+        section = group.sparse
+        if section is None:
+            raise ValueError(f"ef: {name} carries no sparse section")
+        return advance(arrays, FlatLayout(section.names, section.shapes), section.positions(), section.values,
+                       group.dense)
+
+    def state_dict(self) -> Arrays:
+        state: Arrays = {f"ef/public/{k}": v for k, v in self.key.items()}
+        state["ef/version"] = np.array(self.version, dtype=np.int64)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.key = {k[len("ef/public/"):]: np.array(v, copy=True) for k, v in state.items()
+                    if k.startswith("ef/public/")}
+        self.version = int(state["ef/version"]) if "ef/version" in state else -1
