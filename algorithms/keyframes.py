@@ -122,6 +122,8 @@ class PublicModel:
         self.holds = np.full(num_clients, NEVER_SYNCED, dtype=np.int64)
         self.clock = KeyframeClock(num_clients, keyframe_ratio)
         self.resyncs = 0
+        self.groups: dict[int, tuple[Delta, TensorGroup]] = {}
+        self.sizes: dict[tuple[int, ...], int] = {}
 
     def forget(self, client_index: int) -> None:
         self.holds[client_index] = FORGOTTEN
@@ -132,8 +134,20 @@ class PublicModel:
         return count
 
     def group(self, delta: Delta) -> TensorGroup:
-        section = SparseSection.with_indices(self.layout.names, self.layout.shapes, delta.indices, delta.values)
-        return TensorGroup(dense=delta.integers, sparse=section, value_dtype=self.value_dtype)
+        """The delta as a tensor group, one object per delta: clients sent the same deltas are sent the same
+        objects, which the runtime encodes once (``coordinator.downlinks``)."""
+        cached = self.groups.get(id(delta))
+        if cached is None or cached[0] is not delta:
+            section = SparseSection.with_indices(self.layout.names, self.layout.shapes, delta.indices, delta.values)
+            cached = self.groups[id(delta)] = (delta, TensorGroup(dense=delta.integers, sparse=section,
+                                                                  value_dtype=self.value_dtype))
+        return cached[1]
+
+    def size(self, key: tuple[int, ...], groups: Mapping[str, TensorGroup]) -> int:
+        """The encoded size of a downlink's groups, measured once while the public model stays as it is."""
+        if key not in self.sizes:
+            self.sizes[key] = encoded_size(groups)
+        return self.sizes[key]
 
     def publish(self, round_number: int, sent: Compressed, integers: Arrays, keyframe: bool) -> None:
         """The round's step ``sent`` (top fraction of S - K): a new keyframe, or the catch-up of the next round."""
@@ -149,6 +163,9 @@ class PublicModel:
         else:
             self.catchup, self.public, self.crc = step, moved, public_crc(moved)
         self.version = round_number
+        live = [*self.history.values(), *([self.catchup] if self.catchup is not None else [])]
+        self.groups = {k: v for k, v in self.groups.items() if any(v[0] is d for d in live)}
+        self.sizes = {}
 
     def chain(self, start: int) -> list[int] | None:
         """The stored keyframe versions leading from ``start`` to the current keyframe, or None when one is missing."""
@@ -175,7 +192,7 @@ class PublicModel:
         dense = {"public": TensorGroup(dense=self.key, value_dtype=dense_dtype), **tail}
         if versions is not None:
             groups = {**{f"delta-{v}": self.group(self.history[v]) for v in versions}, **tail}
-            if len(versions) <= 1 or encoded_size(groups) < encoded_size(dense):
+            if len(versions) <= 1 or self.size(tuple(versions), groups) < self.size((), dense):
                 if start == 0:
                     meta["ef_start_crc"] = self.start_crc
                 return groups, {**meta, "ef_from": start, "ef_rounds": versions}
@@ -218,6 +235,7 @@ class PublicModel:
             self.key, self.layout, self.catchup.indices, decoded(self.group(self.catchup)).sparse.values,  # type: ignore[union-attr]
             self.catchup.integers)
         self.version, self.crc = int(meta["version"]), public_crc(self.public)
+        self.groups, self.sizes = {}, {}
 
 
 class Replica:

@@ -168,3 +168,28 @@ def test_the_coordinators_model_is_the_keyframe_plus_its_residual_and_the_public
     assert not np.array_equal(public, key)  # no keyframe since round 0: the public model is K plus a catch-up
     error = np.linalg.norm(exact - public) / np.linalg.norm(exact - key)
     assert 0 < error < 1 and error == pytest.approx(metrics["ef_public_error"], rel=1e-5)
+
+
+def test_clients_that_hold_the_same_keyframe_get_one_body_encoded_once() -> None:
+    from fedge import codec
+    from fedge.coordinator.downlinks import DownlinkBodies
+
+    def frames(fleet: Fleet, round_number: int) -> DownlinkBodies:
+        bodies = DownlinkBodies()
+        for index in range(4):
+            payload = fleet.server.downlink(round_number, index)
+            bodies.frame(codec.Task(run_id="r", round=round_number, sender="c", groups=dict(payload.groups),
+                                    meta=dict(payload.meta), committed_round=round_number - 1,
+                                    last_accepted_round=0, deadline_s=30.0))
+        return bodies
+
+    shared = make_fleet("ef-fedprox", {**DEFAULT, "keyframe_ratio": 1000.0}, TINY_MLP, clients=4, seed=8)
+    for round_number, chosen in ((1, [0, 1]), (2, [0]), (3, [1])):
+        run_round(shared, round_number, DATA, ADAM, seed=8, participants=chosen)
+    once = frames(shared, 4)  # no keyframe since the start: every client, new or not, gets the one catch-up
+    assert (once.encoded, once.shared) == (1, 3)
+    chains = make_fleet("ef-fedprox", {**DEFAULT, "keyframe_ratio": 0.0}, TINY_MLP, clients=4, seed=8)
+    for round_number, chosen in ((1, [0, 1, 2, 3]), (2, [0, 1]), (3, [0])):
+        run_round(chains, round_number, DATA, ADAM, seed=8, participants=chosen)
+    per_keyframe = frames(chains, 4)  # clients 2 and 3 hold the same keyframe; 0 and 1 others
+    assert (per_keyframe.encoded, per_keyframe.shared) == (3, 1)
