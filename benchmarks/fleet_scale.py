@@ -37,7 +37,17 @@ import zmq.auth
 
 import fedge
 from fedge import codec
-from fedge.client.protocol import AgentProtocol, Join, Left, SayHello, Send, SendFrame, Stop, Train
+from fedge.client.protocol import (
+    CAPABILITIES,
+    AgentProtocol,
+    Join,
+    Left,
+    SayHello,
+    Send,
+    SendFrame,
+    Stop,
+    Train,
+)
 
 MODEL = ["--model", "cnn", "--set", "model.input_shape=[3, 32, 32]", "--set", "model.outputs=10",
          "--set", 'data.dataset=""']
@@ -48,7 +58,7 @@ KEEP = 0.3
 class LightAgent:
     """One agent: its protocol object and its socket; answers tasks with synthetic updates."""
 
-    layout: list[tuple[str, tuple[int, ...]]] = []  # the float tensors, learned from the first dense task
+    layout: list[tuple[str, tuple[int, ...]]] = []  # the model's float tensors (the parent process builds it)
 
     def __init__(self, context: zmq.Context[Any], endpoint: str, client_id: str, curve: dict[str, bytes] | None):
         self.client_id = client_id
@@ -65,7 +75,8 @@ class LightAgent:
     def hello(self) -> bytes:
         return codec.encode(codec.Hello(run_id=self.protocol.run_id, round=0, sender=self.client_id,
                                         fedge_version=fedge.__version__, versions=codec.SPOKEN_VERSIONS,
-                                        torch_version="none", model_hash="", capabilities=(), dataset_size=64,
+                                        torch_version="none", model_hash="", capabilities=CAPABILITIES,
+                                        dataset_size=64,
                                         device="cpu", input_shape=(3, 32, 32), num_outputs=10,
                                         holds=self.protocol.holds()))
 
@@ -96,17 +107,15 @@ class LightAgent:
         if "ef_to" not in task.meta:  # FedAvg: the received model, as if a step changed nothing
             return codec.encode(codec.Update(run_id=task.run_id, round=task.round, sender=self.client_id,
                                              groups={"model": task.groups["model"]}, **fields))
-        if "public" in task.groups and not LightAgent.layout:  # ef's dense sync: the public model
-            LightAgent.layout = [(n, tuple(a.shape)) for n, a in task.groups["public"].dense.items()
-                                 if a.dtype.kind == "f"]
         names = tuple(n for n, _ in LightAgent.layout)
         shapes = tuple(s for _, s in LightAgent.layout)
         indices, values = pattern(sum(int(np.prod(s)) for s in shapes), zlib.crc32(f"{self.client_id}:{task.round}".encode()) % 8)
         section = codec.SparseSection.with_indices(names, shapes, indices, values)
         group = codec.TensorGroup(dense={}, sparse=section, value_dtype="int8")
         return codec.encode(codec.Update(run_id=task.run_id, round=task.round, sender=self.client_id,
-                                         groups={"update": group}, meta={"ef_base": int(task.meta["ef_to"])},
-                                         **fields))
+                                         groups={"update": group}, meta={
+                                             "ef_base": int(task.meta["ef_to"]),
+                                             "ef_key": int(task.meta.get("ef_key", task.meta["ef_to"]))}, **fields))
 
 
 PATTERNS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -122,8 +131,9 @@ def pattern(size: int, which: int) -> tuple[np.ndarray, np.ndarray]:
     return PATTERNS[which]
 
 
-def serve_agents(endpoint: str, first: int, count: int, keys_dir: str) -> int:
+def serve_agents(endpoint: str, first: int, count: int, keys_dir: str, layout: str) -> int:
     """A process of light agents, until every one of them has left its session."""
+    LightAgent.layout = [(name, tuple(shape)) for name, shape in json.loads(Path(layout).read_text())]
     context = zmq.Context()
     curve = None
     if keys_dir:
@@ -144,7 +154,7 @@ def serve_agents(endpoint: str, first: int, count: int, keys_dir: str) -> int:
             agent = by_socket[socket]
             while True:
                 try:
-                    frame = socket.recv(zmq.NOBLOCK)
+                    frame = b"".join(socket.recv_multipart(zmq.NOBLOCK))  # a Task may come in two parts
                 except zmq.Again:
                     break
                 agent.act(agent.protocol.receive(frame, time.monotonic()), frame)
@@ -222,7 +232,8 @@ def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int,
     endpoint = endpoint_file.read_text().strip()
     light = [subprocess.Popen([sys.executable, __file__, "--serve-agents", str(first), str(min(per_process,
                                                                                            agents - first)),
-                               "--endpoint", endpoint, "--keys-dir", str(keys) if curve else ""])
+                               "--endpoint", endpoint, "--keys-dir", str(keys) if curve else "",
+                               "--layout", str(workdir / "layout.json")])
              for first in range(0, agents, per_process)]
     process = psutil.Process(coordinator.pid)
     peak_rss, samples, seen = 0, [], 0
@@ -253,6 +264,16 @@ def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int,
             "run_dir": str(run_dir)}
 
 
+def write_layout(path: Path) -> None:
+    """The float tensors of the coordinator's model (ef's light agents build their updates over them)."""
+    from fedge.models import ModelSpec, build
+
+    spec = ModelSpec.from_dict({"name": "cnn", "input_shape": [3, 32, 32], "num_classes": 10, "pan": "off",
+                                "pan_a": 0.1, "pan_t": 1.0, "options": {}})
+    state = build(spec, seed=0).state_dict()
+    path.write_text(json.dumps([[name, list(t.shape)] for name, t in state.items() if t.is_floating_point()]))
+
+
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -271,10 +292,12 @@ def main() -> int:
     parser.add_argument("--serve-agents", nargs=2, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--keys-dir", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--layout", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_agents:
-        return serve_agents(args.endpoint, args.serve_agents[0], args.serve_agents[1], args.keys_dir)
+        return serve_agents(args.endpoint, args.serve_agents[0], args.serve_agents[1], args.keys_dir, args.layout)
     workdir = Path(tempfile.mkdtemp(prefix="fedge-fleet-"))
+    write_layout(workdir / "layout.json")
     print(f"# fleet_scale: {os.cpu_count()} CPUs; runs under {workdir}")
     print("| algorithm | agents | CurveZMQ | coordinator CPU s / round | wall s / round | floor s | wall / floor | "
           "peak RSS MB | down MB / round | up MB / round |")

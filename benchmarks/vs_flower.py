@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -45,9 +44,9 @@ from typing import Any
 
 import numpy as np
 import psutil
+from _fleet_common import Processes, cnn_spec, read_rows, start_coordinator, write_shard
 
 FLOWER_VERSION = "1.42.0"
-SAMPLES = 64
 
 PYPROJECT = """\
 [build-system]
@@ -210,33 +209,6 @@ def tree_rss(process: psutil.Process) -> int:
     return total
 
 
-class Processes:
-    """Processes started in their own process groups, stopped by group at the end."""
-
-    def __init__(self) -> None:
-        self.started: list[subprocess.Popen[bytes]] = []
-
-    def start(self, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-        with log.open("ab") as out:
-            child = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.started.append(child)
-        return child
-
-    def stop(self) -> None:
-        for child in reversed(self.started):
-            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-                try:
-                    os.killpg(child.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    child.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        self.started = []
-
-
 def wait_for_port(port: int, seconds: float) -> None:
     until = time.monotonic() + seconds
     while time.monotonic() < until:
@@ -291,11 +263,11 @@ def run_flower(python: str, work: Path, nodes: int, rounds: int, spec: dict[str,
     processes, link = Processes(), CountingProxy(port)
     try:
         processes.start([f"{bin_dir}/flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),
-                         "--disable-runtime-dependency-installation"], env, work / "superlink.log")
+                         "--disable-runtime-dependency-installation"], work / "superlink.log", env)
         wait_for_port(port, 60)
         supernodes = [processes.start([f"{bin_dir}/flower-supernode", "--insecure", "--superlink",
-                                       f"127.0.0.1:{link.port}", "--port", str(free_port())], env,
-                                      work / f"supernode-{i}.log") for i in range(nodes)]
+                                       f"127.0.0.1:{link.port}", "--port", str(free_port())],
+                                      work / f"supernode-{i}.log", env) for i in range(nodes)]
         submitted = subprocess.run([f"{bin_dir}/flwr", "run", str(app), "bench"], env=env, capture_output=True,
                                    text=True, timeout=120)
         if submitted.returncode:
@@ -314,31 +286,13 @@ def run_flower(python: str, work: Path, nodes: int, rounds: int, spec: dict[str,
         link.close()
 
 
-def write_shard(path: Path, index: int, shape: tuple[int, ...], rng: np.random.Generator) -> None:
-    meta = {"format_version": 1, "index": index, "dataset": "synthetic", "partition": "iid", "seed": 0,
-            "num_classes": 10, "mean": [0.5] * shape[0], "std": [0.25] * shape[0], "meta": {}}
-    np.savez(path, train_x=rng.integers(0, 256, (SAMPLES, *shape), dtype=np.uint8),
-             train_y=rng.integers(0, 10, SAMPLES).astype("<i8"), test_x=np.zeros((1, *shape), np.uint8),
-             test_y=np.zeros(1, "<i8"), meta=np.array(json.dumps(meta)))
-
-
 def run_fedge(work: Path, nodes: int, rounds: int, shape: tuple[int, ...], local_work: str) -> dict[str, Any]:
     run_dir, rng = work / "run", np.random.default_rng(0)
     processes, link = Processes(), None
-    env = dict(os.environ)
     try:
-        processes.start([sys.executable, "-m", "fedge.coordinator.cli", "start", "--bind", "tcp://127.0.0.1:0",
-                         "--expect", str(nodes), "--rounds", str(rounds), "--run-dir", str(run_dir), "--algorithm",
-                         "fedavg", "--model", "cnn", "--set", f"model.input_shape={list(shape)}", "--set",
-                         "model.outputs=10", "--set", 'data.dataset=""', "--set", "eval.every=0", "--set",
-                         "run.export_onnx=false", "--quiet"], env, work / "coordinator.log")
-        endpoint = run_dir / "endpoint"
-        until = time.monotonic() + 120
-        while not (endpoint.exists() and endpoint.read_text().strip()):
-            if time.monotonic() > until:
-                raise RuntimeError("the coordinator published no endpoint in 120 s")
-            time.sleep(0.1)
-        link = CountingProxy(int(endpoint.read_text().strip().rsplit(":", 1)[1]))
+        endpoint = start_coordinator(processes, run_dir, nodes, rounds, shape, ["--algorithm", "fedavg"],
+                                     work / "coordinator.log")
+        link = CountingProxy(int(endpoint.rsplit(":", 1)[1]))
         budget = ["--max-steps", "1"] if local_work == "step" else ["--max-seconds", "1e-9"]
         agents = []
         for i in range(nodes):
@@ -346,16 +300,12 @@ def run_fedge(work: Path, nodes: int, rounds: int, shape: tuple[int, ...], local
             write_shard(shard, i, shape, rng)
             agents.append(processes.start([sys.executable, "-m", "fedge.edge_agent.cli", "run", "--coordinator",
                                            f"tcp://127.0.0.1:{link.port}", "--client-id", f"node-{i}", "--data",
-                                           str(shard), "--state-dir", str(work / f"state-{i}"),
-                                           *budget], env, work / f"agent-{i}.log"))
-
-        def rows() -> list[dict[str, Any]]:
-            path = run_dir / "metrics.jsonl"
-            return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-        seen = watch([psutil.Process(p.pid) for p in agents], lambda: [r["round"] for r in rows()], link, rounds,
-                     120 + 60 * rounds)
-        return summary("fedge", [r["wall_s"] for r in rows()], seen["bytes_at"], seen["peak_rss"], nodes, rounds)
+                                           str(shard), "--state-dir", str(work / f"state-{i}"), *budget],
+                                          work / f"agent-{i}.log"))
+        seen = watch([psutil.Process(p.pid) for p in agents], lambda: [r["round"] for r in read_rows(run_dir)], link,
+                     rounds, 120 + 60 * rounds)
+        return summary("fedge", [r["wall_s"] for r in read_rows(run_dir)], seen["bytes_at"], seen["peak_rss"], nodes,
+                       rounds)
     finally:
         processes.stop()
         if link is not None:
@@ -386,8 +336,7 @@ def main() -> int:
     shape = tuple(int(v) for v in args.input_shape.split(","))
     from fedge.models import ModelSpec, build, state_to_arrays
 
-    spec = ModelSpec.from_dict({"name": "cnn", "input_shape": list(shape), "num_classes": 10, "pan": "off",
-                                "pan_a": 0.1, "pan_t": 1.0, "options": {}})
+    spec = ModelSpec.from_dict(cnn_spec(shape))
     model = build(spec, seed=0)
     parameters = sum(p.numel() for p in model.parameters())
     print(f"# vs_flower: the paper CNN at {shape} ({parameters:,} parameters), {args.nodes} nodes, {args.rounds} "

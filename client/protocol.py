@@ -26,7 +26,8 @@ from fedge.codec import vocabulary as words
 MAX_BACKOFF_S = 900.0
 
 # What a client's Hello says it decodes (every client here decodes every encoding the codec writes).
-CAPABILITIES = ("sparse-mask", "sparse-values", "sparse-indices", "f16", "bf16", "int8")
+# What this side of the protocol takes beyond the wire format's minimum (``words.TASK_PARTS``: a Task in two frames).
+CAPABILITIES = ("sparse-mask", "sparse-values", "sparse-indices", "f16", "bf16", "int8", words.TASK_PARTS)
 
 
 @dataclass(frozen=True)

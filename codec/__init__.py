@@ -37,14 +37,14 @@ from fedge.codec.messages import (
     Update,
     Welcome,
 )
-from fedge.codec.packet import Header, decode, encode, encode_body, packet_kind, read_header
+from fedge.codec.packet import Header, decode, encode, encode_body, encode_header, packet_kind, read_header
 from fedge.codec.sparse import SparseSection
 from fedge.codec.tensors import TensorGroup, received
 
 __all__ = [
     "PROTOCOL_VERSION", "SPOKEN_VERSIONS", "vocabulary",
     "Hello", "Welcome", "Task", "Update", "Commit", "Heartbeat", "ErrorMessage", "Bye", "Cancel", "Grant",
-    "Message", "TensorGroup", "received", "SparseSection", "encode", "encode_body", "decode", "read_header", "packet_kind", "Header", "Limits",
+    "Message", "TensorGroup", "received", "SparseSection", "encode", "encode_body", "encode_header", "decode", "read_header", "packet_kind", "Header", "Limits",
     "version2_error",
     "CodecError", "TooLarge", "Malformed", "UnsupportedVersion", "UnknownKind", "ChecksumError", "NonFinite",
     "ShapeMismatch", "MaskMismatch", "OutOfRange",

@@ -1,4 +1,4 @@
-"""The protocol's defined words: error codes, bye codes, and the typed settings a Welcome carries.
+"""The protocol's defined words: error codes, bye codes, capabilities, and the typed settings a Welcome carries.
 
 Codes travel as short strings (readable in a packet dump and in logs), but every code either side sends is one of
 the constants here, and the receiving side compares against the same constants, never against a literal spelled
@@ -53,6 +53,9 @@ ERROR_CODES = frozenset({MALFORMED, SENDER_MISMATCH, HELLO_FIRST, PROTOCOL_MISMA
 BYE_FINISHED = "finished"  # the session is over: an agent that receives it stops (exit 0)
 BYE_STOPPING = "stopping"  # the sender stops and may come back (a coordinator that will resume, an agent going down)
 BYE_CODES = frozenset({BYE_FINISHED, BYE_STOPPING})
+
+# Capabilities a Hello may list beyond the wire format's minimum.
+TASK_PARTS = "task-parts"  # a Task may come as two ZeroMQ frames, its header and its body (the packet is the two joined)
 
 # A Welcome's model map: exactly these keys with these types (``options`` is the model factory's own map).
 MODEL_FIELDS = {"name": "str", "input_shape": "ints", "num_classes": "int", "pan": "str", "pan_a": "float",

@@ -7,6 +7,7 @@ restart. Liveness is the time since the agent was last heard from. Knows nothing
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,12 +27,15 @@ class Agent:
 
 
 class AgentRegistry:
-    """Client id -> Agent, with a capacity (the session's client count N)."""
+    """Client id -> Agent, with a capacity (the session's client count N). Every per-agent operation (look-up by
+    id or by index, registration, release) takes constant time, or log N for the next free index."""
 
     def __init__(self, capacity: int, liveness_s: float) -> None:
         self.capacity = capacity
         self.liveness_s = liveness_s
         self.agents: dict[str, Agent] = {}
+        self.indexed: dict[int, Agent] = {}
+        self.free = list(range(capacity))  # a heap: the smallest free index is assigned first
 
     def reserve(self, client_ids: list[str]) -> None:
         """Fix indices up front (a local fleet: agent i holds shard i)."""
@@ -42,13 +46,14 @@ class AgentRegistry:
         """The index of a client id, assigning the next free one; None when the session is full."""
         if client_id in self.agents:
             return self.agents[client_id].index
-        taken = {a.index for a in self.agents.values()}
-        free = [i for i in range(self.capacity) if i not in taken]
-        if not free:
+        if not self.free:
             return None
-        agent = Agent(client_id=client_id, index=free[0])
-        self.agents[client_id] = agent
-        return agent.index
+        self.add(Agent(client_id=client_id, index=heapq.heappop(self.free)))
+        return self.agents[client_id].index
+
+    def add(self, agent: Agent) -> None:
+        self.agents[agent.client_id] = agent
+        self.indexed[agent.index] = agent
 
     def release(self, client_id: str) -> bool:
         """Free the index of an agent that declined the session before any update of it was accepted; True when
@@ -57,16 +62,15 @@ class AgentRegistry:
         if agent is None or agent.last_accepted_round > 0:
             return False
         del self.agents[client_id]
+        del self.indexed[agent.index]
+        heapq.heappush(self.free, agent.index)
         return True
 
     def get(self, client_id: str) -> Agent | None:
         return self.agents.get(client_id)
 
     def by_index(self, index: int) -> Agent:
-        for agent in self.agents.values():
-            if agent.index == index:
-                return agent
-        raise KeyError(index)
+        return self.indexed[index]
 
     def touch(self, client_id: str, now: float | None = None) -> None:
         agent = self.agents.get(client_id)
@@ -89,7 +93,9 @@ class AgentRegistry:
 
     def load_state(self, state: dict[str, Any]) -> None:
         for client_id, index in sorted(state.get("clients", {}).items(), key=lambda kv: kv[1]):
-            self.agents[client_id] = Agent(client_id=client_id, index=int(index))
+            self.add(Agent(client_id=client_id, index=int(index)))
+        taken = set(self.indexed)
+        self.free = [i for i in range(self.capacity) if i not in taken]  # sorted: already a heap
         for client_id, round_number in state.get("last_accepted", {}).items():
             if client_id in self.agents:
                 self.agents[client_id].last_accepted_round = int(round_number)

@@ -3,7 +3,8 @@
 FedAvg, FedProx, SCAFFOLD and a dense FedBN send every selected client the same model: compressing it once per
 client was most of the coordinator's time per agent. ``DownlinkBodies.frame`` encodes a Task's body (its tensor
 groups and meta) the first time a payload is seen in the round and joins the cached body to each client's own
-header (``codec.encode(task, body=...)``: the same bytes as encoding the whole Task). A payload counts as seen when
+header (``codec.encode(task, body=...)``: the same bytes as encoding the whole Task), or hands out the header and
+the shared body as two parts (``parts``) for the transport to send as two frames. A payload counts as seen when
 its groups hold the very same tensors (the same array objects and the same sparse section object: a server half
 that hands every client its one model does) and an equal meta; anything else (ef's catch-ups, pFedLA's personal
 models) is encoded for its client alone. Identity, not content, is compared, so the check costs nothing per
@@ -42,15 +43,26 @@ class DownlinkBodies:
         self.encoded = 0  # bodies compressed this round
         self.shared = 0   # tasks that reused a body this round
 
-    def frame(self, task: codec.Task) -> bytes:
+    def body(self, task: codec.Task) -> bytes:
+        """The Task's body, encoded once for every task of the round with the same payload."""
         if task.round != self.round:
             self.round, self.cached, self.encoded, self.shared = task.round, [], 0, 0
         for groups, meta, body in self.cached:
             if meta == task.meta and same_groups(groups, task.groups):
                 self.shared += 1
-                return codec.encode(task, body=body)
+                return body
         body = codec.encode_body(task.groups, task.meta)
         self.encoded += 1
         if len(self.cached) < MAX_BODIES:
             self.cached.append((dict(task.groups), dict(task.meta), body))
-        return codec.encode(task, body=body)
+        return body
+
+    def parts(self, task: codec.Task) -> tuple[bytes, bytes]:
+        """The Task's packet in two parts, its own header and the (shared) body: the packet is their concatenation,
+        and an agent that says it takes ``task-parts`` is sent them as two ZeroMQ frames, so that the body's bytes
+        are queued once however many agents are sent them."""
+        return codec.encode_header(task), self.body(task)
+
+    def frame(self, task: codec.Task) -> bytes:
+        """The Task's packet in one piece."""
+        return codec.encode(task, body=self.body(task))

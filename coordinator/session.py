@@ -24,6 +24,7 @@ import numpy as np
 from fedge import codec
 from fedge.algorithms import make_server
 from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
+from fedge.codec import vocabulary as words
 from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.config import Config
 from fedge.coordinator.downlinks import DownlinkBodies
@@ -150,9 +151,11 @@ class Session:
     def act(self, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, Send):
-                size = self.send(event.peer, event.message)
-                if event.task_of is not None:
+                if event.task_of is not None and isinstance(event.message, codec.Task):
+                    size = self.send_task(event.peer, event.message, event.task_of)
                     self.protocol.sent_task(event.task_of, size)
+                else:
+                    size = self.send(event.peer, event.message)
             elif isinstance(event, SendFrame):
                 self.transport.send(event.peer, event.frame)
             elif isinstance(event, Rejected):
@@ -163,6 +166,13 @@ class Session:
     def send(self, peer: bytes, message: codec.Message) -> int:
         frame = self.downlinks.frame(message) if isinstance(message, codec.Task) else codec.encode(message)
         return len(frame) if self.transport.send(peer, frame) else 0
+
+    def send_task(self, peer: bytes, task: codec.Task, index: int) -> int:
+        """A Task in two frames (its header, the round's shared body) to an agent that takes them, else in one."""
+        if words.TASK_PARTS not in self.registry.by_index(index).hello.get("capabilities", ()):
+            return self.send(peer, task)
+        parts = list(self.downlinks.parts(task))
+        return sum(len(part) for part in parts) if self.transport.send_parts(peer, parts) else 0
 
     def handle(self, peer: bytes, frame: bytes) -> None:
         self.act(self.protocol.receive(peer, frame, time.monotonic()))

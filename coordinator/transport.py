@@ -91,9 +91,6 @@ class AllowList:
         return False
 
 
-QUEUED_BYTES = 256 << 20  # about this much may wait in one peer's receive queue
-
-
 class RouterTransport:
     """A bound ROUTER socket: poll for (peer identity, frame) pairs, send a frame to a peer."""
 
@@ -103,10 +100,11 @@ class RouterTransport:
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A frame above the limit makes libzmq drop it and the connection; each peer's receive queue holds about
-        # QUEUED_BYTES of such frames at most (then libzmq stops reading that peer's socket: backpressure).
+        # A frame above the limit makes libzmq drop it and the connection; each peer's receive queue holds one
+        # message (then libzmq stops reading that peer's socket until the driver takes it: backpressure), so a
+        # thousand peers hold at most a thousand messages, and paced uploads bound how many of them are updates.
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-        self.socket.setsockopt(zmq.RCVHWM, max(4, min(1000, QUEUED_BYTES // max(max_frame_bytes, 1))))
+        self.socket.setsockopt(zmq.RCVHWM, 1)
         self.socket.setsockopt(zmq.LINGER, 2000)
         self.socket.setsockopt(zmq.SNDHWM, 100)
         if curve is not None:
@@ -146,15 +144,20 @@ class RouterTransport:
 
     def send(self, peer: bytes, frame: bytes) -> bool:
         """Send one frame to a connected peer; False (and a log line) when the peer is gone or its queue is full."""
+        return self.send_parts(peer, [frame])
+
+    def send_parts(self, peer: bytes, parts: list[bytes]) -> bool:
+        """Send one message of several frames (a Task's header and body). A large frame is not copied (pyzmq
+        hands libzmq the buffer itself), so a body sent to many peers is held once however many queues wait."""
+        size = sum(len(part) for part in parts)
         try:
-            self.socket.send_multipart([peer, frame], zmq.NOBLOCK)
+            self.socket.send_multipart([peer, *parts], zmq.NOBLOCK)
         except (zmq.Again, zmq.ZMQError) as exc:
             gone = isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH
             # A peer that has gone (it left, or its connection closed) is the caller's to handle: not a warning.
-            log.log(logging.DEBUG if gone else logging.WARNING, "could not send %d bytes to %r: %s", len(frame),
-                    peer, exc)
+            log.log(logging.DEBUG if gone else logging.WARNING, "could not send %d bytes to %r: %s", size, peer, exc)
             return False
-        self.bytes_out += len(frame)
+        self.bytes_out += size
         return True
 
     def close(self) -> None:

@@ -108,7 +108,7 @@ class DealerTransport:
             except zmq.Again:
                 return frames
             self.bytes_in += sum(len(p) for p in parts)
-            frames.append(parts[-1])
+            frames.append(parts[0] if len(parts) == 1 else b"".join(parts))  # a Task in two parts: header, body
 
     def send(self, frame: bytes) -> bool:
         try:

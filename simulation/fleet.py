@@ -80,6 +80,10 @@ class SimulatedFleet:
         self.act(client_id, protocol.receive(frame, time.monotonic()), frame)
         return True
 
+    def send_parts(self, peer: bytes, parts: list[bytes]) -> bool:
+        """A message of several frames (a Task's header and body): the packet is their concatenation."""
+        return self.send(peer, b"".join(parts))
+
     def poll(self, timeout_ms: int, batch: int = 1000) -> list[tuple[bytes, bytes]]:
         """What the clients sent: finished updates (or failures), heartbeats, hellos, byes."""
         wait_s = 0.0 if self.outbox else timeout_ms / 1000

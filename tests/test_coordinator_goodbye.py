@@ -20,7 +20,7 @@ def session_with(agents: list[Agent], answer_after: int | None) -> tuple[Session
     session = Session.__new__(Session)
     registry = AgentRegistry(len(agents), 10.0)
     for agent in agents:
-        registry.agents[agent.client_id] = agent
+        registry.add(agent)
     session.protocol = CoordinatorProtocol("run", "hash", {}, registry, None, lambda index: {})
     session.protocol.round, session.progress = 5, 0
     sent: list[bytes] = []
