@@ -40,13 +40,13 @@ class ExactSum:
         rest = np.asarray(terms, dtype=np.float64).ravel()
         if not owned or rest is terms and not rest.flags.writeable:
             rest = rest.copy()
-        largest = float(np.max(np.abs(rest))) if rest.size else 0.0
+        piece = np.empty_like(rest)
+        largest = float(np.abs(rest, out=piece).max()) if rest.size else 0.0
         if not np.isfinite(largest):
             raise ValueError("an exact sum takes finite values only")
         if largest == 0.0:
             return
         k = -(-(int(np.frexp(largest)[1]) - SLICE_BITS) // SLICE_BITS)  # the top slice: ceil((e_max - 32) / 32)
-        piece = np.empty_like(rest)
         while True:  # from the top slice down, until nothing is left (every step exact in float64)
             np.ldexp(rest, -SLICE_BITS * k, out=piece)
             np.trunc(piece, out=piece)
@@ -59,8 +59,13 @@ class ExactSum:
                 accumulator[at] += piece
             np.ldexp(piece, SLICE_BITS * k, out=piece)
             rest -= piece
-            if not rest.any():
+            left = np.count_nonzero(rest)
+            if not left:
                 return
+            if left < rest.size // 4:  # the lower slices hold few terms: carry on with those alone
+                keep = np.flatnonzero(rest)
+                rest, at = rest[keep], keep if at is None else at[keep]
+                piece = np.empty_like(rest)
             k -= 1
 
     def value(self) -> np.ndarray:

@@ -83,3 +83,20 @@ def test_an_exact_sum_refuses_what_it_cannot_hold() -> None:
     total.add(np.array([1.0, 2.0, 3.0]), at=None)
     total.add(np.array([5.0]), at=np.array([1]))
     assert total.value().tolist() == [1.0, 7.0, 3.0]
+
+
+def test_the_slices_hold_the_exact_sum_of_terms_given_at_positions_whatever_their_magnitudes() -> None:
+    from fractions import Fraction
+
+    rng = np.random.default_rng(5)
+    size, total = 400, ExactSum(400)
+    expected = [Fraction(0)] * size
+    for _ in range(6):
+        at = np.sort(rng.choice(size, 150, replace=False))
+        terms = rng.standard_normal(150) * 10.0 ** rng.integers(-40, 20, 150)  # most slices hold few of them
+        total.add(terms, at)
+        for position, term in zip(at, terms, strict=True):
+            expected[position] += Fraction(float(term))
+    held = [sum((Fraction(float(total.slices[k][j])) * Fraction(2) ** (32 * k) for k in total.slices), Fraction(0))
+            for j in range(size)]
+    assert held == expected
