@@ -1,7 +1,7 @@
 """The coordinator at fleet scale: the real coordinator against N light agents on real sockets.
 
     python benchmarks/fleet_scale.py [--agents 10,100,1000] [--algorithms fedavg,ef-fedprox] [--curve off,on]
-        [--rounds 4] [--per-process 250] [--max-uploads 16]
+        [--rounds 4] [--per-process 250] [--max-uploads 16] [--profile PREFIX]
 
 Starts ``coordinator start --bind tcp://127.0.0.1:0`` (the paper CNN at 3x32x32, 1,147,466 parameters, no data on
 the coordinator, no evaluation) and N light agents in processes of ``--per-process`` agents each. A light agent is
@@ -12,8 +12,9 @@ public model the task names). Samples the coordinator's CPU time and resident me
 configuration, over rounds 2 to R: the coordinator's CPU seconds per round (the primary figure: on 2 cores the
 light agents compete for the CPU), its wall time per round (the light agents compute nothing, so this is all
 beyond the slowest agent's compute), its peak RSS, and the bytes each way; and, measured in the same run, the
-transport floor: the same frames (one task down to each agent, one update back) through ZeroMQ alone. FedAvg runs
-with paced uploads (``fleet.max_uploads``). Figures only: no thresholds (docs/scale.md has the table).
+transport floor: the same frames (one task down to each agent, one update back) through ZeroMQ alone. Uploads are
+paced (``fleet.max_uploads``, ``--max-uploads``; 0: unpaced). ``--profile PREFIX`` runs each coordinator under
+cProfile. Figures only: no thresholds (docs/scale.md has the table).
 """
 
 from __future__ import annotations
@@ -210,10 +211,11 @@ def transport_floor(task: bytes, update: bytes, agents: int) -> float:
 
 # ------------------------------------------------------------------------------------------------ one configuration
 def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int, max_uploads: int,
-        workdir: Path) -> dict[str, Any]:
+        workdir: Path, profile: str = "") -> dict[str, Any]:
     run_dir = workdir / f"{algorithm}-{agents}-{'curve' if curve else 'plain'}"
     keys = workdir / f"keys-{agents}-{algorithm}"
-    args = [sys.executable, "-m", "fedge.coordinator.cli", "start", "--bind", "tcp://127.0.0.1:0", "--expect",
+    profiler = ["-m", "cProfile", "-o", f"{profile}-{run_dir.name}.prof"] if profile else []
+    args = [sys.executable, *profiler, "-m", "fedge.coordinator.cli", "start", "--bind", "tcp://127.0.0.1:0", "--expect",
             str(agents), "--rounds", str(rounds), "--run-dir", str(run_dir), "--algorithm", algorithm, *MODEL,
             "--set", f"data.clients={agents}", "--set", "eval.every=0", "--set", "run.export_onnx=false",
             "--set", "fleet.heartbeat_s=5", "--set", "fleet.liveness_s=300", "--set", "round.deadline_s=900",
@@ -222,7 +224,7 @@ def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int,
         subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "keygen", "--keys-dir", str(keys)],
                        check=True, capture_output=True)
         args += ["--set", f"security.keys_dir={keys}"]
-    if algorithm == "fedavg" and max_uploads:
+    if max_uploads:
         args += ["--set", f"fleet.max_uploads={max_uploads}"]
     coordinator = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint_file = run_dir / "endpoint"
@@ -288,7 +290,8 @@ def main() -> int:
     parser.add_argument("--curve", default="off,on")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--per-process", type=int, default=250)
-    parser.add_argument("--max-uploads", type=int, default=16)
+    parser.add_argument("--max-uploads", type=int, default=16, help="paced uploads (fleet.max_uploads); 0: unpaced")
+    parser.add_argument("--profile", default="", help="write cProfile data of each coordinator to PREFIX-RUN.prof")
     parser.add_argument("--serve-agents", nargs=2, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--keys-dir", default="", help=argparse.SUPPRESS)
@@ -306,7 +309,8 @@ def main() -> int:
     for algorithm in args.algorithms.split(","):
         for agents in (int(n) for n in args.agents.split(",")):
             for curve in (c == "on" for c in args.curve.split(",")):
-                result = run(algorithm, agents, curve, args.rounds, args.per_process, args.max_uploads, workdir)
+                result = run(algorithm, agents, curve, args.rounds, args.per_process, args.max_uploads, workdir,
+                             args.profile)
                 down = int(result["down_mb"] * 1e6 / max(agents, 1))
                 up = int(result["up_mb"] * 1e6 / max(agents, 1))
                 floor = transport_floor(b"t" * max(down, 1), b"u" * max(up, 1), agents)

@@ -147,8 +147,7 @@ class CoordinatorProtocol:
                                                **self.welcome_fields(index))))
         current = self.current
         holds_this_round = current is not None and hello.holds == (self.run_id, current.number)
-        if current is not None and index in current.selected and index not in current.updates and \
-                index not in current.failed and index not in current.unavailable and not holds_this_round:
+        if current is not None and index in current.pending and not holds_this_round:
             events.append(self.task(index, now))
         return events
 
@@ -160,7 +159,7 @@ class CoordinatorProtocol:
         if current is None or update.round != current.number:
             return self.refuse(peer, words.STALE, f"update for round {update.round} arrived outside it (current: "
                                f"{current.number if current else 'none'})", now)
-        if index not in current.selected:
+        if index not in current.chosen:
             return self.refuse(peer, words.NOT_SELECTED, f"client {index} was not selected in round {update.round}",
                                now)
         if index in current.updates:
@@ -170,12 +169,10 @@ class CoordinatorProtocol:
             self.server_check(index, update)
         if problem:
             return self.refuse(peer, words.INVALID_UPDATE, problem, now)
-        current.updates[index] = (update, size)
+        current.accept(index, update, size)
         agent = self.registry.by_index(index)
         took = max(now - current.started, 0.0)  # its round time: task sent to update received
         agent.round_s = took if agent.round_s is None else 0.5 * (agent.round_s + took)
-        current.failed.discard(index)
-        current.unavailable.pop(index, None)
         return []
 
     def server_check(self, index: int, update: codec.Update) -> str:
@@ -190,17 +187,17 @@ class CoordinatorProtocol:
         """The agent leaves: it is no longer awaited in the round in progress."""
         self.registry.agents[client_id].connected = False
         current = self.current
-        if current is not None and index in current.awaited():
-            current.failed.add(index)
+        if current is not None and index in current.pending:
+            current.fail(index)
         return [Noted(logging.INFO, f"agent {client_id} left: {bye.reason}")]
 
     def on_unavailable(self, index: int, round_number: int, reason: str) -> None:
         """A selected agent may not train now: stop waiting for it. Not a failure: the server half keeps what it
         assumes of the device (no ``forget``), and the round does not count it as missed."""
         current = self.current
-        if current is not None and current.number == round_number and index in current.selected and \
+        if current is not None and current.number == round_number and index in current.chosen and \
                 index not in current.updates:
-            current.unavailable[index] = reason[:200]
+            current.decline(index, reason[:200])
 
     def on_failed_round(self, index: int, round_number: int) -> list[Event]:
         """An agent could not do its round: stop waiting for it, and let the server half forget what it assumed of
@@ -208,8 +205,8 @@ class CoordinatorProtocol:
         current = self.current
         if current is None or current.number != round_number:  # a stale report: nothing to stop waiting for
             return []
-        if index in current.selected:
-            current.failed.add(index)
+        if index in current.chosen:
+            current.fail(index)
         self.forget(index)
         return []
 
@@ -218,8 +215,8 @@ class CoordinatorProtocol:
         trained (then it keeps it, and the server half forgets what it assumed of the device)."""
         self.registry.agents[client_id].connected = False
         current = self.current
-        if current is not None and index in current.selected:
-            current.failed.add(index)
+        if current is not None and index in current.chosen:
+            current.fail(index)
         if self.registry.release(client_id):
             self.forget(index)
             return [Noted(logging.INFO, f"agent {client_id} declined the session; client index {index} is free "
@@ -245,7 +242,7 @@ class CoordinatorProtocol:
         """A paced agent holds its update of the round in progress: its grant, now or when a slot frees."""
         current = self.current
         if not self.pacer.on or current is None or heartbeat.round != current.number or \
-                index not in current.awaited():
+                index not in current.pending:
             return []
         again = [self.grant(index)] if self.pacer.ready(index) else []
         return again + self.grants(now)
@@ -254,8 +251,8 @@ class CoordinatorProtocol:
         current = self.current
         if not self.pacer.on or current is None:
             return []
-        awaited = set(current.awaited())
-        chosen = self.pacer.next_grants(awaited, lambda i: self.registry.alive(self.registry.by_index(i), now))
+        chosen = self.pacer.next_grants(current.pending,
+                                        lambda i: self.registry.alive(self.registry.by_index(i), now))
         return [self.grant(index) for index in chosen]
 
     def grant(self, index: int) -> Send:
@@ -294,10 +291,9 @@ class CoordinatorProtocol:
             return True
         if current.target and len(current.updates) >= current.target:
             return True
-        awaited = current.awaited()
-        if not awaited or now >= current.deadline:
+        if not current.pending or now >= current.deadline:
             return True
-        return not any(self.registry.alive(self.registry.by_index(i), now) for i in awaited)
+        return not any(self.registry.alive(self.registry.by_index(i), now) for i in current.pending)
 
     def close_round(self) -> tuple[RoundState, list[Event]]:
         """Close the round in progress: its state, and a Cancel to each selected agent still training it."""

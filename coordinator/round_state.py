@@ -2,7 +2,9 @@
 
 The events (``Send``, ``SendFrame``, ``Rejected``, ``Noted``) are what to send and what to log; ``RoundState`` is
 one round: who was selected, the tasks and masks sent, the updates that arrived and were validated, who failed or
-declined, the bytes each way, the round's target. Plain data: no I/O, no algorithms.
+declined (each through ``accept``, ``fail`` or ``decline``, which keep the set of clients still awaited, so that
+every per-agent check takes constant time), the bytes each way, the round's target. Plain data: no I/O, no
+algorithms.
 """
 
 from __future__ import annotations
@@ -65,7 +67,26 @@ class RoundState:
     unavailable: dict[int, str] = field(default_factory=dict)  # declined by their availability rules: why
     body_up: dict[int, int] = field(default_factory=dict)  # the accepted updates' tensor sections (bodies), bytes
     target: int = 0  # close once this many updates arrived (0: wait for every selected client)
+    chosen: set[int] = field(init=False)   # ``selected`` as a set
+    pending: set[int] = field(init=False)  # selected, and no update, failure or unavailability of it yet
+
+    def __post_init__(self) -> None:
+        self.chosen, self.pending = set(self.selected), set(self.selected)
 
     def awaited(self) -> list[int]:
-        return [i for i in self.selected if i not in self.updates and i not in self.failed and
-                i not in self.unavailable]
+        """The selected clients that neither sent an update nor failed nor declined, in index order."""
+        return sorted(self.pending)
+
+    def accept(self, index: int, update: codec.Update, size: int) -> None:
+        self.updates[index] = (update, size)
+        self.failed.discard(index)
+        self.unavailable.pop(index, None)
+        self.pending.discard(index)
+
+    def fail(self, index: int) -> None:
+        self.failed.add(index)
+        self.pending.discard(index)
+
+    def decline(self, index: int, reason: str) -> None:
+        self.unavailable[index] = reason
+        self.pending.discard(index)
