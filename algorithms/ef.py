@@ -2,19 +2,16 @@
 
 The whole model trains (no freezing); both directions carry the top ``keep`` fraction of a delta (k from
 ``codec.retained_count``) with indices, values in ``value_dtype``, and each side keeps an error-feedback residual.
-Defaults keep = 0.1 in f16, as the issue that introduced the mode specifies; keep = 0.2 in int8 (one scale per
-tensor) costs about the same bytes and trailed dense FedAvg less in our measurements (docs/ef.md, "Measured"), so
-the harness runs both.
-- Public model X: the model every client replicates bit for bit. It starts as the initial model (rounded through
-  f16 when the value encoding is lossy, so the first sync costs 2 bytes a value) and advances only by the
-  decoded broadcast delta D_t, applied by the same function (``advance``) on both sides.
-- Server: u = sum_i p_i decode(U_i) + e; D_t = top-keep(u); e <- u - decode(D_t); X <- X + decode(D_t).
-- Client: replays the deltas it misses onto its replica (device state), trains from X through the base client's
-  hooks (FedProx's anchor is X), uploads U_i = top-keep(y - X + e_i) and keeps e_i <- (y - X + e_i) - decode(U_i).
-- Resync: the server tracks the public version (the round whose aggregate made it) each client holds. A client one
-  version behind gets D_t; further behind, the chain of stored deltas or a dense f32 copy of X, whichever encodes
-  smaller; a client never synced (or forgotten) gets X dense. Every downlink names its versions and the CRC of X,
-  which the client checks after applying, so a drifted replica fails loudly.
+Defaults keep = 0.1 in f16, as the issue that introduced the mode specifies; the embedded default session uses
+keep = 0.3 with ternary values (docs/ef.md, "Measured").
+- Server: S, its exact model, is the keyframe K plus its residual e = S - K. A round's updates (deltas from the
+  round's public model P) are added to S: u = sum_i p_i decode(U_i) + e; C = top-keep(u). At a keyframe round
+  K <- K + decode(C) and e <- u - decode(C); at any other round e <- u and C is the next round's catch-up, P = K +
+  decode(C). S is evaluated. ``keyframes.PublicModel`` keeps K, C, the keyframe history and what each client holds.
+- Client: brings its copy of K to the packet's keyframe version (the keyframe deltas it lacks, or K dense), adds the
+  catch-up, checks versions and CRCs (``keyframes.Replica``), trains from P through the base client's hooks
+  (FedProx's anchor is P), uploads U_i = top-keep(y - P + e_i) and keeps e_i <- (y - P + e_i) - decode(U_i). Its
+  first task carries no tensor: it rebuilds K_0 from the initial model it built at its welcome.
 Float buffers (BatchNorm running statistics) are treated like weights; integer buffers travel dense with every
 delta (the server takes the clients' maximum). Must not import a transport.
 """
