@@ -1,6 +1,6 @@
 """What the coordinator checks and records: updates validated against the model and the masks sent, the per-agent
-meter record completed with the update's own bytes, the round's summary figures, the welcome's session settings,
-and the checkpoint file (arrays + JSON meta, written atomically).
+meter record completed with the update's own bytes, a closed round's rows of metrics.jsonl and clients.jsonl, the
+welcome's session settings, and the checkpoint file (arrays + JSON meta, written atomically).
 
 Pure functions over decoded messages and plain values; no sockets, no algorithms, no torch.
 """
@@ -8,7 +8,7 @@ Pure functions over decoded messages and plain values; no sockets, no algorithms
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,8 @@ import numpy as np
 from fedge import codec
 from fedge.algorithms.task import METRIC_NAMES as EVAL_METRICS
 from fedge.coordinator.config import Config
-from fedge.coordinator.rundir import METER_FIELDS, load_arrays, save_arrays
+from fedge.coordinator.round_state import RoundState
+from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, load_arrays, save_arrays
 from fedge.meter import round_totals, zmtp
 from fedge.meter.record import ENERGY_FIELDS, MAX_FIELDS, MIN_FIELDS, SUM_FIELDS
 from fedge.models import ModelSpec
@@ -175,23 +176,49 @@ def load_checkpoint(path: Path, model_hash: str, algorithm: str) -> tuple[dict[s
     return arrays, meta
 
 
-def test_metrics(server: Any, evaluator: Callable[[dict[str, np.ndarray]], dict[str, float | None]] | None,
-                 updates: Sequence[codec.Update]) -> dict[str, Any]:
-    """A round's test metrics: the coordinator's own test set when it has one (``evaluator``, on the server half's
-    global model, and ``test_accuracy_pruned`` on its pruned one), else the sample-weighted mean of the agents'
-    evaluations of the model they received this round (``eval_source`` says which)."""
-    if evaluator is None:
-        metrics, samples = agents_evaluation(list(updates))
-        if not metrics:
-            return {}
-        return {**{f"test_{name}": value for name, value in metrics.items()}, "eval_source": "agents",
-                "eval_samples": samples}
-    row: dict[str, Any] = {}
-    arrays = server.evaluation_arrays()
-    if arrays is not None:
-        row.update({f"test_{name}": value for name, value in evaluator(dict(arrays)).items()},
-                   eval_source="coordinator")
-    pruned_arrays = server.pruned_evaluation_arrays()
-    if pruned_arrays is not None:
-        row["test_accuracy_pruned"] = evaluator(dict(pruned_arrays))["accuracy"]
+def agents_metrics(updates: Sequence[codec.Update]) -> dict[str, Any]:
+    """A round's test metrics in a session without a test set of its own: the sample-weighted mean of the agents'
+    evaluations of the model they received this round (``eval_source = "agents"``); the coordinator's own test set
+    is evaluated beside the next round (``coordinator.deferred``)."""
+    metrics, samples = agents_evaluation(list(updates))
+    if not metrics:
+        return {}
+    return {**{f"test_{name}": value for name, value in metrics.items()}, "eval_source": "agents",
+            "eval_samples": samples}
+
+
+def round_row(number: int, algorithm: str, current: RoundState, missing: Sequence[int], received: Sequence[Any],
+              extra: Mapping[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.jsonl's row of a closed round (every field of METRICS_FIELDS and METER_FIELDS; the test metrics and
+    ``wall_s`` are the caller's)."""
+    row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
+    row.update(round=number, algorithm=algorithm, selected=len(current.selected), reported=len(current.updates),
+               dropped=len(missing), unavailable=len(current.unavailable), accepted=sorted(current.updates),
+               bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()),
+               bytes_up_tensors=sum(current.body_up.values()))
+    row.update(update_summary(received))
+    row.update(extra)
+    row.update(meter_totals(records))
     return row
+
+
+def client_rows(number: int, current: RoundState, client_ids: Mapping[int, str], records: list[dict[str, Any]],
+                shares: Sequence[float | None]) -> list[dict[str, Any]]:
+    """clients.jsonl's rows of a closed round: one per accepted update (in client order), then one per client that
+    declined the round by its availability rules."""
+    rows = []
+    for (index, (update, size)), record, share in zip(sorted(current.updates.items()), records, shares, strict=True):
+        rows.append({**record, "round": number, "client_id": client_ids[index], "client_index": index,
+                     "available": True, "num_samples": update.num_samples,
+                     "bytes_down": current.bytes_down.get(index, 0), "bytes_up": size,
+                     "bytes_up_tensors": current.body_up.get(index, 0), "train_loss": finite(update.train_loss),
+                     "train_s": finite(update.train_s), "energy_j_share": share, **client_evaluation(update)})
+    for index, reason in sorted(current.unavailable.items()):
+        rows.append({"round": number, "client_id": client_ids[index], "client_index": index, "available": False,
+                     "unavailable_reason": reason, "bytes_down": current.bytes_down.get(index, 0)})
+    return rows
+
+
+def finite(value: float) -> float | None:
+    """A figure for a JSON record: None for NaN and infinities (JSON has neither)."""
+    return value if math.isfinite(value) else None

@@ -32,7 +32,7 @@ METRICS_FIELDS = (
     "round", "algorithm", "selected", "reported", "dropped", "unavailable", "accepted", "test_accuracy", "test_loss",
     "test_f1_macro", "test_exact_match", "test_label_accuracy", "test_mse", "test_mae", "eval_source",
     "eval_samples", "test_accuracy_pruned", "personal_accuracy_mean", "personal_accuracy", "bytes_down", "bytes_up",
-    "bytes_up_tensors", "train_loss", "wall_s", "train_s_max",
+    "bytes_up_tensors", "train_loss", "wall_s", "train_s_max", "eval_s",
 )
 
 # Per-round totals over the agents' meter records (docs/meter.md), also in every metrics.jsonl line.
@@ -73,9 +73,10 @@ class RunDir:
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
-    def append_jsonl(self, name: str, obj: Mapping[str, Any]) -> None:
+    def append_jsonl(self, name: str, *objs: Mapping[str, Any]) -> None:
+        """Append one line per object (in one write)."""
         with open(self.path / name, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(obj, default=_json_default) + "\n")
+            handle.write("".join(json.dumps(obj, default=_json_default) + "\n" for obj in objs))
             handle.flush()
 
     def read_jsonl(self, name: str) -> list[dict[str, Any]]:

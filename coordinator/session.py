@@ -27,19 +27,19 @@ from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerCont
 from fedge.codec import vocabulary as words
 from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.config import Config
+from fedge.coordinator.deferred import DeferredRow
 from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.protocol import CoordinatorProtocol, Event, Rejected, RoundState, Send, SendFrame
 from fedge.coordinator.records import (
     agent_record,
-    client_evaluation,
+    agents_metrics,
+    client_rows,
     load_checkpoint,
-    meter_totals,
+    round_row,
     save_checkpoint,
-    test_metrics,
-    update_summary,
     welcome_fields,
 )
-from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, RunDir
+from fedge.coordinator.rundir import RunDir
 from fedge.coordinator.selection import choose
 from fedge.coordinator.status import StatusBoard
 from fedge.coordinator.transport import RouterTransport
@@ -51,11 +51,6 @@ log = logging.getLogger("fedge.coordinator")
 # A test seam: FEDGE_CRASH_AT="POINT:ROUND" ends the process at once (exit 70, no cleanup) at that point of that
 # round's finish, so that tests can check that a crash anywhere resumes to the uninterrupted run.
 CRASH_AT = os.environ.get("FEDGE_CRASH_AT", "")
-
-
-def finite(value: float) -> float | None:
-    """A figure for a JSON record: None for NaN and infinities (JSON has neither)."""
-    return value if math.isfinite(value) else None
 
 
 def crash_point(point: str, round_number: int) -> None:
@@ -104,6 +99,7 @@ class Session:
         self.folded: set[int] = set()  # the clients of the round in progress whose update is folded in
         self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
         self.bytes_total = {"down": 0, "up": 0}  # packet bytes of the rounds recorded so far (metrics.jsonl)
+        self.deferred: DeferredRow | None = None  # the last round's row, until its evaluation is done
 
     @property
     def registry(self) -> AgentRegistry:
@@ -122,7 +118,8 @@ class Session:
         arrays, server_meta = self.server.state_dict()
         save_checkpoint(self.run_dir.checkpoint, arrays, {
             "round": self.round, "run_id": self.run_id, "algorithm": self.config.algorithm_name,
-            "model_hash": self.model_hash, "server": server_meta, **self.registry.state()})
+            "model_hash": self.model_hash, "server": server_meta, **self.registry.state(),
+            "pending_row": None if self.deferred is None else self.deferred.row})
 
     def load_checkpoint(self) -> None:
         arrays, meta = load_checkpoint(self.run_dir.checkpoint, self.model_hash, self.config.algorithm_name)
@@ -132,6 +129,10 @@ class Session:
         self.protocol.run_id = str(meta["run_id"])
         for name in ("metrics.jsonl", "clients.jsonl"):
             self.run_dir.truncate_jsonl(name, self.round)
+        pending = meta.get("pending_row")
+        if pending and all(r.get("round") != pending["round"] for r in self.run_dir.read_jsonl("metrics.jsonl")):
+            self.deferred = self.defer(dict(pending), int(pending["round"]))  # its round's model: the checkpoint's
+            self.flush_row()
         for row in self.run_dir.read_jsonl("metrics.jsonl"):
             for direction in self.bytes_total:
                 self.bytes_total[direction] += int(row.get(f"bytes_{direction}") or 0)
@@ -261,6 +262,7 @@ class Session:
 
     def finish_round(self, current: RoundState, started: float) -> dict[str, Any]:
         number = current.number
+        self.flush_row()  # the previous round's row: its evaluation ran beside this round
         missing = [i for i in current.selected if i not in current.updates and i not in current.unavailable]
         if missing:
             log.warning("round %d: no update from client(s) %s before the deadline", number, missing)
@@ -269,34 +271,18 @@ class Session:
         received = [(self.registry.by_index(i).client_id, u) for i, (u, _) in ordered]
         extra = dict(self.server.aggregate_folded(number)) if ordered else {}  # folded as they arrived
         crash_point("aggregated", number)
-        row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
-        row.update(round=number, algorithm=self.config.algorithm_name, selected=len(current.selected),
-                   reported=len(ordered), dropped=len(missing), unavailable=len(current.unavailable),
-                   accepted=[index for index, _ in ordered],
-                   bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()),
-                   bytes_up_tensors=sum(current.body_up.values()))
-        self.evaluate_into(row, number, [u for _, u in received])
-        row.update(update_summary(received))
-        row.update(extra)
         records = [agent_record(dict(update.record), size, self.transport.curve) for _, (update, size) in ordered]
-        shares = attribute_energy(records)
-        for (index, (update, size)), record, share in zip(ordered, records, shares, strict=True):
-            agent = self.registry.by_index(index)
-            agent.last_accepted_round = number
-            self.run_dir.append_jsonl("clients.jsonl", {
-                **record, "round": number, "client_id": agent.client_id, "client_index": index,
-                "available": True, "num_samples": update.num_samples, "bytes_down": current.bytes_down.get(index, 0),
-                "bytes_up": size, "bytes_up_tensors": current.body_up.get(index, 0), "train_loss": finite(update.train_loss),
-                "train_s": finite(update.train_s), "energy_j_share": share,
-                **client_evaluation(update)})
-        for index, reason in sorted(current.unavailable.items()):
-            self.run_dir.append_jsonl("clients.jsonl", {
-                "round": number, "client_id": self.registry.by_index(index).client_id, "client_index": index,
-                "available": False, "unavailable_reason": reason, "bytes_down": current.bytes_down.get(index, 0)})
-        row.update(meter_totals(records))
+        row = round_row(number, self.config.algorithm_name, current, missing, received, extra, records)
+        if self.evaluator is None and self.evaluation_due(number):  # the agents' evaluations, in their updates
+            row.update(agents_metrics([u for _, u in received]))
+        for index in current.updates:
+            self.registry.by_index(index).last_accepted_round = number
+        ids = {i: self.registry.by_index(i).client_id for i in [*current.updates, *current.unavailable]}
+        self.run_dir.append_jsonl("clients.jsonl", *client_rows(number, current, ids, records,
+                                                                attribute_energy(records)))
         row["wall_s"] = time.monotonic() - started
         crash_point("clients", number)
-        self.run_dir.append_jsonl("metrics.jsonl", row)
+        self.deferred = self.defer(row, number)  # written when its evaluation is done, beside the next round
         self.bytes_total["down"] += int(row["bytes_down"])
         self.bytes_total["up"] += int(row["bytes_up"])
         crash_point("metrics", number)
@@ -304,6 +290,7 @@ class Session:
         self.save_checkpoint()
         crash_point("checkpoint", number)
         self.act(commits)
+        crash_point("committed", number)  # the row may still wait for its evaluation: the checkpoint holds it
         self.round_walls.append(row["wall_s"])
         return row
 
@@ -311,10 +298,23 @@ class Session:
         every = self.config.eval.every
         return every > 0 and (number % every == 0 or number == self.config.run.rounds)
 
-    def evaluate_into(self, row: dict[str, Any], number: int, updates: list[codec.Update]) -> None:
-        """The round's test metrics (``records.test_metrics``), in the rounds ``eval.every`` names."""
-        if self.evaluation_due(number):
-            row.update(test_metrics(self.server, self.evaluator, updates))
+    def defer(self, row: dict[str, Any], number: int) -> DeferredRow:
+        """The round's row, with its test metrics on the coordinator's test set (in the rounds ``eval.every``
+        names) computed in a thread from a copy of the server half's model (``coordinator.deferred``)."""
+        if self.evaluator is None or not self.evaluation_due(number):
+            return DeferredRow(row)
+        return DeferredRow(row, self.evaluator, self.server.evaluation_arrays(),
+                           self.server.pruned_evaluation_arrays())
+
+    def flush_row(self) -> None:
+        """Write the round's row that waits for its evaluation (waiting for it), and show it."""
+        if self.deferred is None:
+            return
+        row = self.deferred.finish()
+        self.deferred = None
+        self.run_dir.append_jsonl("metrics.jsonl", row)
+        if self.on_round is not None:
+            self.on_round(row)
 
     # ----------------------------------------------------------------------------------------- driving
     def write_status(self, phase: str, force: bool = False) -> None:
@@ -326,7 +326,14 @@ class Session:
         return self.protocol.limiter.largest(100)
 
     def run(self, expect: int, join_timeout_s: float) -> str:
-        """Play the remaining rounds; returns 'done', 'stopped' or 'no-agents'."""
+        """Play the remaining rounds; returns 'done', 'stopped' or 'no-agents'. The last round's row is written
+        before it returns."""
+        try:
+            return self.play_rounds(expect, join_timeout_s)
+        finally:
+            self.flush_row()
+
+    def play_rounds(self, expect: int, join_timeout_s: float) -> str:
         if not self.wait_for_agents(expect, join_timeout_s):
             return "stopped"
         while self.round < self.config.run.rounds:
@@ -342,8 +349,6 @@ class Session:
                 self.write_status("stopped", force=True)
                 return "stopped"
             self.write_status(f"round {self.round} done", force=True)
-            if self.on_round is not None:
-                self.on_round(row)
         self.write_status("done", force=True)
         return "done"
 

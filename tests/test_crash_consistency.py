@@ -27,7 +27,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work / "run"
 
 
-@pytest.mark.parametrize("point", ["aggregated", "clients", "metrics", "checkpoint"])
+@pytest.mark.parametrize("point", ["aggregated", "clients", "metrics", "checkpoint", "committed"])
 def test_a_crash_anywhere_in_finish_round_resumes_to_the_same_run(procs: Processes, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch, reference: Path,
                                                                   point: str) -> None:
