@@ -152,7 +152,8 @@ class PublicModel:
     def publish(self, round_number: int, sent: Compressed, integers: Arrays, keyframe: bool) -> None:
         """The round's step ``sent`` (top fraction of S - K): a new keyframe, or the catch-up of the next round."""
         values = sent.group.sparse.values  # type: ignore[union-attr]
-        step = Delta(self.key_version, sent.indices, values, integers)
+        narrow = np.int32 if self.layout.size < 2**31 else np.int64  # half the memory and checkpoint of int64
+        step = Delta(self.key_version, sent.indices.astype(narrow), values, integers)
         moved = advance(self.key, self.layout, sent.indices, sent.decoded, integers)
         if keyframe:
             self.history[round_number] = step
