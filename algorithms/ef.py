@@ -55,6 +55,7 @@ class Config:
     value_dtype: str = "f16"
     history: int = 8
     keyframe_ratio: float = 6.0
+    keyframe_rounds: int = 15
 
     def __post_init__(self) -> None:
         if not 0 < self.keep <= 1:
@@ -65,6 +66,9 @@ class Config:
             raise ValueError(f"algorithm.history must be an int >= 1, got {self.history!r}")
         if not 0 <= self.keyframe_ratio <= 1000:
             raise ValueError(f"algorithm.keyframe_ratio must lie in [0, 1000], got {self.keyframe_ratio}")
+        if isinstance(self.keyframe_rounds, bool) or not isinstance(self.keyframe_rounds, int) or \
+                self.keyframe_rounds < 0:
+            raise ValueError(f"algorithm.keyframe_rounds must be an int >= 0, got {self.keyframe_rounds!r}")
 
 
 def make_config(base_module: ModuleType, options: Mapping[str, Any]) -> Config:
@@ -87,7 +91,8 @@ class Server(BaseServer):
         self.config = config
         self.context = context
         self.model = PublicModel(start_model(initial, start_dtype(config)), context.num_clients, config.history,
-                                 config.value_dtype, start_dtype(config), config.keyframe_ratio, context.initial_from_seed)
+                                 config.value_dtype, start_dtype(config), config.keyframe_ratio, config.keyframe_rounds,
+                                 context.initial_from_seed)
         self.layout = self.model.layout
         self.residual = np.zeros(self.layout.size, dtype=np.float32)
         self.folding: FlatMean | None = None  # the round being folded (not checkpointed: a round is redone whole)

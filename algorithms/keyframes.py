@@ -10,10 +10,10 @@ The coordinator's side, ``PublicModel``, keeps
   (it rebuilds the initial model from the model spec and the session seed, checked by CRC), -2 once forgotten
   (its next downlink carries K dense).
 A downlink is the keyframe deltas its client lacks (a chain, or K dense when the chain is not stored or encodes
-larger) and the round's catch-up. Keyframes are made when, since the last one, as many updates as ``cycle`` times
-the clients of the session arrived (``KeyframeClock``): every round at full participation (then P = K always, and
-ef is its original scheme), about once per participation cycle otherwise, so that a client back after missing
-rounds pays about one keyframe delta and one catch-up instead of a delta per round missed.
+larger) and the round's catch-up. Keyframes come when the updates since the last one reach ``keyframe_ratio`` times
+the clients absent from the round, or after ``keyframe_rounds`` rounds (``KeyframeClock``): every round at full
+participation (then P = K always, and ef is its original scheme), rarely otherwise, so that a client back after
+missing rounds pays one catch-up and the few keyframe deltas it missed instead of a delta per round missed.
 
 The client's side, ``Replica``, holds K (device state), applies what a downlink carries with the same float32
 ``advance`` as the coordinator, and refuses to train from a model whose version or CRC differs from the one the
@@ -85,16 +85,20 @@ class Delta:
 class KeyframeClock:
     """When to make a keyframe: once the updates received since the last one reach ``ratio`` times the clients
     absent from the round (so every round at full participation, where a keyframe costs no client anything; 0:
-    every round). Checkpointed with the public model."""
+    every round), or once ``max_rounds`` rounds passed since the last one (0: no such bound), since the catch-up
+    approximates S - K worse the longer K stays. Checkpointed with the public model."""
 
     clients: int
     ratio: float
+    max_rounds: int = 0
     arrived: int = 0
+    rounds: int = 0
 
     def due(self, reported: int) -> bool:
         self.arrived += reported
-        if self.arrived >= self.ratio * max(self.clients - reported, 0):
-            self.arrived = 0
+        self.rounds += 1
+        if self.arrived >= self.ratio * max(self.clients - reported, 0) or 0 < self.max_rounds <= self.rounds:
+            self.arrived = self.rounds = 0
             return True
         return False
 
@@ -104,7 +108,7 @@ class PublicModel:
     holds (the module docstring)."""
 
     def __init__(self, start: Arrays, num_clients: int, history: int, value_dtype: str, start_dtype: str,
-                 keyframe_ratio: float, rebuildable: bool = True) -> None:
+                 keyframe_ratio: float, keyframe_rounds: int = 0, rebuildable: bool = True) -> None:
         self.layout = float_layout(start)
         self.value_dtype = wire_dtype(value_dtype)
         self.start_dtype = start_dtype
@@ -120,7 +124,7 @@ class PublicModel:
         self.crc = self.key_crc
         self.history: dict[int, Delta] = {}
         self.holds = np.full(num_clients, NEVER_SYNCED, dtype=np.int64)
-        self.clock = KeyframeClock(num_clients, keyframe_ratio)
+        self.clock = KeyframeClock(num_clients, keyframe_ratio, keyframe_rounds)
         self.resyncs = 0
         self.groups: dict[int, tuple[Delta, TensorGroup]] = {}
         self.sizes: dict[tuple[int, ...], int] = {}
@@ -211,6 +215,7 @@ class PublicModel:
             arrays[f"{prefix}{name}/values"] = delta.values
             arrays.update({f"{prefix}{name}/int/{k}": v for k, v in delta.integers.items()})
         meta = {"version": self.version, "key_version": self.key_version, "arrived": self.clock.arrived,
+                "rounds_since_key": self.clock.rounds,
                 "history": [[v, d.previous] for v, d in self.history.items()],
                 "catchup": None if self.catchup is None else self.catchup.previous}
         return arrays, meta
@@ -229,7 +234,7 @@ class PublicModel:
         self.key = {k[len(key):]: v.copy() for k, v in arrays.items() if k.startswith(key)}
         self.key_version, self.key_crc = int(meta["key_version"]), public_crc(self.key)
         self.holds = np.array(arrays[f"{prefix}holds"], dtype=np.int64)
-        self.clock.arrived = int(meta["arrived"])
+        self.clock.arrived, self.clock.rounds = int(meta["arrived"]), int(meta["rounds_since_key"])
         self.history = {int(v): delta(f"history/{v}", p) for v, p in meta["history"]}
         self.catchup = None if meta["catchup"] is None else delta("catchup", meta["catchup"])
         self.public = self.key if self.catchup is None else advance(

@@ -159,7 +159,8 @@ def test_options_are_validated() -> None:
     assert ef.make_config(fedprox, {"mu": 0.2, "keep": 0.2}).base == fedprox.Config(mu=0.2)
     with pytest.raises(ValueError, match="mu"):
         ef.make_config(fedavg, {"mu": 0.2})
-    for bad in ({"keep": 0.0}, {"value_dtype": "f64"}, {"history": 0}, {"keyframe_ratio": -1.0}):
+    for bad in ({"keep": 0.0}, {"value_dtype": "f64"}, {"history": 0}, {"keyframe_ratio": -1.0},
+                {"keyframe_rounds": -1}, {"keyframe_rounds": 2.5}):
         with pytest.raises(ValueError):
             ef.make_config(fedavg, bad)
 

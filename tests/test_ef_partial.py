@@ -117,7 +117,7 @@ def test_a_client_back_after_missed_rounds_gets_one_catch_up_not_a_chain() -> No
     assert chain > 3 * catch_up
 
 
-def test_keyframes_every_round_at_full_participation_and_by_the_ratio_otherwise() -> None:
+def test_keyframes_every_round_at_full_participation_and_by_the_ratio_or_the_round_bound_otherwise() -> None:
     full = KeyframeClock(clients=10, ratio=6.0)
     assert all(full.due(10) for _ in range(5))
     partial = KeyframeClock(clients=10, ratio=6.0)
@@ -126,6 +126,8 @@ def test_keyframes_every_round_at_full_participation_and_by_the_ratio_otherwise(
     assert [nearly.due(9) for _ in range(3)] == [True] * 3  # one absent client: 9 >= 6 x 1
     every = KeyframeClock(clients=10, ratio=0.0)
     assert all(every.due(1) for _ in range(3))
+    capped = KeyframeClock(clients=10, ratio=6.0, max_rounds=15)  # 1 of 10 a round: the bound of 15 rounds comes first
+    assert [capped.due(1) for _ in range(30)] == ([False] * 14 + [True]) * 2
 
 
 def test_the_first_task_rebuilds_the_initial_model_and_a_mismatch_falls_back_to_a_dense_copy() -> None:
