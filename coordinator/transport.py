@@ -100,11 +100,12 @@ class RouterTransport:
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A frame above the limit makes libzmq drop it and the connection; each peer's receive queue holds one
-        # message (then libzmq stops reading that peer's socket until the driver takes it: backpressure), so a
-        # thousand peers hold at most a thousand messages, and paced uploads bound how many of them are updates.
+        # A frame above the limit makes libzmq drop it and the connection; each peer's receive queue holds two
+        # messages (then libzmq stops reading that peer's socket until the driver takes one: backpressure), so a
+        # thousand peers hold at most two thousand messages, and paced uploads bound how many of them are updates.
+        # Not one: with CurveZMQ on, libzmq delivered no message at all from a peer at ZMQ_RCVHWM = 1.
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-        self.socket.setsockopt(zmq.RCVHWM, 1)
+        self.socket.setsockopt(zmq.RCVHWM, 2)
         self.socket.setsockopt(zmq.LINGER, 2000)
         self.socket.setsockopt(zmq.SNDHWM, 100)
         if curve is not None:
