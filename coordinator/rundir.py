@@ -23,7 +23,7 @@ import numpy as np
 
 from fedge.plumbing import atomic_write_bytes, load_arrays, save_arrays
 
-__all__ = ["METER_FIELDS", "METRICS_FIELDS", "RunDir", "atomic_write_bytes", "load_arrays", "save_arrays"]
+__all__ = ["METER_FIELDS", "METRICS_FIELDS", "RunDir", "atomic_write_bytes", "load_arrays", "plain", "save_arrays"]
 
 RUN_DIR_VERSION = 1
 
@@ -137,6 +137,11 @@ class RunDir:
 def prometheus_label(value: str) -> str:
     """A label value escaped as the text format wants (backslash, double quote, newline)."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` as JSON reads it back (numpy scalars and arrays as numbers and lists): for a checkpoint's meta."""
+    return json.loads(json.dumps(obj, default=_json_default))
 
 
 def _json_default(value: Any) -> Any:

@@ -39,7 +39,7 @@ from fedge.coordinator.records import (
     save_checkpoint,
     welcome_fields,
 )
-from fedge.coordinator.rundir import RunDir
+from fedge.coordinator.rundir import RunDir, plain
 from fedge.coordinator.selection import choose
 from fedge.coordinator.status import StatusBoard
 from fedge.coordinator.transport import RouterTransport
@@ -119,7 +119,7 @@ class Session:
         save_checkpoint(self.run_dir.checkpoint, arrays, {
             "round": self.round, "run_id": self.run_id, "algorithm": self.config.algorithm_name,
             "model_hash": self.model_hash, "server": server_meta, **self.registry.state(),
-            "pending_row": None if self.deferred is None else self.deferred.row})
+            "pending_row": None if self.deferred is None else plain(self.deferred.row)})
 
     def load_checkpoint(self) -> None:
         arrays, meta = load_checkpoint(self.run_dir.checkpoint, self.model_hash, self.config.algorithm_name)
