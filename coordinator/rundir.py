@@ -32,7 +32,7 @@ METRICS_FIELDS = (
     "round", "algorithm", "selected", "reported", "dropped", "unavailable", "accepted", "test_accuracy", "test_loss",
     "test_f1_macro", "test_exact_match", "test_label_accuracy", "test_mse", "test_mae", "eval_source",
     "eval_samples", "test_accuracy_pruned", "personal_accuracy_mean", "personal_accuracy", "bytes_down", "bytes_up",
-    "bytes_up_tensors", "train_loss", "wall_s", "train_s_max", "eval_s",
+    "bytes_up_tensors", "train_loss", "wall_s", "train_s_max", "eval_s", "checkpoint_s",
 )
 
 # Per-round totals over the agents' meter records (docs/meter.md), also in every metrics.jsonl line.

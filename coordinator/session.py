@@ -287,7 +287,9 @@ class Session:
         self.bytes_total["up"] += int(row["bytes_up"])
         crash_point("metrics", number)
         commits = self.protocol.commits(number)  # the round is now the last committed one
+        written = time.monotonic()
         self.save_checkpoint()
+        self.deferred.row["checkpoint_s"] = time.monotonic() - written
         crash_point("checkpoint", number)
         self.act(commits)
         crash_point("committed", number)  # the row may still wait for its evaluation: the checkpoint holds it
