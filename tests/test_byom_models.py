@@ -93,7 +93,7 @@ def test_every_algorithm_family_trains_the_plugin_model(name: str, options: dict
     def replica_is_public(index: int, _payload: Any, model: torch.nn.Module) -> None:
         if name == "ef-fedprox":  # after each on_receive, bit for bit
             public = fleet.server.public
-            replicas.append(all(np.array_equal(fleet.clients[index].replica[k], public[k]) and
+            replicas.append(all(np.array_equal(fleet.clients[index].start[k], public[k]) and
                                 np.array_equal(state_to_arrays(model)[k], public[k]) for k in public))
 
     for round_number in (1, 2, 3):
