@@ -121,7 +121,7 @@ class Server(BaseServer):
             return problem
         base, key = update.payload.meta.get("ef_base", -1), update.payload.meta.get("ef_key", -1)
         if not -1 <= base <= self.model.version or not -1 <= key <= base:
-            return (f"meta.ef_base {base} / ef_key {key} are not versions this coordinator has published "
+            return (f"meta.ef_base {base} / ef_key {key}: not a version this coordinator has published "
                     f"(-1 <= ef_key <= ef_base <= {self.model.version})")
         sparse = update.payload.groups["update"].sparse
         if sparse is None or tuple(sparse.names) != self.layout.names:

@@ -58,6 +58,11 @@ class DeferredRow:
         except BaseException as exc:  # handed to the thread that waits for the row
             self.error = exc
 
+    @property
+    def waiting(self) -> bool:
+        """The row waits for an evaluation (False: it is complete now)."""
+        return self.thread is not None
+
     def finish(self) -> dict[str, Any]:
         """The whole row, once the evaluation is done (its error, if it failed, is raised here)."""
         if self.thread is not None:

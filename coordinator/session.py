@@ -293,6 +293,8 @@ class Session:
         crash_point("checkpoint", number)
         self.act(commits)
         crash_point("committed", number)  # the row may still wait for its evaluation: the checkpoint holds it
+        if not self.deferred.waiting:
+            self.flush_row()
         self.round_walls.append(row["wall_s"])
         return row
 
