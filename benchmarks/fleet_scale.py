@@ -188,7 +188,7 @@ def transport_floor(task: bytes, update: bytes, agents: int) -> float:
         router.recv_multipart()
     started = time.perf_counter()
     for i in range(agents):
-        router.send_multipart([f"d{i}".encode(), task])
+        router.send_multipart([f"d{i}".encode(), task], copy=False)
     poller = zmq.Poller()
     for dealer in dealers:
         poller.register(dealer, zmq.POLLIN)

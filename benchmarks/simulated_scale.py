@@ -1,7 +1,7 @@
 """A simulated fleet of many logical clients on this machine: wall time, the summed memory, bytes.
 
     python benchmarks/simulated_scale.py [--clients 1000] [--fraction 0.1] [--rounds 25] [--workers 0]
-        [--backend local] [--algorithm ef-fedprox] [--model cnn] [--set KEY=VALUE ...] [--keep DIR]
+        [--backend local] [--algorithm default] [--model cnn] [--set KEY=VALUE ...] [--keep DIR]
 
 Runs ``coordinator start`` with ``fleet.mode = "simulated"`` on fmnist-demo (IID shards: about 12 images a client
 at 1,000 clients) and samples, every 200 ms through psutil, the resident set (RSS) of the coordinator and of every
@@ -48,7 +48,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--workers", type=int, default=0, help="0: one per core")
     parser.add_argument("--backend", default="local", choices=("inline", "local", "ray"))
-    parser.add_argument("--algorithm", default="ef-fedprox")
+    parser.add_argument("--algorithm", default="default",
+                        help="an algorithm by name (with its own defaults), or 'default': the embedded default, "
+                             "ef-fedprox with keep 0.3, ternary values, mu 0.01")
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--set", action="append", default=[], help="more KEY=VALUE settings")
     parser.add_argument("--keep", help="write the run here (default: a temporary directory)")
@@ -56,8 +58,9 @@ def main() -> int:
     run_dir = Path(args.keep or tempfile.mkdtemp(prefix="fedge-scale-")) / "run"
     sets = ["fleet.mode=simulated", f"fleet.backend={args.backend}", f"fleet.workers={args.workers}",
             f"data.clients={args.clients}", "data.partition=iid", f"round.fraction={args.fraction}",
-            f"run.rounds={args.rounds}", f"algorithm.name={args.algorithm}", f"model.name={args.model}",
-            "run.export_onnx=false", *args.set]
+            f"run.rounds={args.rounds}", f"model.name={args.model}", "run.export_onnx=false",
+            # naming the algorithm replaces the embedded default's options by the algorithm's own defaults
+            *([] if args.algorithm == "default" else [f"algorithm.name={args.algorithm}"]), *args.set]
     command = [sys.executable, "-m", "fedge.coordinator.cli", "start", "--run-dir", str(run_dir), "--quiet"]
     for item in sets:
         command += ["--set", item]

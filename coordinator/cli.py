@@ -122,10 +122,11 @@ def command_status(args: argparse.Namespace) -> int:
     print(f"  {status.get('agents_connected', sum(1 for a in agents if a['connected']))} of {total} agents "
           "connected" + (f"; the {len(agents)} heard from last (all: --agents)" if len(agents) < total else ""))
     for agent in agents:
-        seen = agent.get("seconds_since_seen")
+        seen, took = agent.get("seconds_since_seen"), agent.get("round_s")
         print(f"  {agent['client_id']:<20} client {agent['index']:<3} "
               f"{'connected' if agent['connected'] else 'gone':<10}"
-              + (f" last heard {seen:.0f} s before the update" if seen is not None else ""))
+              + (f" last heard {seen:.0f} s before the update" if seen is not None else "")
+              + (f"; rounds take about {took:.1f} s" if took is not None else ""))
     return 0
 
 

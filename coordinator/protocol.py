@@ -27,6 +27,7 @@ from fedge.coordinator.limiter import RejectionLimiter
 from fedge.coordinator.pacing import UploadPacer
 from fedge.coordinator.records import check_update
 from fedge.coordinator.round_state import SENDER, Event, Noted, Rejected, RoundState, Send, SendFrame
+from fedge.coordinator.selection import censored, measured
 
 __all__ = ["CoordinatorProtocol", "Event", "Noted", "Rejected", "RejectionLimiter", "RoundState", "Send", "SendFrame"]
 
@@ -171,8 +172,7 @@ class CoordinatorProtocol:
             return self.refuse(peer, words.INVALID_UPDATE, problem, now)
         current.accept(index, update, size)
         agent = self.registry.by_index(index)
-        took = max(now - current.started, 0.0)  # its round time: task sent to update received
-        agent.round_s = took if agent.round_s is None else 0.5 * (agent.round_s + took)
+        agent.round_s = measured(agent.round_s, max(now - current.started, 0.0))  # task sent to update received
         return []
 
     def server_check(self, index: int, update: codec.Update) -> str:
@@ -295,8 +295,9 @@ class CoordinatorProtocol:
             return True
         return not any(self.registry.alive(self.registry.by_index(i), now) for i in current.pending)
 
-    def close_round(self) -> tuple[RoundState, list[Event]]:
-        """Close the round in progress: its state, and a Cancel to each selected agent still training it."""
+    def close_round(self, now: float) -> tuple[RoundState, list[Event]]:
+        """Close the round in progress: its state, and a Cancel to each selected agent still training it (whose
+        round-time estimate is then censored: it did not finish in the time it had)."""
         current = self.current
         if current is None:
             raise RuntimeError("no round is open")
@@ -304,6 +305,7 @@ class CoordinatorProtocol:
         cancels: list[Event] = []
         for index in current.awaited():
             agent = self.registry.by_index(index)
+            agent.round_s = censored(agent.round_s, max(now - current.started, 0.0), current.deadline - current.started)
             if agent.connected and agent.peer:
                 cancels.append(Send(agent.peer, codec.Cancel(run_id=self.run_id, round=current.number, sender=SENDER,
                                                              reason="the round closed without your update")))

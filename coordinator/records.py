@@ -194,6 +194,7 @@ def round_row(number: int, algorithm: str, current: RoundState, missing: Sequenc
     row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
     row.update(round=number, algorithm=algorithm, selected=len(current.selected), reported=len(current.updates),
                dropped=len(missing), unavailable=len(current.unavailable), accepted=sorted(current.updates),
+               selected_indices=sorted(current.selected),
                bytes_down=sum(current.bytes_down.values()), bytes_up=sum(size for _, size in current.updates.values()),
                bytes_up_tensors=sum(current.body_up.values()))
     row.update(update_summary(received))

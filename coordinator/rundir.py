@@ -29,7 +29,8 @@ RUN_DIR_VERSION = 1
 
 # Every metrics.jsonl line has these keys (null when they do not apply), in this order; algorithms may add more.
 METRICS_FIELDS = (
-    "round", "algorithm", "selected", "reported", "dropped", "unavailable", "accepted", "test_accuracy", "test_loss",
+    "round", "algorithm", "selected", "reported", "dropped", "unavailable", "accepted", "selected_indices",
+    "test_accuracy", "test_loss",
     "test_f1_macro", "test_exact_match", "test_label_accuracy", "test_mse", "test_mae", "eval_source",
     "eval_samples", "test_accuracy_pruned", "personal_accuracy_mean", "personal_accuracy", "bytes_down", "bytes_up",
     "bytes_up_tensors", "train_loss", "wall_s", "train_s_max", "eval_s", "checkpoint_s",

@@ -6,7 +6,11 @@ the same sets for the same seed and round, whatever the timing, so resumed and s
 original did. ``latency`` (opt-in, ``round.policy``) prefers clients that will finish: a client whose measured round
 time is at most the median of those measured weighs 1, a slower one median / time (so one ten times slower is
 drawn a tenth as often), one never measured weighs 1 (it gets its chance), and one slower than the deadline weighs
-nothing unless too few others are left. It depends on timing, so the bit-for-bit claims hold with it off. No I/O.
+nothing unless too few others are left. A client cancelled when its round closed (``round.target``) has no
+measured time, only a bound: ``censored`` doubles its estimate from at least the time it was given, up to the
+deadline, so a board that is cancelled again and again is drawn less and less often, and one update it then
+delivers brings its estimate back towards its real time. It depends on timing, so the bit-for-bit claims hold
+with it off. No I/O.
 """
 
 from __future__ import annotations
@@ -30,6 +34,17 @@ def latency_weights(available: Sequence[int], round_times: Mapping[int, float | 
             continue
         weights[position] = 0.0 if took > deadline_s else median / took
     return weights
+
+
+def measured(estimate: float | None, took: float) -> float:
+    """A client's round-time estimate after an update that took ``took`` seconds (task sent to update received)."""
+    return took if estimate is None else 0.5 * (estimate + took)
+
+
+def censored(estimate: float | None, waited: float, deadline_s: float) -> float:
+    """A client's round-time estimate after it was cancelled ``waited`` seconds into a round it had not finished:
+    twice the larger of its estimate and ``waited``, at most the deadline (weighed, not excluded)."""
+    return min(2.0 * max(estimate or 0.0, waited), deadline_s)
 
 
 def choose(available: Sequence[int], count: int, rng: np.random.Generator, policy: str = "uniform",

@@ -253,7 +253,7 @@ class Session:
             current = self.protocol.current
             if current is not None:
                 self.write_status(f"round {number}: {len(current.updates)}/{len(current.selected)} updates")
-        current, cancels = self.protocol.close_round()
+        current, cancels = self.protocol.close_round(time.monotonic())
         self.act(cancels)
         if current.awaited() and time.monotonic() < current.deadline:
             log.warning("round %d: every agent still awaited (%s) is gone; closing the round", number,

@@ -43,7 +43,8 @@ class StatusBoard:
         eta_s = mean_round * (self.rounds - round_number) if mean_round is not None else None
         agents: list[dict[str, Any]] = [
             {"client_id": a.client_id, "index": a.index, "connected": registry.alive(a),
-             "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None}
+             "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None,
+             "round_s": round(a.round_s, 3) if a.round_s is not None else None}
             for a in registry.agents.values()]
         connected = sum(1 for a in agents if a["connected"])
         recent = sorted(agents, key=lambda a: (a["seconds_since_seen"] is None, a["seconds_since_seen"] or 0.0))

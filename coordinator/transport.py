@@ -148,11 +148,13 @@ class RouterTransport:
         return self.send_parts(peer, [frame])
 
     def send_parts(self, peer: bytes, parts: list[bytes]) -> bool:
-        """Send one message of several frames (a Task's header and body). A large frame is not copied (pyzmq
-        hands libzmq the buffer itself), so a body sent to many peers is held once however many queues wait."""
+        """Send one message of several frames (a Task's header and body). Frames are sent without a copy
+        (``copy=False``: pyzmq hands libzmq the buffer of the immutable ``bytes`` and keeps it alive until every
+        queue has written it; frames under 64 KiB are copied anyway), so a body sent to many peers is held once
+        however many queues wait. With pyzmq's default (``copy=True``) every send copies the frame."""
         size = sum(len(part) for part in parts)
         try:
-            self.socket.send_multipart([peer, *parts], zmq.NOBLOCK)
+            self.socket.send_multipart([peer, *parts], zmq.NOBLOCK, copy=False)
         except (zmq.Again, zmq.ZMQError) as exc:
             gone = isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH
             # A peer that has gone (it left, or its connection closed) is the caller's to handle: not a warning.

@@ -191,7 +191,7 @@ def run_round(fleet: Fleet, round_number: int, data: Sequence[tuple[torch.Tensor
         current = coordinator.current
         if current is not None and not coordinator.complete(fleet.clock):
             raise AssertionError(f"round {round_number}: clients {current.awaited()} sent no update")
-        closed, _ = coordinator.close_round()
+        closed, _ = coordinator.close_round(fleet.clock)
         updates = [ClientUpdate(client_id=client_id(i), index=i, num_samples=u.num_samples,
                                 payload=Payload(groups=dict(u.groups), meta=dict(u.meta)))
                    for i, (u, _) in sorted(closed.updates.items())]

@@ -1,16 +1,21 @@
 """Rounds that do not wait for the slowest, end to end: two agents slowed by a documented agent option
 (``--step-delay-s``, not a mock), ``round.target`` closes each round before they report, they are sent Cancel,
 nothing of theirs is aggregated or committed, and the session's stateful algorithms carry on consistently; an agent
-with a work budget (``--max-steps``) sends the update of the steps it took."""
+with a work budget (``--max-steps``) sends the update of the steps it took; the latency policy draws slowed agents
+less often than uniform selection."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedge.client.state import DeviceState
+from fedge.coordinator.selection import choose
 from tests.e2e import Processes, endpoint, finished, metrics, shards
 
 
@@ -56,3 +61,39 @@ def test_the_round_closes_at_its_target_and_the_slow_agents_are_cancelled(algori
     assert "invalid-update" not in log and "rejected" not in log
     for i in (2, 3):
         assert DeviceState(tmp_path / f"state-{i}").committed(run_id)
+
+
+def test_the_latency_policy_selects_the_slow_agents_less_often_than_uniform_selection(procs: Processes,
+                                                                                    tmp_path: Path) -> None:
+    """20 rounds, 2 of 4 agents a round, closed at the first update: the two agents slowed by ``--step-delay-s``
+    are cancelled whenever a fast one is chosen beside them, each cancel raises their estimated round time, and
+    the latency policy then draws them less often than the seeded uniform draw of the same rounds would have."""
+    rounds, seed = 20, 0  # seed 0: the uniform draw takes each agent 10 times in 20 rounds
+    data, run_dir = shards(tmp_path, 4), tmp_path / "run"
+    coordinator = procs.coordinator(
+        "--bind", "tcp://127.0.0.1:0", "--expect", "4", "--rounds", str(rounds), "--run-dir", str(run_dir),
+        "--model", "mlp", "--algorithm", "fedavg", "--set", "data.clients=4", "--set", "data.partition=iid",
+        "--set", "data.train_limit=64", "--set", f"run.seed={seed}", "--set", "eval.every=0",
+        "--set", "round.count=2", "--set", "round.target=1", "--set", "round.policy=latency",
+        "--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=30", "--set", "run.export_onnx=false", "--quiet")
+    address = endpoint(run_dir)
+    for i in range(4):
+        slow = ["--step-delay-s", "1.0"] if i >= 2 else []
+        procs.agent("--coordinator", address, "--client-id", f"dev-{i}", "--data", str(data / f"client-{i:03d}.npz"),
+                    "--state-dir", str(tmp_path / f"state-{i}"), *slow, name=f"agent-{i}")
+    assert finished(coordinator, 240) == 0, procs.output("coordinator")
+    rows = metrics(run_dir)
+    assert len(rows) == rounds and all(r["reported"] >= 1 for r in rows), rows  # two may land in one poll
+    agents = json.loads((run_dir / "status.json").read_text())["agents"]
+    slow = {a["index"] for a in agents if a["client_id"] in ("dev-2", "dev-3")}
+    assert len(slow) == 2, agents
+    latency = sum(len(slow & set(r["selected_indices"])) for r in rows)
+    uniform = sum(len(slow & set(choose([0, 1, 2, 3], 2, np.random.default_rng([seed, number]))))
+                  for number in range(1, rounds + 1))
+    print(f"slow agents selected: {latency} (latency policy) against {uniform} (uniform)")
+    assert latency < uniform, (latency, uniform, [r["selected_indices"] for r in rows])
+    # Every agent has an estimate (each was drawn at least once), and `coordinator status` shows it.
+    assert all(a["round_s"] is not None for a in agents), agents
+    shown = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "status", str(run_dir)], check=True,
+                           capture_output=True, text=True, timeout=60).stdout
+    assert shown.count("rounds take about") == 4, shown

@@ -172,10 +172,12 @@ def test_commits_go_only_to_the_agents_whose_updates_were_aggregated() -> None:
     p.receive(b"a", update(p, "a", 1), 1.0)
     p.receive(b"c", update(p, "c", 1), 1.0)
     assert not p.complete(1.0) and p.complete(31.0)  # b is awaited until the deadline
-    closed, cancels = p.close_round()
+    closed, cancels = p.close_round(31.0)
     (cancel,) = cancels  # b, still training, is told to stop
     assert isinstance(cancel, Send) and cancel.peer == b"b" and isinstance(cancel.message, codec.Cancel) and \
         cancel.message.round == 1
+    # a's round time was measured (1 s); b's is censored: twice the 31 s it had, at most the 30 s deadline
+    assert p.registry.agents["a"].round_s == 1.0 and p.registry.agents["b"].round_s == 30.0
     with pytest.raises(RuntimeError):
         p.commits(2)
     commits = [e for e in p.commits(closed.number) if isinstance(e, Send)]
