@@ -8,7 +8,7 @@ Starts ``coordinator start --bind`` (the paper CNN at ``--input-shape``, no data
 round trains one step per agent. ef-fedprox runs with the embedded default's settings (keep 0.3, ternary, mu 0.01).
 Prints, per round, ``wall_s`` (the coordinator's round, from selection to the records), ``train_s_max`` (the slowest
 agent's training) and their difference, the time the runtime adds: the task built, sent and decoded, the update
-encoded, sent, decoded and folded, the round closed; and the median of the difference over rounds 2..R (round 1
+encoded, sent, decoded and folded, the round closed and checkpointed (``checkpoint_s``, shown); and the median of the difference over rounds 2..R (round 1
 also pays for the agents' first imports and model builds). Figures only: no thresholds (docs/scale.md).
 """
 
@@ -49,8 +49,8 @@ def run(algorithm: str, agents: int, rounds: int, shape: tuple[int, ...], work: 
             if time.monotonic() > until:
                 raise RuntimeError(f"{algorithm}: {len(read_rows(run_dir))} of {rounds} rounds in time (see {work})")
             time.sleep(0.2)
-        return [{"round": r["round"], "wall_s": r["wall_s"], "train_s_max": r["train_s_max"]}
-                for r in read_rows(run_dir)]
+        return [{"round": r["round"], "wall_s": r["wall_s"], "train_s_max": r["train_s_max"],
+                 "checkpoint_s": r["checkpoint_s"] or 0.0} for r in read_rows(run_dir)]
     finally:
         processes.stop()
 
@@ -67,8 +67,8 @@ def main() -> int:
         parser.error(f"--agents >= 1, --rounds >= 2, --algorithms among {', '.join(ALGORITHMS)}")
     shape = tuple(int(v) for v in args.input_shape.split(","))
     print(f"# round_overhead: {args.agents} agents, the paper CNN at {shape}, one batch each, {os.cpu_count()} CPUs")
-    print("| algorithm | round | wall_s | train_s_max | wall_s - train_s_max |")
-    print("|---|---|---|---|---|")
+    print("| algorithm | round | wall_s | train_s_max | wall_s - train_s_max | of which checkpoint_s |")
+    print("|---|---|---|---|---|---|")
     medians = {}
     with tempfile.TemporaryDirectory(prefix="fedge-overhead-") as tmp:
         for name in names:
@@ -77,7 +77,7 @@ def main() -> int:
             rows = run(name, args.agents, args.rounds, shape, work)
             for row in rows:
                 print(f"| {name} | {row['round']} | {row['wall_s']:.3f} | {row['train_s_max']:.3f} | "
-                      f"{row['wall_s'] - row['train_s_max']:.3f} |", flush=True)
+                      f"{row['wall_s'] - row['train_s_max']:.3f} | {row['checkpoint_s']:.3f} |", flush=True)
             medians[name] = statistics.median(r["wall_s"] - r["train_s_max"] for r in rows[1:])
     print()
     for name, value in medians.items():
