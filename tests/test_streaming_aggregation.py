@@ -77,8 +77,9 @@ def test_an_exact_sum_is_the_same_in_any_order_and_within_an_ulp_of_the_true_sum
 
 
 def test_an_exact_sum_refuses_what_it_cannot_hold() -> None:
-    with pytest.raises(ValueError, match="finite"):
-        ExactSum(2).add(np.array([1.0, np.inf]))
+    for bad in (np.inf, -np.inf, np.nan):
+        with pytest.raises(ValueError, match="finite"):
+            ExactSum(2).add(np.array([1.0, bad]))
     total = ExactSum(3)
     total.add(np.array([1.0, 2.0, 3.0]), at=None)
     total.add(np.array([5.0]), at=np.array([1]))
