@@ -5,7 +5,8 @@ round t can be written while round t+1 trains. ``DeferredRow`` takes the row (ev
 a copy of the model(s) to evaluate, and evaluates them in a thread; ``finish()`` waits for it and returns the whole
 row. The row also goes into round t's checkpoint, so that a coordinator that stops before the row was written
 evaluates the checkpointed model (round t's own) when it resumes and writes the same row: nothing changes the
-results, only when they are written. One thread at a time; no sockets, no algorithms by name.
+results, only when they are written. ``PendingRow`` is the session's one row in waiting: which rounds are
+evaluated (``eval.every``), the row held, and writing it. One thread at a time; no sockets, no algorithms by name.
 """
 
 from __future__ import annotations
@@ -70,3 +71,34 @@ class DeferredRow:
         if self.error is not None:
             raise self.error
         return {**self.row, **self.metrics}
+
+
+class PendingRow:
+    """metrics.jsonl's next row: at most one round's row waits for its evaluation, and ``flush`` writes it."""
+
+    def __init__(self, every: int, rounds: int, evaluator: Evaluator | None,
+                 write: Callable[[dict[str, Any]], None]) -> None:
+        self.every, self.rounds, self.evaluator, self.write = every, rounds, evaluator, write
+        self.held: DeferredRow | None = None
+
+    def due(self, number: int) -> bool:
+        """Round ``number`` is evaluated (every ``eval.every`` rounds and the last)."""
+        return self.every > 0 and (number % self.every == 0 or number == self.rounds)
+
+    def hold(self, row: dict[str, Any], number: int, arrays: Callable[[], Arrays | None],
+             pruned: Callable[[], Arrays | None]) -> DeferredRow:
+        """Hold round ``number``'s row; in an evaluated round, its test metrics on the coordinator's test set are
+        computed in a thread from a copy of the models ``arrays()`` and ``pruned()`` return now."""
+        if self.evaluator is None or not self.due(number):
+            self.held = DeferredRow(row)
+        else:
+            self.held = DeferredRow(row, self.evaluator, arrays(), pruned())
+        return self.held
+
+    def flush(self) -> None:
+        """Write the row held (waiting for its evaluation), if any."""
+        if self.held is None:
+            return
+        row = self.held.finish()
+        self.held = None
+        self.write(row)

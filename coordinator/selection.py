@@ -15,6 +15,7 @@ with it off. No I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -34,6 +35,13 @@ def latency_weights(available: Sequence[int], round_times: Mapping[int, float | 
             continue
         weights[position] = 0.0 if took > deadline_s else median / took
     return weights
+
+
+def selection_count(available: int, fraction: float, count: int, min_clients: int) -> int:
+    """How many of ``available`` clients a round selects: ``round.count``, else ``ceil(round.fraction x
+    available)``; at least ``round.min_clients``, at most every one."""
+    wanted = count if count > 0 else math.ceil(fraction * available)
+    return min(available, max(wanted, min_clients))
 
 
 def measured(estimate: float | None, took: float) -> float:

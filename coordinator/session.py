@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerCont
 from fedge.codec import vocabulary as words
 from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.config import Config
-from fedge.coordinator.deferred import DeferredRow
+from fedge.coordinator.deferred import DeferredRow, PendingRow
 from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.protocol import CoordinatorProtocol, Event, Rejected, RoundState, Send, SendFrame
 from fedge.coordinator.records import (
@@ -40,7 +39,7 @@ from fedge.coordinator.records import (
     welcome_fields,
 )
 from fedge.coordinator.rundir import RunDir, plain
-from fedge.coordinator.selection import choose
+from fedge.coordinator.selection import choose, selection_count
 from fedge.coordinator.status import StatusBoard
 from fedge.coordinator.transport import RouterTransport
 from fedge.meter import attribute_energy
@@ -57,7 +56,6 @@ def crash_point(point: str, round_number: int) -> None:
     if CRASH_AT and CRASH_AT == f"{point}:{round_number}":
         log.warning("FEDGE_CRASH_AT=%s: exiting now", CRASH_AT)
         os._exit(70)
-
 
 
 class Session:
@@ -99,7 +97,8 @@ class Session:
         self.folded: set[int] = set()  # the clients of the round in progress whose update is folded in
         self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
         self.bytes_total = {"down": 0, "up": 0}  # packet bytes of the rounds recorded so far (metrics.jsonl)
-        self.deferred: DeferredRow | None = None  # the last round's row, until its evaluation is done
+        # the last round's row, until its evaluation (beside the next round) is done
+        self.rows = PendingRow(config.eval.every, config.run.rounds, evaluator, self.write_row)
 
     @property
     def registry(self) -> AgentRegistry:
@@ -119,7 +118,7 @@ class Session:
         save_checkpoint(self.run_dir.checkpoint, arrays, {
             "round": self.round, "run_id": self.run_id, "algorithm": self.config.algorithm_name,
             "model_hash": self.model_hash, "server": server_meta, **self.registry.state(),
-            "pending_row": None if self.deferred is None else plain(self.deferred.row)})
+            "pending_row": None if self.rows.held is None else plain(self.rows.held.row)})
 
     def load_checkpoint(self) -> None:
         arrays, meta = load_checkpoint(self.run_dir.checkpoint, self.model_hash, self.config.algorithm_name)
@@ -131,8 +130,8 @@ class Session:
             self.run_dir.truncate_jsonl(name, self.round)
         pending = meta.get("pending_row")
         if pending and all(r.get("round") != pending["round"] for r in self.run_dir.read_jsonl("metrics.jsonl")):
-            self.deferred = self.defer(dict(pending), int(pending["round"]))  # its round's model: the checkpoint's
-            self.flush_row()
+            self.hold_row(dict(pending), int(pending["round"]))  # its round's model: the checkpoint's
+            self.rows.flush()
         for row in self.run_dir.read_jsonl("metrics.jsonl"):
             for direction in self.bytes_total:
                 self.bytes_total[direction] += int(row.get(f"bytes_{direction}") or 0)
@@ -146,7 +145,7 @@ class Session:
         """The runtime's evaluation flags of a task in round ``number``."""
         personal = self.config.eval.personal_every
         return {"personal_eval": bool(personal and number % personal == 0),
-                "evaluate": self.evaluator is None and self.evaluation_due(number)}
+                "evaluate": self.evaluator is None and self.rows.due(number)}
 
     # ----------------------------------------------------------------------------------------- driving the protocol
     def act(self, events: list[Event]) -> None:
@@ -217,8 +216,7 @@ class Session:
         if chosen is not None:
             return sorted(int(i) for i in chosen)
         r = self.config.round
-        count = r.count if r.count > 0 else math.ceil(r.fraction * len(available))
-        count = min(len(available), max(count, r.min_clients))
+        count = selection_count(len(available), r.fraction, r.count, r.min_clients)
         times = {i: self.registry.by_index(i).round_s for i in available} if r.policy != "uniform" else {}
         return choose(available, count, rng, r.policy, times, r.deadline_s)
 
@@ -262,7 +260,7 @@ class Session:
 
     def finish_round(self, current: RoundState, started: float) -> dict[str, Any]:
         number = current.number
-        self.flush_row()  # the previous round's row: its evaluation ran beside this round
+        self.rows.flush()  # the previous round's row: its evaluation ran beside this round
         missing = [i for i in current.selected if i not in current.updates and i not in current.unavailable]
         if missing:
             log.warning("round %d: no update from client(s) %s before the deadline", number, missing)
@@ -273,7 +271,7 @@ class Session:
         crash_point("aggregated", number)
         records = [agent_record(dict(update.record), size, self.transport.curve) for _, (update, size) in ordered]
         row = round_row(number, self.config.algorithm_name, current, missing, received, extra, records)
-        if self.evaluator is None and self.evaluation_due(number):  # the agents' evaluations, in their updates
+        if self.evaluator is None and self.rows.due(number):  # the agents' evaluations, in their updates
             row.update(agents_metrics([u for _, u in received]))
         for index in current.updates:
             self.registry.by_index(index).last_accepted_round = number
@@ -282,40 +280,26 @@ class Session:
                                                                 attribute_energy(records)))
         row["wall_s"] = time.monotonic() - started
         crash_point("clients", number)
-        self.deferred = self.defer(row, number)  # written when its evaluation is done, beside the next round
+        held = self.hold_row(row, number)  # written when its evaluation is done, beside the next round
         self.bytes_total["down"] += int(row["bytes_down"])
         self.bytes_total["up"] += int(row["bytes_up"])
         crash_point("metrics", number)
         commits = self.protocol.commits(number)  # the round is now the last committed one
         written = time.monotonic()
         self.save_checkpoint()
-        self.deferred.row["checkpoint_s"] = time.monotonic() - written
+        held.row["checkpoint_s"] = time.monotonic() - written
         crash_point("checkpoint", number)
         self.act(commits)
         crash_point("committed", number)  # the row may still wait for its evaluation: the checkpoint holds it
-        if not self.deferred.waiting:
-            self.flush_row()
+        if not held.waiting:
+            self.rows.flush()
         self.round_walls.append(row["wall_s"])
         return row
 
-    def evaluation_due(self, number: int) -> bool:
-        every = self.config.eval.every
-        return every > 0 and (number % every == 0 or number == self.config.run.rounds)
+    def hold_row(self, row: dict[str, Any], number: int) -> DeferredRow:
+        return self.rows.hold(row, number, self.server.evaluation_arrays, self.server.pruned_evaluation_arrays)
 
-    def defer(self, row: dict[str, Any], number: int) -> DeferredRow:
-        """The round's row, with its test metrics on the coordinator's test set (in the rounds ``eval.every``
-        names) computed in a thread from a copy of the server half's model (``coordinator.deferred``)."""
-        if self.evaluator is None or not self.evaluation_due(number):
-            return DeferredRow(row)
-        return DeferredRow(row, self.evaluator, self.server.evaluation_arrays(),
-                           self.server.pruned_evaluation_arrays())
-
-    def flush_row(self) -> None:
-        """Write the round's row that waits for its evaluation (waiting for it), and show it."""
-        if self.deferred is None:
-            return
-        row = self.deferred.finish()
-        self.deferred = None
+    def write_row(self, row: dict[str, Any]) -> None:
         self.run_dir.append_jsonl("metrics.jsonl", row)
         if self.on_round is not None:
             self.on_round(row)
@@ -335,7 +319,7 @@ class Session:
         try:
             return self.play_rounds(expect, join_timeout_s)
         finally:
-            self.flush_row()
+            self.rows.flush()
 
     def play_rounds(self, expect: int, join_timeout_s: float) -> str:
         if not self.wait_for_agents(expect, join_timeout_s):
@@ -358,9 +342,7 @@ class Session:
 
     def say_goodbye(self, code: str, reason: str, wait_s: float = 0.0) -> None:
         """Send every connected agent a Bye; then, for up to ``wait_s``, keep serving until each has said its own
-        Bye back. Closing the socket right after sending once lost a Bye in the e2e tests (most likely an agent's
-        DEALER, with ZMQ_IMMEDIATE, discarding what it had not read yet when the connection went), and that agent
-        waited for a session that had ended."""
+        Bye back (closing at once lost Byes in the e2e tests, and those agents waited for an ended session)."""
         told = [a for a in self.registry.agents.values() if a.connected and a.peer]
         self.act(self.protocol.byes(code, reason))
         deadline = time.monotonic() + wait_s
