@@ -16,7 +16,7 @@ import pytest
 
 from fedge.client.state import DeviceState
 from fedge.coordinator.selection import choose
-from tests.e2e import Processes, endpoint, finished, metrics, shards
+from tests.e2e import Processes, endpoint, finished, metrics, shards, wait_for
 
 
 @pytest.mark.parametrize("algorithm", ["scaffold", "ef-fedprox"])
@@ -65,30 +65,38 @@ def test_the_round_closes_at_its_target_and_the_slow_agents_are_cancelled(algori
 
 def test_the_latency_policy_selects_the_slow_agents_less_often_than_uniform_selection(procs: Processes,
                                                                                     tmp_path: Path) -> None:
-    """20 rounds, 2 of 4 agents a round, closed at the first update: the two agents slowed by ``--step-delay-s``
-    are cancelled whenever a fast one is chosen beside them, each cancel raises their estimated round time, and
-    the latency policy then draws them less often than the seeded uniform draw of the same rounds would have."""
-    rounds, seed = 20, 0  # seed 0: the uniform draw takes each agent 10 times in 20 rounds
-    data, run_dir = shards(tmp_path, 4), tmp_path / "run"
+    """20 rounds, 2 of 6 agents a round, closed at the first update: the two agents slowed by ``--step-delay-s``
+    are cancelled whenever a fast one is chosen beside them (each cancel doubles their estimated round time) and
+    measured when chosen together, and the latency policy then draws them less often than the seeded uniform draw
+    of the same rounds would have."""
+    rounds, seed, agents_n = 20, 2, 6  # seed 2: uniform draws clients 4 and 5 (the slow ones) 15 times in all
+    data, run_dir = shards(tmp_path, agents_n), tmp_path / "run"
     coordinator = procs.coordinator(
-        "--bind", "tcp://127.0.0.1:0", "--expect", "4", "--rounds", str(rounds), "--run-dir", str(run_dir),
-        "--model", "mlp", "--algorithm", "fedavg", "--set", "data.clients=4", "--set", "data.partition=iid",
-        "--set", "data.train_limit=64", "--set", f"run.seed={seed}", "--set", "eval.every=0",
+        "--bind", "tcp://127.0.0.1:0", "--expect", str(agents_n), "--rounds", str(rounds), "--run-dir", str(run_dir),
+        "--model", "mlp", "--algorithm", "fedavg", "--set", f"data.clients={agents_n}", "--set",
+        "data.partition=iid", "--set", "data.train_limit=64", "--set", f"run.seed={seed}", "--set", "eval.every=0",
         "--set", "round.count=2", "--set", "round.target=1", "--set", "round.policy=latency",
         "--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=30", "--set", "run.export_onnx=false", "--quiet")
     address = endpoint(run_dir)
-    for i in range(4):
-        slow = ["--step-delay-s", "1.0"] if i >= 2 else []
+
+    def start(i: int, *options: str) -> None:
         procs.agent("--coordinator", address, "--client-id", f"dev-{i}", "--data", str(data / f"client-{i:03d}.npz"),
-                    "--state-dir", str(tmp_path / f"state-{i}"), *slow, name=f"agent-{i}")
+                    "--state-dir", str(tmp_path / f"state-{i}"), *options, name=f"agent-{i}")
+
+    for i in range(4):
+        start(i)
+    wait_for(lambda: (run_dir / "status.json").exists() and
+             json.loads((run_dir / "status.json").read_text())["agents_total"] >= 4, 120, "the fast agents")
+    for i in (4, 5):  # joined last, they take clients 4 and 5 (the check below reads who took what)
+        start(i, "--step-delay-s", "1.0")
     assert finished(coordinator, 240) == 0, procs.output("coordinator")
     rows = metrics(run_dir)
     assert len(rows) == rounds and all(r["reported"] >= 1 for r in rows), rows  # two may land in one poll
     agents = json.loads((run_dir / "status.json").read_text())["agents"]
-    slow = {a["index"] for a in agents if a["client_id"] in ("dev-2", "dev-3")}
+    slow = {a["index"] for a in agents if a["client_id"] in ("dev-4", "dev-5")}
     assert len(slow) == 2, agents
     latency = sum(len(slow & set(r["selected_indices"])) for r in rows)
-    uniform = sum(len(slow & set(choose([0, 1, 2, 3], 2, np.random.default_rng([seed, number]))))
+    uniform = sum(len(slow & set(choose(list(range(agents_n)), 2, np.random.default_rng([seed, number]))))
                   for number in range(1, rounds + 1))
     print(f"slow agents selected: {latency} (latency policy) against {uniform} (uniform)")
     assert latency < uniform, (latency, uniform, [r["selected_indices"] for r in rows])
@@ -96,4 +104,4 @@ def test_the_latency_policy_selects_the_slow_agents_less_often_than_uniform_sele
     assert all(a["round_s"] is not None for a in agents), agents
     shown = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "status", str(run_dir)], check=True,
                            capture_output=True, text=True, timeout=60).stdout
-    assert shown.count("rounds take about") == 4, shown
+    assert shown.count("rounds take about") == agents_n, shown
