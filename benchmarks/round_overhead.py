@@ -8,8 +8,9 @@ Starts ``coordinator start --bind`` (the paper CNN at ``--input-shape``, no data
 round trains one step per agent. ef-fedprox runs with the embedded default's settings (keep 0.3, ternary, mu 0.01).
 Prints, per round, ``wall_s`` (the coordinator's round, from selection to the records), ``train_s_max`` (the slowest
 agent's training) and their difference, the time the runtime adds: the task built, sent and decoded, the update
-encoded, sent, decoded and folded, the round closed and checkpointed (``checkpoint_s``, shown); and the median of the difference over rounds 2..R (round 1
-also pays for the agents' first imports and model builds). Figures only: no thresholds (docs/scale.md).
+encoded, sent, decoded and folded, the round closed and checkpointed (``checkpoint_s``, shown); and the median
+of the difference over rounds 2..R (round 1 also pays for the agents' first imports and model builds). Figures
+only: no thresholds (docs/scale.md).
 """
 
 from __future__ import annotations

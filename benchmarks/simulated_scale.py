@@ -74,7 +74,10 @@ def main() -> int:
         time.sleep(0.2)
     wall_s = time.monotonic() - started
     if process.returncode != 0:
-        print(f"the run failed with exit code {process.returncode}; see {run_dir}", file=sys.stderr)
+        where = f"; see {run_dir}" if run_dir.exists() else " (refused before it started: the line above says why)"
+        print(f"the run failed with exit code {process.returncode}{where}", file=sys.stderr)
+        if not args.keep and not run_dir.exists():
+            run_dir.parent.rmdir()  # the empty temporary directory made for it
         return 1
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     trained = sum(int(row["reported"]) for row in rows)
