@@ -2,8 +2,8 @@
 
 An algorithm is one module with ``Config`` (a frozen dataclass), ``Server`` and ``Client``. The coordinator calls the
 server half and the agent's single training loop (``algorithms.loop``) its client half, through the typed contract
-of ``algorithms.contract``. They exchange ``Payload``s: named codec tensor
-groups plus a small metadata map, which the runtime encodes into packets. Must not import a transport or know
+of ``algorithms.contract``. They exchange ``Payload``s (``protocol.payload``, torch-free: named codec tensor
+groups plus a small metadata map), which the runtime encodes into packets. Must not import a transport or know
 sockets; it knows models only through named numpy arrays and the torch module the loop trains.
 """
 
@@ -12,22 +12,18 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torch import nn
 
-from fedge.codec import TensorGroup
 from fedge.models import arrays_to_state, state_to_arrays
+from fedge.protocol.payload import DELTA_GROUP, MODEL_GROUP, UPDATE_GROUPS, Arrays, ClientUpdate, Payload
 
-Arrays = dict[str, np.ndarray]
+__all__ = ["DELTA_GROUP", "MODEL_GROUP", "UPDATE_GROUPS", "Arrays", "ClientUpdate", "LocalStats", "ModelLayout",
+           "Payload", "ServerContext", "TrainSettings"]
 
-# The group names of the built-in algorithms: the model, a model update as a difference, and anything else a base
-# sends beside them (SCAFFOLD's "control"). DSSA and ef read their base's payloads through these names.
-MODEL_GROUP = "model"
-DELTA_GROUP = "delta"
-UPDATE_GROUPS = (MODEL_GROUP, DELTA_GROUP)
 
 
 
@@ -53,14 +49,6 @@ class TrainSettings:
             raise ValueError(f"train.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
             raise ValueError("train.epochs and train.batch_size must be >= 1 and train.lr > 0")
-
-
-@dataclass(frozen=True)
-class Payload:
-    """What travels in one direction for one client: named tensor groups and a metadata map."""
-
-    groups: Mapping[str, TensorGroup] = field(default_factory=dict)
-    meta: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,16 +92,6 @@ class ServerContext:
     layout: ModelLayout
     seed: int = 0
     initial_from_seed: bool = True
-
-
-@dataclass(frozen=True)
-class ClientUpdate:
-    """One decoded update as the server half sees it."""
-
-    client_id: str
-    index: int
-    num_samples: int
-    payload: Payload
 
 
 @dataclass(frozen=True)

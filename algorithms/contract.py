@@ -1,8 +1,8 @@
-"""The typed contract between the runtime and an algorithm: what the coordinator calls on a server half
-(``ServerHalf``) and an agent on a client half (``ClientHalf``), the defaults of their optional hooks
-(``BaseServer``, ``BaseClient``), hook delegation for wrappers over a base algorithm (``WrappedServer``,
-``WrappedClient``), and the accessors a wrapper may use on a base that keeps one global model
-(``GlobalModelServer``). Must not import a transport; knows models only through the torch module the loop trains.
+"""The typed contract between the runtime and an algorithm: what an agent calls on a client half (``ClientHalf``;
+what the coordinator calls on a server half, ``ServerHalf`` and ``GlobalModelServer``, is torch-free and lives in
+``protocol.server_half``), the defaults of the optional hooks (``BaseServer``, the streaming base; ``HeldServer``,
+the batch base; ``BaseClient``), the load-time rule that a half is one or the other (``aggregation_refusal``), and
+hook delegation for wrappers over a base algorithm (``WrappedServer``, ``WrappedClient``). Must not import a transport; knows models only through the torch module the loop trains.
 """
 
 from __future__ import annotations
@@ -15,38 +15,7 @@ import torch
 from torch import nn
 
 from fedge.algorithms.base import Arrays, ClientUpdate, LocalStats, Payload, TrainSettings
-
-
-class ServerHalf(Protocol):
-    """What the coordinator calls on an algorithm's server half. ``BaseServer`` gives every optional hook its
-    default (``select``: the runtime's own selection; ``check_update``: nothing to add; ``missed``, ``forget``:
-    nothing to do; ``pruned_evaluation_arrays``: none); an algorithm overrides what it needs."""
-
-    def select(self, round_number: int, available: Sequence[int], rng: np.random.Generator) -> list[int] | None:
-        """The clients of this round among ``available``, or None for the runtime's fraction/count rule."""
-    def downlink(self, round_number: int, client_index: int) -> Payload:
-        """What client ``client_index`` receives in this round."""
-    def check_update(self, round_number: int, update: ClientUpdate) -> str:
-        """A reason to refuse an update that ``aggregate`` could not use (a group, tensor or meta key), or ''."""
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        """Fold the round's accepted updates into the server state; returns metrics for metrics.jsonl."""
-    def fold(self, round_number: int, update: ClientUpdate) -> None:
-        """Take one accepted update of the round as it arrives (the coordinator then drops its tensors)."""
-    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
-        """Close the round over what was folded: the same state, bit for bit, as ``aggregate`` of those updates,
-        whatever order they were folded in; returns metrics for metrics.jsonl."""
-    def missed(self, round_number: int, client_indices: Sequence[int]) -> None:
-        """Selected clients that sent nothing before the round closed."""
-    def forget(self, client_index: int) -> None:
-        """Drop what the server half assumes of a device's state (it failed a round, or left the session)."""
-    def evaluation_arrays(self) -> Arrays | None:
-        """The global model to evaluate, or None when the algorithm keeps none."""
-    def pruned_evaluation_arrays(self) -> Arrays | None:
-        """A second model to evaluate (DSSA's pruned one), or None."""
-    def state_dict(self) -> tuple[Arrays, dict[str, Any]]:
-        """Everything needed to resume: arrays and JSON-able meta (the checkpoint)."""
-    def load_state_dict(self, arrays: Arrays, meta: dict[str, Any]) -> None:
-        """The inverse of ``state_dict``."""
+from fedge.protocol.server_half import ServerHalf
 
 
 class ClientHalf(Protocol):
@@ -83,28 +52,10 @@ class ClientHalf(Protocol):
         """The inverse of ``state_dict``; an empty map is a new device."""
 
 
-class GlobalModelServer(ServerHalf, Protocol):
-    """A server half that keeps one global model, which a wrapper (DSSA) may read and replace between the base's
-    steps: FedAvg's, FedProx's and SCAFFOLD's."""
-
-    def global_model(self) -> Arrays:
-        """The global model x (the server half's own arrays: a caller copies before it changes them)."""
-    def set_global_model(self, arrays: Arrays) -> None:
-        """Replace the global model x."""
-
-
 class BaseServer:
-    """The defaults of ``ServerHalf``'s optional hooks. The batch default of streaming aggregation: ``fold`` keeps
-    each update and ``aggregate_folded`` calls ``aggregate`` on them in client order (an algorithm that needs every
-    update at once, as pFedLA and fedcos do, keeps this; one with an incremental path overrides both)."""
-
-    def fold(self, round_number: int, update: ClientUpdate) -> None:
-        self.__dict__.setdefault("_folded", []).append(update)
-
-    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
-        held: list[ClientUpdate] = sorted(self.__dict__.pop("_folded", []), key=lambda u: u.index)
-        aggregate = getattr(self, "aggregate")  # noqa: B009 - every server half has one; BaseServer declares none
-        return dict(aggregate(round_number, held)) if held else {}
+    """The streaming base: the defaults of ``ServerHalf``'s optional hooks. A subclass folds each update as it
+    arrives (``fold``) and closes the round (``close_round``); an algorithm that needs every update at once
+    subclasses ``HeldServer`` instead."""
 
     def select(self, round_number: int, available: Sequence[int], rng: np.random.Generator) -> list[int] | None:
         return None
@@ -150,6 +101,59 @@ class BaseClient:
 
     def freeze(self, frozen: Mapping[str, np.ndarray]) -> None:
         return None
+
+
+class HeldServer(BaseServer):
+    """The batch base, for an algorithm that needs every update of a round at once (pFedLA, fedcos): the runtime's
+    ``fold`` holds each update, and ``close_round`` hands them, in client order, to the one aggregation hook such
+    an algorithm has, ``aggregate_held``. A subclass overrides neither ``fold`` nor ``close_round``
+    (``aggregation_refusal`` refuses it at load)."""
+
+    def fold(self, round_number: int, update: ClientUpdate) -> None:
+        held: dict[int, list[ClientUpdate]] = self.__dict__.setdefault("_held", {})
+        held.setdefault(round_number, []).append(update)
+
+    def close_round(self, round_number: int) -> dict[str, Any]:
+        held: dict[int, list[ClientUpdate]] = self.__dict__.pop("_held", {})
+        updates = sorted(held.get(round_number, []), key=lambda u: u.index)
+        return dict(self.aggregate_held(round_number, updates)) if updates else {}
+
+    def aggregate_held(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        """Aggregate the round's accepted updates (in client order, at least one); returns metrics."""
+        raise NotImplementedError(f"{type(self).__name__} subclasses HeldServer and must define aggregate_held")
+
+
+STREAMING_HOOKS = ("fold", "close_round")
+BATCH_HOOKS = ("aggregate_held",)
+RETIRED_HOOKS = ("aggregate", "aggregate_folded")  # no runtime calls them: defining one is a mistake
+
+
+def aggregation_refusal(cls: type) -> str:
+    """Why a server half's class cannot aggregate on the one path, in one line naming the class and the method,
+    or '': a batch half (``HeldServer``) that overrides a streaming hook, a streaming half that defines the batch
+    hook, or a method named like a hook the runtime never calls."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    for hook in RETIRED_HOOKS:
+        if hasattr(cls, hook):
+            return (f"{name}.{hook} is not a hook of the aggregation contract and would never be called: a streaming "
+                    "half overrides fold and close_round; a batch half subclasses HeldServer and overrides "
+                    "aggregate_held")
+    if issubclass(cls, HeldServer):
+        for klass in cls.__mro__:
+            if klass is HeldServer:
+                break
+            for hook in STREAMING_HOOKS:
+                if hook in vars(klass):
+                    return (f"{name} subclasses the batch base HeldServer but overrides {hook} (in "
+                            f"{klass.__qualname__}): its only aggregation hook is aggregate_held")
+        if getattr(cls, "aggregate_held") is HeldServer.aggregate_held:  # noqa: B009
+            return f"{name} subclasses the batch base HeldServer but does not define aggregate_held"
+        return ""
+    for hook in BATCH_HOOKS:
+        if hasattr(cls, hook):
+            return (f"{name}.{hook} is the batch hook, but {cls.__qualname__} is a streaming half (it does not "
+                    "subclass HeldServer): override fold and close_round, or subclass HeldServer")
+    return ""
 
 
 class WrappedServer(BaseServer):

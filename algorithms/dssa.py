@@ -28,14 +28,14 @@ Decisions where the papers are silent (docs/algorithms.md records them too):
   the complement in a later round. With sigma = 1 no residual exists.
 - ``pruned_evaluation_arrays()``: the pruned form w~ of the current global model, i.e. exactly what the next sparse
   round transmits (after the last round: the final model at sparsity p); None while the next round is a warm-up.
-  ``aggregate`` returns ``dssa_*`` metrics (phase, k, N_w, the norm of the complement aggregate).
+  ``close_round`` returns ``dssa_*`` metrics (phase, k, N_w, the norm of the complement aggregate).
 Must not import a transport.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -56,10 +56,11 @@ from fedge.algorithms.base import (
     ServerContext,
     wrapper_config,
 )
-from fedge.algorithms.contract import GlobalModelServer, WrappedClient, WrappedServer
+from fedge.algorithms.contract import WrappedClient, WrappedServer
 from fedge.algorithms.fedavg import fold_weight
 from fedge.algorithms.sparse import FlatLayout, compress, decoded
 from fedge.codec import SparseSection, TensorGroup
+from fedge.protocol.server_half import GlobalModelServer
 
 VALUE_DTYPES = ("f32", "f16", "bf16", "int8")
 
@@ -158,9 +159,9 @@ class Server(WrappedServer):
         return Payload(groups=groups, meta=payload.meta)
 
     def check_update(self, round_number: int, update: ClientUpdate) -> str:
-        """In a warm-up round the base's rule. In a sparse round every group densified as ``aggregate`` will
+        """In a warm-up round the base's rule. In a sparse round every group densified as ``fold`` will
         (values bound to this round's mask, no indexed value at a retained coordinate), then the base's rule on
-        what the base's aggregate will see."""
+        what the base's fold will see."""
         if not self.is_sparse(round_number):
             return self.base.check_update(round_number, update)
         mask, _ = self.round_state(round_number)
@@ -199,14 +200,14 @@ class Server(WrappedServer):
             groups[name] = TensorGroup(dense=arrays)
         self.base.fold(round_number, dataclasses.replace(update, payload=Payload(groups, update.payload.meta)))
 
-    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
+    def close_round(self, round_number: int) -> dict[str, Any]:
         self.last_round = round_number
         if not self.is_sparse(round_number):
-            return {**self.base.aggregate_folded(round_number), "dssa_sparse": 0}
+            return {**self.base.close_round(round_number), "dssa_sparse": 0}
         complement, self.complement = self.complement, None
         mask, pruned = self.round_state(round_number)
         self.base.set_global_model(dict(pruned))
-        metrics = dict(self.base.aggregate_folded(round_number))
+        metrics = dict(self.base.close_round(round_number))
         pruned_flat = self.layout.flat(pruned)
         if complement is not None and complement.count:
             pruned_flat[~mask] = (self.config.scale * complement.mean()).astype(np.float32)
@@ -215,11 +216,6 @@ class Server(WrappedServer):
         return {**metrics, "dssa_sparse": 1, "dssa_retained": int(np.count_nonzero(mask)),
                 "dssa_prunable": self.layout.size, "dssa_complement_norm": float(np.linalg.norm(scaled))}
 
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        self.complement = None
-        for update in updates:
-            self.fold(round_number, update)
-        return self.aggregate_folded(round_number)
 
     def pruned_evaluation_arrays(self) -> Arrays | None:
         """w~ of the current global model (what the next sparse round transmits); None while warm-up continues."""

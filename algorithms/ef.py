@@ -18,7 +18,7 @@ delta (the server takes the clients' maximum). Must not import a transport.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -111,7 +111,7 @@ class Server(BaseServer):
         self.model.forget(client_index)
 
     def check_update(self, round_number: int, update: ClientUpdate) -> str:
-        """What ``aggregate`` needs of an update (or a reason): one ``update`` group whose sparse section covers the
+        """What ``fold`` needs of an update (or a reason): one ``update`` group whose sparse section covers the
         float tensors in the layout's order, the integer tensors dense, the public version it was trained from and
         the keyframe version its client holds."""
         integers = [name for name in self.public if name not in self.layout.names]
@@ -145,7 +145,7 @@ class Server(BaseServer):
         self.folding.add(group.sparse.values, group.sparse.positions(),
                          fedavg.fold_weight(update, self.config.base.weighting), group.dense)
 
-    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
+    def close_round(self, round_number: int) -> dict[str, Any]:
         folding, self.folding = self.folding, None
         if folding is None or not folding.count:
             return {"ef_stale_updates": self.stale if folding is not None else 0,
@@ -162,11 +162,6 @@ class Server(BaseServer):
                 "ef_residual_norm": float(np.linalg.norm(sent.residual)),
                 "ef_public_error": float(np.linalg.norm(sent.residual)) / behind if behind else 0.0}
 
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        self.folding = None
-        for update in updates:
-            self.fold(round_number, update)
-        return self.aggregate_folded(round_number)
 
     def evaluation_arrays(self) -> Arrays | None:
         """The coordinator's exact model S = K + residual (what the clients' updates made it; P approximates it)."""

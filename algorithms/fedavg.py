@@ -6,8 +6,7 @@ Client: load x, train, upload. Decision: the upload is the trained model itself 
 so that one client with p = 1 reproduces its local run bit for bit; ``upload = "delta"`` sends y - x and the server
 computes x + sum p_i delta_i. Aggregation streams: each update is folded into exact sums of n_i y_i
 (``algorithms.accumulate``) as it arrives, and the mean (sum n_i y_i) / (sum n_i) is taken when the round closes,
-so the model is the same bit for bit whatever order updates arrived in; ``aggregate`` is the same code over a
-list. Must not import a transport.
+so the model is the same bit for bit whatever order updates arrived in. Must not import a transport.
 """
 
 from __future__ import annotations
@@ -131,7 +130,7 @@ class Server(BaseServer):
         return Payload(groups={MODEL_GROUP: TensorGroup(dense=self.model)})
 
     def check_update(self, round_number: int, update: ClientUpdate) -> str:
-        """What ``aggregate`` needs of an update (or a reason): the configured upload group, every model tensor."""
+        """What ``fold`` needs of an update (or a reason): the configured upload group, every model tensor."""
         return lacking(update.payload, {self.config.upload: self.model})
 
     def uploaded(self, update: ClientUpdate) -> tuple[Arrays, bool]:
@@ -148,17 +147,12 @@ class Server(BaseServer):
             folding = self.folding = Folding(round_number, as_delta)
         folding.add(round_number, arrays, as_delta, fold_weight(update, self.config.weighting))
 
-    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
+    def close_round(self, round_number: int) -> dict[str, Any]:
         folding, self.folding = self.folding, None
         if folding is not None:
             self.model = folding.mean_into(self.model)
         return {}
 
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        self.folding = None
-        for update in updates:
-            self.fold(round_number, update)
-        return self.aggregate_folded(round_number)
 
     def evaluation_arrays(self) -> Arrays | None:
         return self.model

@@ -50,7 +50,7 @@ from fedge.algorithms.base import (
     load_into,
     model_arrays,
 )
-from fedge.algorithms.contract import BaseClient, BaseServer
+from fedge.algorithms.contract import BaseClient, HeldServer
 from fedge.algorithms.fedavg import average, is_float
 from fedge.algorithms.loop import TrainSettings
 from fedge.codec import TensorGroup
@@ -105,7 +105,7 @@ def cosine_weights(deltas: Sequence[np.ndarray], sizes: Sequence[int], tau: floa
     return weights, kept
 
 
-class Server(BaseServer):
+class Server(HeldServer):
     """The global model, the cosine weighting, the participant selection and the warm-start c."""
 
     def __init__(self, config: Config, initial: Arrays, context: ServerContext) -> None:
@@ -144,14 +144,14 @@ class Server(BaseServer):
         return Payload(groups=groups)
 
     def check_update(self, round_number: int, update: ClientUpdate) -> str:
-        """What ``aggregate`` needs of an update (or a reason): the mean gradients while warming up, afterwards
+        """What ``fold`` needs of an update (or a reason): the mean gradients while warming up, afterwards
         the delta of every model tensor."""
         if not self.warmed:  # the mean gradient of every float parameter (all of them get one in THE loop)
             parameters = [n for n in self.context.layout.parameters if n in self.model and is_float(self.model[n])]
             return lacking(update.payload, {"grad": parameters or list(self.cos_names)})
         return lacking(update.payload, {"delta": self.model})
 
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+    def aggregate_held(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if not updates:
             return {}
         if not self.warmed:

@@ -49,7 +49,7 @@ from fedge.algorithms.base import (
     load_into,
     model_arrays,
 )
-from fedge.algorithms.contract import BaseClient, BaseServer
+from fedge.algorithms.contract import BaseClient, HeldServer
 from fedge.algorithms.hypernetwork import HyperNetwork, descend, layer_weights, mix, weight_gradient
 from fedge.codec import TensorGroup
 
@@ -76,7 +76,7 @@ class HeurConfig(Config):
     k: int = 1
 
 
-class Server(BaseServer):
+class Server(HeldServer):
     """theta_j of every client, one hypernetwork per client, no global model."""
 
     def __init__(self, config: Config, initial: Arrays, context: ServerContext) -> None:
@@ -143,10 +143,10 @@ class Server(BaseServer):
         return Payload(groups={"model": TensorGroup(dense=model)}, meta=meta)
 
     def check_update(self, round_number: int, update: ClientUpdate) -> str:
-        """What ``aggregate`` needs of an update (or a reason): the delta of every aggregated tensor."""
+        """What ``fold`` needs of an update (or a reason): the delta of every aggregated tensor."""
         return lacking(update.payload, {"delta": self.theta})
 
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+    def aggregate_held(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         trained: dict[int, Arrays] = {}
         self_weights = []
         for update in updates:

@@ -1,7 +1,8 @@
 """The algorithm registry: a dict literal from name to the module that holds its Config, Server and Client, and the
 algorithms that come as plugins (``spec_of``): a name ``package.module:OBJECT`` or an entry point in the
 ``fedge.algorithms`` group, whose object has ``Config``, ``Server`` and ``Client`` attributes (a module's namespace,
-a class), checked against ``ServerHalf`` and ``ClientHalf`` when it is loaded. A device imports one only after
+a class), checked against ``ServerHalf`` and ``ClientHalf`` and against the aggregation rule
+(``contract.aggregation_refusal``: streaming or batch, never a mix) when it is loaded. A device imports one only after
 ``fedge.plugins.check_allowed``, as it does model plugins.
 
 Also the three factories the runtime uses, so that neither the coordinator nor the agent names an algorithm.
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedge.algorithms import dssa, ef, fedavg, fedbn, fedcos, fedprox, heurpfedla, pfedla, scaffold
 from fedge.algorithms.base import Arrays, ServerContext, config_from_options
-from fedge.algorithms.contract import ClientHalf, ServerHalf
+from fedge.algorithms.contract import ClientHalf, ServerHalf, aggregation_refusal
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ def plugin_spec(name: str) -> AlgorithmSpec:
         if gaps:
             raise ValueError(f"algorithm plugin {name!r}: its {attr} lacks {', '.join(gaps)} (subclass "
                              f"fedge.algorithms.contract.Base{attr} for the optional hooks' defaults)")
+    refusal = aggregation_refusal(getattr(target, "Server"))  # noqa: B009 - checked to be a class above
+    if refusal:
+        raise ValueError(f"algorithm plugin {name!r}: {refusal}")
     spec = AlgorithmSpec(target)
     _PLUGINS[name] = spec
     return spec
@@ -107,6 +111,9 @@ def make_config(name: str, options: Mapping[str, Any]) -> Any:
 
 def make_server(name: str, options: Mapping[str, Any], initial: Arrays, context: ServerContext) -> ServerHalf:
     spec = spec_of(name)
+    refusal = aggregation_refusal(spec.module.Server)
+    if refusal:  # a built-in half is held to the same rule as a plugin's
+        raise ValueError(refusal)
     config = make_config(name, options)
     if spec.base is None:
         server: ServerHalf = spec.module.Server(config, initial, context)

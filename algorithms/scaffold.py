@@ -28,7 +28,7 @@ Decisions where the papers are silent (docs/algorithms.md records them too):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +104,7 @@ class Server(BaseServer):
                        meta=meta)
 
     def check_update(self, round_number: int, update: ClientUpdate) -> str:
-        """What ``aggregate`` needs of an update (or a reason): every model tensor as a delta, every control
+        """What ``fold`` needs of an update (or a reason): every model tensor as a delta, every control
         variate's change, and a numeric learning rate."""
         return lacking(update.payload, {DELTA_GROUP: self.model, "control": self.control}) or \
             mistyped(update.payload, {"lr": (int, float), "steps": int})
@@ -120,7 +120,7 @@ class Server(BaseServer):
         if "lr" in update.payload.meta and update.index >= self.lr_from:  # the highest client index's, as sorted
             self.lr_from, self.lr = update.index, float(update.payload.meta["lr"])
 
-    def aggregate_folded(self, round_number: int) -> dict[str, Any]:
+    def close_round(self, round_number: int) -> dict[str, Any]:
         """x <- x + eta_g * (sum n_i delta y_i) / (sum n_i); c <- c + (sum delta c_i) / N."""
         folding, self.folding, self.lr_from = self.folding, None, -1
         if folding is None:
@@ -138,11 +138,6 @@ class Server(BaseServer):
         norm = float(np.sqrt(sum(float(np.sum(np.square(c, dtype=np.float64))) for c in self.control.values())))
         return {"control_norm": norm}
 
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        self.folding = None
-        for update in updates:
-            self.fold(round_number, update)
-        return self.aggregate_folded(round_number)
 
     def evaluation_arrays(self) -> Arrays | None:
         return self.model

@@ -46,7 +46,7 @@ def main() -> int:
         for i in order:
             server.fold(1, updates[i])
         slices = sum(len(t.slices) * t.size * 8 for t in server.folding.weighted.sums.values()) if server.folding else 0
-        server.aggregate_folded(1)
+        server.close_round(1)
         return time.perf_counter() - started, server.model, slices
 
     def running(order: list[int]) -> tuple[float, dict[str, np.ndarray]]:

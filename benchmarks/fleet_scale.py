@@ -5,7 +5,7 @@
 
 Starts ``coordinator start --bind tcp://127.0.0.1:0`` (the paper CNN at 3x32x32, 1,147,466 parameters, no data on
 the coordinator, no evaluation) and N light agents in processes of ``--per-process`` agents each. A light agent is
-the agent's own protocol object (``fedge.client.protocol``) and the real codec over its own DEALER socket, without
+the agent's own protocol object (``fedge.protocol.agent``) and the real codec over its own DEALER socket, without
 torch: it answers a task with a synthetic update of the right names, shapes and encoding, computed cheaply (FedAvg:
 the received model sent back; ef-fedprox: an int8 indexed section of 30 % of the float coordinates, against the
 public model the task names). Samples the coordinator's CPU time and resident memory through psutil and prints, per
@@ -38,17 +38,8 @@ import zmq.auth
 
 import fedge
 from fedge import codec
-from fedge.client.protocol import (
-    CAPABILITIES,
-    AgentProtocol,
-    Join,
-    Left,
-    SayHello,
-    Send,
-    SendFrame,
-    Stop,
-    Train,
-)
+from fedge.protocol.agent import AgentProtocol, DeviceFacts
+from fedge.protocol.events import Join, Left, Send, SendFrame, Stop, Train
 
 MODEL = ["--model", "cnn", "--set", "model.input_shape=[3, 32, 32]", "--set", "model.outputs=10",
          "--set", 'data.dataset=""']
@@ -63,7 +54,9 @@ class LightAgent:
 
     def __init__(self, context: zmq.Context[Any], endpoint: str, client_id: str, curve: dict[str, bytes] | None):
         self.client_id = client_id
-        self.protocol = AgentProtocol(client_id, hello_interval_s=1.0, stay=False)
+        facts = DeviceFacts(fedge_version=fedge.__version__, torch_version="none", dataset_size=64,
+                            input_shape=(3, 32, 32), num_outputs=10)
+        self.protocol = AgentProtocol(client_id, hello_interval_s=1.0, facts=facts, stay=False)
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.IDENTITY, client_id.encode())
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -73,22 +66,12 @@ class LightAgent:
         self.socket.connect(endpoint)
         self.done = False
 
-    def hello(self) -> bytes:
-        return codec.encode(codec.Hello(run_id=self.protocol.run_id, round=0, sender=self.client_id,
-                                        fedge_version=fedge.__version__, versions=codec.SPOKEN_VERSIONS,
-                                        torch_version="none", model_hash="", capabilities=CAPABILITIES,
-                                        dataset_size=64,
-                                        device="cpu", input_shape=(3, 32, 32), num_outputs=10,
-                                        holds=self.protocol.holds()))
-
     def act(self, actions: list[Any], frame: bytes = b"") -> None:
         for action in actions:
             if isinstance(action, Send):
                 self.socket.send(codec.encode(action.message), zmq.NOBLOCK)
             elif isinstance(action, SendFrame):
                 self.socket.send(action.frame, zmq.NOBLOCK)
-            elif isinstance(action, SayHello):
-                self.socket.send(self.hello(), zmq.NOBLOCK)
             elif isinstance(action, Join):
                 w = action.welcome
                 self.protocol.joined(w.run_id, w.client_index, w.heartbeat_s, w.liveness_s)

@@ -54,9 +54,11 @@ def _no_phase() -> Iterator[None]:
 def play_task(session: JoinedSession, tensors: Tensors, state: DeviceState, task: codec.Task,
               meter: RoundMeter | None = None, cancelled: Callable[[], bool] | None = None,
               inference_meta: dict[str, Any] | None = None,
-              spent: Callable[[int], bool] | None = None) -> TaskResult:
+              spent: Callable[[int], bool] | None = None,
+              received: Callable[[Payload, Any], None] | None = None) -> TaskResult:
     """Train one task and write its state as pending (``state.write_pending``); TrainingCancelled when
-    ``cancelled`` says so before a step; fewer steps when the device's work budget (``spent``) says so."""
+    ``cancelled`` says so before a step; fewer steps when the device's work budget (``spent``) says so;
+    ``received`` sees the task's payload and the model after ``on_receive`` (the in-process driver's ``inspect``)."""
 
     def phase(name: str) -> contextlib.AbstractContextManager[Any]:
         return meter.phase(name) if meter is not None else _no_phase()
@@ -65,7 +67,10 @@ def play_task(session: JoinedSession, tensors: Tensors, state: DeviceState, task
     with phase("receive"):
         state.discard_unconfirmed(session.run_id, task.last_accepted_round)
         client.load_state_dict(state.committed(session.run_id))
-        client.on_receive(task.round, Payload(groups=dict(task.groups), meta=dict(task.meta)), model)
+        payload = Payload(groups=dict(task.groups), meta=dict(task.meta))
+        client.on_receive(task.round, payload, model)
+        if received is not None:
+            received(payload, model)
     inference = None if client.inference_after_training else model_arrays(model)
     fields: dict[str, Any] = {}
     if (task.personal_eval or task.evaluate) and tensors.test_labels.numel():

@@ -17,32 +17,13 @@ import numpy as np
 from fedge import codec
 from fedge.algorithms.task import METRIC_NAMES as EVAL_METRICS
 from fedge.coordinator.config import Config
-from fedge.coordinator.round_state import RoundState
 from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, load_arrays, save_arrays
 from fedge.meter import round_totals, zmtp
 from fedge.meter.record import ENERGY_FIELDS, MAX_FIELDS, MIN_FIELDS, SUM_FIELDS
 from fedge.models import ModelSpec
+from fedge.protocol.round import RoundState
 
 NUMERIC_FIELDS = frozenset((*SUM_FIELDS, *MAX_FIELDS, *MIN_FIELDS, *ENERGY_FIELDS, "cpu_s_decode"))
-
-
-def check_update(update: codec.Update, shapes: Mapping[str, tuple[int, ...]], masks_sent: set[int]) -> str:
-    """A reason to reject the update's tensors (unknown names, wrong shapes, foreign mask), or ''."""
-    for group_name, group in update.groups.items():
-        for name, array in group.dense.items():
-            if name not in shapes:
-                return f"group {group_name!r} names an unknown tensor {name!r}"
-            if tuple(array.shape) != shapes[name]:
-                return f"{group_name}/{name}: shape {tuple(array.shape)}, expected {shapes[name]}"
-        sparse = group.sparse
-        if sparse is None:
-            continue
-        for name, shape in zip(sparse.names, sparse.shapes, strict=True):
-            if shapes.get(name) != tuple(shape):
-                return f"{group_name}: sparse tensor {name!r} with shape {tuple(shape)} is not in the model"
-        if sparse.kind == "masked-values" and sparse.mask_crc not in masks_sent:
-            return f"{group_name}: values are bound to a mask (crc {sparse.mask_crc:#x}) not sent this round"
-    return ""
 
 
 def agent_record(record: object, update_bytes: int, curve: bool) -> dict[str, Any]:

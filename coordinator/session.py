@@ -1,7 +1,7 @@
 """THE round loop: register agents, select, send downlinks, gather updates, aggregate, evaluate, checkpoint, record.
 
 A ``Session`` owns one run: the algorithm's server half, the run directory, and the driver's part of the protocol:
-it polls the ``RouterTransport``, feeds every frame and the current time to ``coordinator.protocol`` (which holds
+it polls the ``RouterTransport``, feeds every frame and the current time to ``protocol.coordinator`` (which holds
 the agent registry, the round in progress and every rule that guards it, with no I/O), sends what that returns and
 logs what it reports. So a local fleet on loopback and a fleet of Raspberry Pis are served by the same code.
 Device state is committed in two phases: an agent promotes what a round produced only when told that the round was
@@ -11,7 +11,6 @@ algorithm by name.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -22,13 +21,11 @@ import numpy as np
 
 from fedge import codec
 from fedge.algorithms import make_server
-from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
+from fedge.algorithms.base import ModelLayout, ServerContext
 from fedge.codec import vocabulary as words
-from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.config import Config
 from fedge.coordinator.deferred import DeferredRow, PendingRow
 from fedge.coordinator.downlinks import DownlinkBodies
-from fedge.coordinator.protocol import CoordinatorProtocol, Event, Rejected, RoundState, Send, SendFrame
 from fedge.coordinator.records import (
     agent_record,
     agents_metrics,
@@ -39,11 +36,17 @@ from fedge.coordinator.records import (
     welcome_fields,
 )
 from fedge.coordinator.rundir import RunDir, plain
-from fedge.coordinator.selection import choose, selection_count
 from fedge.coordinator.status import StatusBoard
 from fedge.coordinator.transport import RouterTransport
+from fedge.exhaustive import assert_never
 from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays
+from fedge.protocol.coordinator import CoordinatorProtocol
+from fedge.protocol.events import Accepted, Checkpoint, CoordinatorEvent, Noted, Rejected, Send, SendFrame
+from fedge.protocol.registry import AgentRegistry
+from fedge.protocol.round import RoundState
+from fedge.protocol.selection import choose, selection_count
+from fedge.protocol.server_half import Aggregation
 
 log = logging.getLogger("fedge.coordinator")
 
@@ -94,7 +97,8 @@ class Session:
         self.started = time.monotonic()
         self.status = StatusBoard(run_dir, config.run.rounds, config.algorithm_name)  # status.json and friends
         self.round_walls: list[float] = []
-        self.folded: set[int] = set()  # the clients of the round in progress whose update is folded in
+        self.aggregation = Aggregation(self.server, 0)  # the round in progress's, on the one aggregation path
+        self.checkpoint_s = 0.0  # the time the last checkpoint took to write
         self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
         self.bytes_total = {"down": 0, "up": 0}  # packet bytes of the rounds recorded so far (metrics.jsonl)
         # the last round's row, until its evaluation (beside the next round) is done
@@ -124,8 +128,7 @@ class Session:
         arrays, meta = load_checkpoint(self.run_dir.checkpoint, self.model_hash, self.config.algorithm_name)
         self.server.load_state_dict(arrays, meta["server"])
         self.registry.load_state(meta)
-        self.protocol.round = int(meta["round"])
-        self.protocol.run_id = str(meta["run_id"])
+        self.protocol.resume(str(meta["run_id"]), int(meta["round"]))
         for name in ("metrics.jsonl", "clients.jsonl"):
             self.run_dir.truncate_jsonl(name, self.round)
         pending = meta.get("pending_row")
@@ -148,20 +151,29 @@ class Session:
                 "evaluate": self.evaluator is None and self.rows.due(number)}
 
     # ----------------------------------------------------------------------------------------- driving the protocol
-    def act(self, events: list[Event]) -> None:
+    def act(self, events: list[CoordinatorEvent]) -> None:
+        """Carry out what the protocol decided, in its order."""
         for event in events:
-            if isinstance(event, Send):
-                if event.task_of is not None and isinstance(event.message, codec.Task):
-                    size = self.send_task(event.peer, event.message, event.task_of)
-                    self.protocol.sent_task(event.task_of, size)
-                else:
-                    size = self.send(event.peer, event.message)
-            elif isinstance(event, SendFrame):
-                self.transport.send(event.peer, event.frame)
-            elif isinstance(event, Rejected):
-                log.warning("rejected a message from %r: %s (%s)", event.peer, event.reason, event.code)
-            else:
-                log.log(event.level, "%s", event.text)
+            match event:
+                case Send(message=codec.Task() as task, peer=peer, task_of=int(index)):
+                    self.protocol.sent_task(index, self.send_task(peer, task, index))
+                case Send(message=message, peer=peer):
+                    self.send(peer, message)
+                case SendFrame(peer=peer, frame=frame):
+                    self.transport.send(peer, frame)
+                case Accepted(update=update):  # streaming aggregation: folded at once, its tensors then dropped
+                    self.aggregation.fold(update)
+                case Checkpoint(round=number):
+                    written = time.monotonic()
+                    self.save_checkpoint()
+                    self.checkpoint_s = time.monotonic() - written
+                    crash_point("checkpoint", number)
+                case Rejected(peer=peer, code=code, reason=reason):
+                    log.warning("rejected a message from %r: %s (%s)", peer, reason, code)
+                case Noted(level=level, text=text):
+                    log.log(level, "%s", text)
+                case _:
+                    assert_never(event)
 
     def send(self, peer: bytes, message: codec.Message) -> int:
         frame = self.downlinks.frame(message) if isinstance(message, codec.Task) else codec.encode(message)
@@ -176,22 +188,6 @@ class Session:
 
     def handle(self, peer: bytes, frame: bytes) -> None:
         self.act(self.protocol.receive(peer, frame, time.monotonic()))
-        self.fold_arrivals()
-
-    def fold_arrivals(self) -> None:
-        """Streaming aggregation: each update the protocol accepted is folded into the server half at once and its
-        tensors dropped (the round keeps its typed fields and size for the records)."""
-        current = self.protocol.current
-        if current is None or len(current.updates) == len(self.folded):
-            return
-        for index, (update, size) in list(current.updates.items()):
-            if index in self.folded:
-                continue
-            self.folded.add(index)
-            self.server.fold(current.number, ClientUpdate(
-                client_id=self.registry.by_index(index).client_id, index=index, num_samples=update.num_samples,
-                payload=Payload(groups=dict(update.groups), meta=dict(update.meta))))
-            current.updates[index] = (dataclasses.replace(update, groups={}, meta={}), size)
 
     def pump(self, timeout_ms: int) -> None:
         self.progress += 1
@@ -225,7 +221,7 @@ class Session:
         until = time.monotonic() + timeout_s
         announced = -1
         while not self.stopping:
-            live = len(self.registry.live_indices())
+            live = len(self.registry.live_indices(time.monotonic()))
             if live != announced:
                 log.info("%d of %d expected agents connected", live, expect)
                 announced = live
@@ -239,8 +235,8 @@ class Session:
         """One round; returns its metrics, or None when the session was asked to stop mid-round."""
         started = time.monotonic()
         self.drain()
-        available = self.registry.live_indices()
-        self.folded = set()
+        available = self.registry.live_indices(time.monotonic())
+        self.aggregation = Aggregation(self.server, number)
         self.act(self.protocol.open_round(number, self.select(number, available), started,
                                           self.config.round.deadline_s, self.config.round.target))
         while not self.protocol.complete(time.monotonic()):
@@ -267,14 +263,12 @@ class Session:
             self.server.missed(number, missing)
         ordered = sorted(current.updates.items())
         received = [(self.registry.by_index(i).client_id, u) for i, (u, _) in ordered]
-        extra = dict(self.server.aggregate_folded(number)) if ordered else {}  # folded as they arrived
+        extra = self.aggregation.close()  # folded as they arrived
         crash_point("aggregated", number)
         records = [agent_record(dict(update.record), size, self.transport.curve) for _, (update, size) in ordered]
         row = round_row(number, self.config.algorithm_name, current, missing, received, extra, records)
         if self.evaluator is None and self.rows.due(number):  # the agents' evaluations, in their updates
             row.update(agents_metrics([u for _, u in received]))
-        for index in current.updates:
-            self.registry.by_index(index).last_accepted_round = number
         ids = {i: self.registry.by_index(i).client_id for i in [*current.updates, *current.unavailable]}
         self.run_dir.append_jsonl("clients.jsonl", *client_rows(number, current, ids, records,
                                                                 attribute_energy(records)))
@@ -284,12 +278,10 @@ class Session:
         self.bytes_total["down"] += int(row["bytes_down"])
         self.bytes_total["up"] += int(row["bytes_up"])
         crash_point("metrics", number)
-        commits = self.protocol.commits(number)  # the round is now the last committed one
-        written = time.monotonic()
-        self.save_checkpoint()
-        held.row["checkpoint_s"] = time.monotonic() - written
-        crash_point("checkpoint", number)
-        self.act(commits)
+        # the round is now the last committed one: its checkpoint is written (crash point 'checkpoint'), then the
+        # Commits go out, in the order the protocol gives
+        self.act(self.protocol.commits(number))
+        held.row["checkpoint_s"] = self.checkpoint_s
         crash_point("committed", number)  # the row may still wait for its evaluation: the checkpoint holds it
         if not held.waiting:
             self.rows.flush()
@@ -326,11 +318,11 @@ class Session:
             return "stopped"
         while self.round < self.config.run.rounds:
             self.drain()
-            if not self.registry.live_indices():
+            if not self.registry.live_indices(time.monotonic()):
                 log.warning("no live agent; waiting for agents to come back")
                 if not self.wait_for_agents(max(self.config.round.min_clients, 1), self.config.fleet.join_timeout_s):
                     return "stopped"
-                if not self.registry.live_indices():
+                if not self.registry.live_indices(time.monotonic()):
                     return "no-agents"
             row = self.play_round(self.round + 1)
             if row is None:

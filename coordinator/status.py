@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.records import fleet_gauges
 from fedge.coordinator.rundir import RunDir
+from fedge.protocol.registry import AgentRegistry
 
 STATUS_AGENTS = 100   # status.json lists the agents heard from most recently, at most this many
 AGENTS_EVERY_S = 10.0  # agents.json (every agent) is written this often, and at every round's end
@@ -42,7 +42,7 @@ class StatusBoard:
         mean_round = float(np.mean(round_walls[-5:])) if round_walls else None
         eta_s = mean_round * (self.rounds - round_number) if mean_round is not None else None
         agents: list[dict[str, Any]] = [
-            {"client_id": a.client_id, "index": a.index, "connected": registry.alive(a),
+            {"client_id": a.client_id, "index": a.index, "connected": registry.alive(a, now),
              "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None,
              "round_s": round(a.round_s, 3) if a.round_s is not None else None}
             for a in registry.agents.values()]

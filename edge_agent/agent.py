@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,20 +25,6 @@ from fedge import codec
 from fedge.algorithms.loop import TrainingCancelled
 from fedge.client.data import DeviceData
 from fedge.client.joining import JoinedSession, Refused, data_tensors, join_session, training_device
-from fedge.client.protocol import (
-    CAPABILITIES,
-    Action,
-    AgentProtocol,
-    CancelTraining,
-    Confirm,
-    Join,
-    Left,
-    SayHello,
-    Send,
-    SendFrame,
-    Stop,
-    Train,
-)
 from fedge.client.round import play_task, update_frame
 from fedge.client.state import DeviceState
 from fedge.edge_agent.availability import read_readings, why_not
@@ -48,16 +33,22 @@ from fedge.edge_agent.transport import CurveClientKeys, DealerTransport, tcp_pee
 from fedge.meter import AgentMeter
 from fedge.plumbing import hold_directory
 from fedge.plumbing.memory import trim_heap
+from fedge.protocol.agent import AgentProtocol, DeviceFacts
+from fedge.protocol.events import (
+    AgentAction,
+    CancelTraining,
+    Confirm,
+    Join,
+    Left,
+    Outcome,
+    Send,
+    SendFrame,
+    Stop,
+    Train,
+)
 
 log = logging.getLogger("fedge.agent")
 
-
-
-@dataclass
-class Outcome:
-    round: int
-    frame: bytes | None
-    error: str = ""
 
 
 class Agent:
@@ -74,7 +65,10 @@ class Agent:
         self.session: JoinedSession | None = None
         self.worker: threading.Thread | None = None
         self.outcome: Outcome | None = None
-        self.protocol = AgentProtocol(settings.client_id, settings.hello_interval_s,
+        facts = DeviceFacts(fedge_version=fedge.__version__, torch_version=torch.__version__,
+                            dataset_size=int(self.data.train_y.shape[0]), device=str(self.device),
+                            input_shape=tuple(self.data.input_shape), num_outputs=self.data.num_outputs)
+        self.protocol = AgentProtocol(settings.client_id, settings.hello_interval_s, facts,
                                       stay=settings.after_session == "wait")
         self.progress = 0      # main-loop iterations and messages handled
         self.train_steps = 0   # optimizer steps taken by the training thread
@@ -89,15 +83,6 @@ class Agent:
         frame = codec.encode(message)
         if transport.send(frame):
             self.meter.add_bytes("up", len(frame))
-
-    def hello(self, transport: DealerTransport) -> None:
-        self.send(transport, codec.Hello(
-            run_id=self.session.run_id if self.session else "", round=0, sender=self.settings.client_id,
-            fedge_version=fedge.__version__, versions=codec.SPOKEN_VERSIONS,
-            torch_version=torch.__version__, model_hash="", capabilities=CAPABILITIES,
-            dataset_size=int(self.data.train_y.shape[0]), device=str(self.device),
-            input_shape=tuple(self.data.input_shape), num_outputs=self.data.num_outputs,
-            holds=self.protocol.holds()))
 
     def on_join(self, transport: DealerTransport, welcome: codec.Welcome) -> None:
         try:
@@ -231,7 +216,7 @@ class Agent:
             log.info("round %d committed", round_number)
 
     # ------------------------------------------------------------------------------------------------ loop
-    def act(self, transport: DealerTransport, actions: list[Action], decode_cpu_s: float = 0.0) -> None:
+    def act(self, transport: DealerTransport, actions: list[AgentAction], decode_cpu_s: float = 0.0) -> None:
         """Carry out what the protocol decided."""
         for action in actions:
             if isinstance(action, Send):
@@ -242,8 +227,6 @@ class Agent:
             elif isinstance(action, CancelTraining):
                 if self.worker is not None and self.worker.is_alive():
                     self.cancel_requested.set()
-            elif isinstance(action, SayHello):
-                self.hello(transport)
             elif isinstance(action, Join):
                 self.on_join(transport, action.welcome)
             elif isinstance(action, Train):

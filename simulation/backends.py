@@ -19,7 +19,8 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol
 
-from fedge.simulation.worker import Job, Outcome, failed, train_client, worker_setup
+from fedge.protocol.events import Outcome
+from fedge.simulation.worker import Job, failed, train_client, worker_setup
 
 log = logging.getLogger("fedge.simulation")
 

@@ -2,7 +2,7 @@
 
 ``SimulatedFleet`` offers what ``coordinator.transport.RouterTransport`` offers (``poll``, ``send``, ``close``, the
 endpoint and byte counts), so the coordinator's protocol object, validation, records and checkpoint run exactly as
-for a fleet of devices. Each logical client is an ``AgentProtocol`` (``client.protocol``, the agent's own rules)
+for a fleet of devices. Each logical client is an ``AgentProtocol`` (``protocol.agent``, the agent's own rules)
 fed the real packets the coordinator sends: its Hello is real, it joins on the real Welcome, a Task becomes a
 ``Job`` for the backend (``simulation.backends``: inline, a process pool or Ray actors), the Update packet the
 worker returns goes back through the client's protocol (a paced task waits for its grant, a cancelled one is not
@@ -18,27 +18,22 @@ import logging
 import time
 from collections.abc import Sequence
 
-import torch
-
-import fedge
 from fedge import codec
-from fedge.client.protocol import (
-    CAPABILITIES,
-    Action,
-    AgentProtocol,
+from fedge.exhaustive import assert_never
+from fedge.protocol.events import (
+    AgentAction,
     CancelTraining,
     Confirm,
     Join,
     Left,
     Noted,
-    SayHello,
     Send,
     SendFrame,
     Stop,
     Train,
 )
-from fedge.client.state import DeviceState
 from fedge.simulation.backends import Backend
+from fedge.simulation.client import LogicalClient, simulated_facts
 from fedge.simulation.worker import ClientFiles, Job, WorkerRule
 
 log = logging.getLogger("fedge.simulation")
@@ -59,9 +54,10 @@ class SimulatedFleet:
         self.rule = rule or WorkerRule()
         self.input_shape = tuple(input_shape)
         self.num_outputs = num_outputs
-        self.sizes = {c.client_id: int(n) for c, n in zip(clients, dataset_sizes, strict=True)}
-        self.protocols = {c.client_id: AgentProtocol(c.client_id, hello_interval_s=1.0, stay=False) for c in clients}
-        self.welcomes: dict[str, bytes] = {}
+        self.logical = {c.client_id: LogicalClient(c.client_id, c.state_dir,
+                                                   simulated_facts(int(n), self.input_shape, num_outputs))
+                        for c, n in zip(clients, dataset_sizes, strict=True)}
+        self.protocols = {client_id: c.protocol for client_id, c in self.logical.items()}
         self.outbox: collections.deque[tuple[bytes, bytes]] = collections.deque()
         self.endpoint = f"simulated://{len(clients)}-clients/{backend.__class__.__name__}/{backend.workers}-workers"
         self.bytes_in = 0
@@ -106,42 +102,29 @@ class SimulatedFleet:
             self.backend.close()
 
     # ------------------------------------------------------------------------------------------ the clients
-    def act(self, client_id: str, actions: Sequence[Action], frame: bytes = b"") -> None:
+    def act(self, client_id: str, actions: Sequence[AgentAction], frame: bytes = b"") -> None:
         """Carry out a client protocol's decisions, as an agent's driver does."""
-        peer = client_id.encode()
-        protocol = self.protocols[client_id]
+        client = self.logical[client_id]
         for action in actions:
-            if isinstance(action, Send):
-                self.outbox.append((peer, codec.encode(action.message)))
-            elif isinstance(action, SendFrame):
-                self.outbox.append((peer, action.frame))
-            elif isinstance(action, SayHello):
-                self.outbox.append((peer, self.hello(client_id)))
-            elif isinstance(action, Join):
-                welcome = action.welcome
-                self.welcomes[client_id] = frame
-                protocol.joined(welcome.run_id, welcome.client_index, welcome.heartbeat_s, welcome.liveness_s)
-            elif isinstance(action, Train):
-                self.jobs += 1
-                self.backend.submit(Job(self.clients[client_id], self.welcomes[client_id], frame, self.rule))
-            elif isinstance(action, Confirm):
-                state = DeviceState(self.clients[client_id].state_dir)
-                if not state.confirm(protocol.run_id, action.round):
-                    log.warning("client %s had no pending state of round %d to commit", client_id, action.round)
-            elif isinstance(action, Noted):
-                log.log(min(action.level, logging.INFO), "client %s: %s", client_id, action.text)
-            elif isinstance(action, Stop):  # the session ended: the client's goodbye, as an agent's on leaving
-                self.stopped.add(client_id)
-                self.act(client_id, protocol.leaving())
-            elif isinstance(action, (CancelTraining, Left)):
-                continue  # a cancelled job's result is dropped by the protocol; clients do not stay for another
-            else:
-                raise TypeError(f"unexpected action {action!r}")
-
-    def hello(self, client_id: str) -> bytes:
-        protocol = self.protocols[client_id]
-        return codec.encode(codec.Hello(
-            run_id=protocol.run_id, round=0, sender=client_id, fedge_version=fedge.__version__,
-            versions=codec.SPOKEN_VERSIONS, torch_version=torch.__version__, model_hash="",
-            capabilities=CAPABILITIES, dataset_size=self.sizes[client_id], device="cpu",
-            input_shape=self.input_shape, num_outputs=self.num_outputs, holds=protocol.holds()))
+            match action:
+                case Send(message=message):
+                    self.outbox.append((client.peer, codec.encode(message)))
+                case SendFrame(frame=update):
+                    self.outbox.append((client.peer, update))
+                case Join(welcome=welcome):
+                    client.joined(welcome, frame)
+                case Train():
+                    self.jobs += 1
+                    self.backend.submit(Job(self.clients[client_id], client.welcome_frame, frame, self.rule))
+                case Confirm(round=round_number):
+                    if not client.confirm(round_number):
+                        log.warning("client %s had no pending state of round %d to commit", client_id, round_number)
+                case Noted(level=level, text=text):
+                    log.log(min(level, logging.INFO), "client %s: %s", client_id, text)
+                case Stop():  # the session ended: the client's goodbye, as an agent's on leaving
+                    self.stopped.add(client_id)
+                    self.act(client_id, client.protocol.leaving())
+                case CancelTraining() | Left():
+                    continue  # a cancelled job's result is dropped by the protocol; clients do not stay for another
+                case _:
+                    assert_never(action)

@@ -1,14 +1,16 @@
 """The in-process round driver: a fleet of clients in one process, played through the runtime's own rules.
 
-``make_fleet`` builds an algorithm's server half and one client half per client, a ``CoordinatorProtocol`` and one
-``AgentProtocol`` per client, and a device-state directory per client; every agent registers with a real Hello and
-joins on a real Welcome. ``run_round`` then plays one round as the coordinator and the agents do: the coordinator
-protocol opens it and builds each selected client's Task, every packet is encoded, handed over as bytes and decoded
-by the other side's protocol object, each agent loads its client half from its committed device state, trains with
-THE loop, writes its state as pending and sends an Update (typed runtime fields and all), the coordinator protocol
-validates it (a refusal fails the round, with the reason), the server half aggregates, and the Commits it sends make
-each agent promote its pending state. So an algorithm's invariants are checked on the runtime's rules, not on a
-thinner copy. Device state is written without fsync (``plumbing.without_fsync``); it is otherwise the agent's own.
+``make_fleet`` builds an algorithm's server half, a ``CoordinatorProtocol`` and one logical client per client
+(``simulation.client.LogicalClient``: the agent's protocol object, its device state, its Hello); every client
+registers with its real Hello and joins on the real Welcome. ``run_round`` then plays one round as a session and
+its agents do: the coordinator protocol opens it and builds each selected client's Task, every packet is encoded,
+handed over as bytes and decoded by the other side's protocol object, each client trains its task with THE
+client-round function (``client.round.play_task``: the client half loaded from the committed device state,
+on_receive, THE loop, the update, the pending state), the coordinator protocol validates the Update (a refusal
+fails the round, with the reason), each accepted update is folded as it arrives and the round closed on the one
+aggregation path (``algorithms.contract.Aggregation``, as a session does), and the Commits make each client promote
+its pending state. So an algorithm's tests exercise the production path, not a thinner copy. Device state is
+written without fsync (``plumbing.without_fsync``); it is otherwise the agent's own.
 
 For tests, benchmarks and quick experiments; the deployment path is ``coordinator`` and ``edge_agent``. No sockets,
 threads or clocks: time is a counter the driver advances.
@@ -16,6 +18,7 @@ threads or clocks: time is a counter the driver advances.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,17 +29,33 @@ import numpy as np
 import torch
 from torch import nn
 
-import fedge
 from fedge import codec
-from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
-from fedge.algorithms.loop import TrainSettings, round_seed, train_local
+from fedge.algorithms.base import ModelLayout, Payload, ServerContext
+from fedge.algorithms.loop import TrainSettings, task_of
 from fedge.algorithms.registry import make_client, make_server
-from fedge.client.protocol import AgentProtocol, Confirm, Join, SendFrame, Train
+from fedge.client.joining import JoinedSession, Tensors
+from fedge.client.round import play_task, update_frame
 from fedge.client.state import DeviceState
-from fedge.coordinator.agents import AgentRegistry
-from fedge.coordinator.protocol import CoordinatorProtocol, Rejected, Send
+from fedge.exhaustive import assert_never
 from fedge.models import ModelSpec, build, definition_hash, state_to_arrays
 from fedge.plumbing import without_fsync
+from fedge.protocol.coordinator import CoordinatorProtocol
+from fedge.protocol.events import (
+    Accepted,
+    AgentAction,
+    Checkpoint,
+    Confirm,
+    CoordinatorEvent,
+    Join,
+    Noted,
+    Rejected,
+    Send,
+    SendFrame,
+    Train,
+)
+from fedge.protocol.registry import AgentRegistry
+from fedge.protocol.server_half import Aggregation
+from fedge.simulation.client import LogicalClient, simulated_facts
 
 RUN_ID = "inprocess"
 FOREVER_S = 1e12
@@ -44,22 +63,27 @@ FOREVER_S = 1e12
 
 @dataclass
 class Fleet:
-    """The server half, the client halves with their models, the protocol objects and device states, and the
-    packets' sizes seen so far (Tasks in ``bytes_down``, Updates in ``bytes_up``, in the order sent)."""
+    """The server half, the client halves with their models, the coordinator protocol and the logical clients,
+    and the packets' sizes seen so far (Tasks in ``bytes_down``, Updates in ``bytes_up``, in the order sent). A
+    test may replace ``server`` or ``clients`` between rounds (a restored half); the next round uses them."""
 
     server: Any
     clients: list[Any]
     models: list[nn.Module]
     coordinator: CoordinatorProtocol
-    agents: list[AgentProtocol]
-    states: list[DeviceState]
+    logical: list[LogicalClient]
     state_root: Path
     initial: dict[str, np.ndarray] = field(default_factory=dict)  # the models' common start (client halves get it)
     welcomes: list[codec.Welcome] = field(default_factory=list)
     bytes_down: list[int] = field(default_factory=list)
     bytes_up: list[int] = field(default_factory=list)
     clock: float = 0.0
+    aggregation: Aggregation | None = None  # the round in progress's
     keep: Any = None  # the temporary directory, when the fleet made its own
+
+    @property
+    def states(self) -> list[DeviceState]:
+        return [client.state() for client in self.logical]
 
 
 def through_codec(payload: Payload, kind: str, round_number: int) -> tuple[Payload, int]:
@@ -101,105 +125,95 @@ def make_fleet(name: str, options: Mapping[str, Any], spec: ModelSpec, clients: 
     registry.reserve([client_id(i) for i in range(clients)])
     coordinator = CoordinatorProtocol(RUN_ID, model_hash, {k: tuple(v.shape) for k, v in arrays.items()}, registry,
                                       server, lambda index: {**welcome, "client_index": index})
-    fleet = Fleet(server=server, clients=[], models=models, coordinator=coordinator,
-                  agents=[AgentProtocol(client_id(i), hello_interval_s=1.0) for i in range(clients)],
-                  states=[DeviceState(root / client_id(i)) for i in range(clients)], state_root=root, keep=keep,
-                  initial=arrays)
-    for index, agent in enumerate(fleet.agents):
-        hello = codec.Hello(run_id="", round=0, sender=agent.client_id, fedge_version=fedge.__version__,
-                            versions=codec.SPOKEN_VERSIONS, torch_version=torch.__version__, model_hash=model_hash,
-                            capabilities=(), dataset_size=0, holds=agent.holds())
-        for _, action in deliver_to_agents(fleet, coordinator.receive(agent.client_id.encode(), codec.encode(hello),
-                                                                   fleet.clock)):
+    logical = [LogicalClient(client_id(i), str(root / client_id(i)), simulated_facts(0), stay=True)
+               for i in range(clients)]
+    fleet = Fleet(server=server, clients=[], models=models, coordinator=coordinator, logical=logical,
+                  state_root=root, keep=keep, initial=arrays)
+    for index, client in enumerate(logical):
+        for _, action, frame in deliver(fleet, coordinator.receive(client.peer, client.hello_frame(), fleet.clock)):
             if isinstance(action, Join):
                 w = action.welcome
                 if w.client_index != index:
-                    raise AssertionError(f"agent {agent.client_id} was given index {w.client_index}")
-                agent.joined(w.run_id, w.client_index, w.heartbeat_s, w.liveness_s)
+                    raise AssertionError(f"agent {client.client_id} was given index {w.client_index}")
+                client.joined(w, frame)
                 fleet.welcomes.append(w)
-                fleet.clients.append(client_half(w))
+                fleet.clients.append(make_client(w.algorithm, dict(w.algorithm_options), w.client_index))
                 fleet.clients[-1].initial_model(fleet.initial)
-        if agent.index is None:
-            raise AssertionError(f"agent {agent.client_id} did not join the session")
+        if client.protocol.index is None:
+            raise AssertionError(f"agent {client.client_id} did not join the session")
     return fleet
 
 
-def client_half(welcome: codec.Welcome) -> Any:
-    """The client half an agent builds from its welcome."""
-    return make_client(welcome.algorithm, dict(welcome.algorithm_options), welcome.client_index)
-
-
-def deliver_to_agents(fleet: Fleet, events: Sequence[Any]) -> list[Any]:
-    """Carry the coordinator's Sends to the agents (as packets; Task sizes counted) and return what the agents'
-    protocol objects decided; a refusal by the coordinator is an error here."""
-    actions: list[Any] = []
+def deliver(fleet: Fleet, events: Sequence[CoordinatorEvent]) -> list[tuple[int, AgentAction, bytes]]:
+    """Carry out the coordinator protocol's events: Sends go to the clients as packets (Task sizes counted), an
+    accepted update is folded into the round at once; returns what the clients' protocol objects decided, with the
+    packet each decided on. A refusal by the coordinator is an error here."""
+    actions: list[tuple[int, AgentAction, bytes]] = []
     for event in events:
-        if isinstance(event, Rejected):
-            raise AssertionError(f"the coordinator refused a message of {event.peer!r}: {event.code}: {event.reason}")
-        if not isinstance(event, Send):
-            continue
-        frame = codec.encode(event.message)
-        if event.task_of is not None:
-            fleet.coordinator.sent_task(event.task_of, len(frame))
-            fleet.bytes_down.append(len(frame))
-        index = fleet.coordinator.registry.agents[event.peer.decode()].index
-        actions += [(index, a) for a in fleet.agents[index].receive(frame, fleet.clock)]
+        match event:
+            case Rejected(peer=peer, code=code, reason=reason):
+                raise AssertionError(f"the coordinator refused a message of {peer!r}: {code}: {reason}")
+            case Accepted(update=update):
+                assert fleet.aggregation is not None, "an update accepted outside a round"
+                fleet.aggregation.fold(update)
+            case Send(peer=peer, message=message, task_of=task_of_index):
+                frame = codec.encode(message)
+                if task_of_index is not None:
+                    fleet.coordinator.sent_task(task_of_index, len(frame))
+                    fleet.bytes_down.append(len(frame))
+                index = fleet.coordinator.registry.agents[peer.decode()].index
+                actions += [(index, a, frame) for a in fleet.logical[index].protocol.receive(frame, fleet.clock)]
+            case Noted() | SendFrame() | Checkpoint():
+                continue  # nothing to log, no older peer, no checkpoint in process
+            case _:
+                assert_never(event)
     return actions
 
 
 def train_task(fleet: Fleet, index: int, task: codec.Task, data: tuple[torch.Tensor, torch.Tensor],
                settings: TrainSettings, seed: int, inspect: Callable[[int, Payload, nn.Module], None] | None) -> bytes:
-    """What an agent does with a task (``edge_agent.agent``): its client half loaded from the committed device
-    state, on_receive, THE loop, the update, the pending state; returns the Update packet. As on a device, the
-    client half object lives for the session, and what it carries from round to round is what its ``state_dict``
-    put on disk and the coordinator committed."""
-    state, client, model = fleet.states[index], fleet.clients[index], fleet.models[index]
-    state.discard_unconfirmed(RUN_ID, task.last_accepted_round)
-    client.load_state_dict(state.committed(RUN_ID))
-    down = Payload(groups=dict(task.groups), meta=dict(task.meta))
-    client.on_receive(task.round, down, model)
-    if inspect is not None:
-        inspect(index, down, model)
+    """What an agent does with a task: THE client-round function on this client's half and model (as on a device,
+    the half lives for the session, and what it carries from round to round is what its ``state_dict`` put on disk
+    and the coordinator committed), with this round's settings and seed; returns the Update packet."""
     inputs, labels = data
-    stats = train_local(model, client, inputs, labels, settings, round_seed(seed, task.round, index))
-    up = client.make_update(task.round, model, stats)
-    state.write_pending(RUN_ID, task.round, client.state_dict(), state_to_arrays(model))
-    return codec.encode(codec.Update(run_id=RUN_ID, round=task.round, sender=client_id(index), groups=dict(up.groups),
-                                     meta=dict(up.meta), num_samples=int(labels.shape[0]), steps=stats.steps,
-                                     train_loss=float(stats.loss)))
+    welcome = dataclasses.replace(fleet.welcomes[index], seed=seed)
+    session = JoinedSession(run_id=RUN_ID, index=index, welcome=welcome, model=fleet.models[index],
+                            client=fleet.clients[index], train=settings, task=task_of(settings, labels[:1]),
+                            mean=(), std=(), heartbeat_s=FOREVER_S, liveness_s=FOREVER_S)
+    none = inputs[:0]
+    tensors = Tensors(inputs, labels, none, labels[:0])
+    received = None if inspect is None else (lambda payload, model: inspect(index, payload, model))
+    result = play_task(session, tensors, fleet.logical[index].state(), task, received=received)
+    return update_frame(session, client_id(index), result)
 
 
 def run_round(fleet: Fleet, round_number: int, data: Sequence[tuple[torch.Tensor, torch.Tensor]],
               settings: TrainSettings, seed: int = 0, participants: Sequence[int] | None = None,
               inspect: Callable[[int, Payload, nn.Module], None] | None = None) -> dict[str, Any]:
     """One round over the participants (default: all); ``inspect`` sees each client's model after on_receive.
-    Returns what the server half's aggregate returned."""
+    Returns the metrics of the round's close."""
     coordinator = fleet.coordinator
-    coordinator.server = fleet.server  # a test may have swapped the server half for a restored one
+    coordinator.replace_server(fleet.server)  # a test may have swapped the server half for a restored one
     chosen = list(range(len(fleet.clients))) if participants is None else list(participants)
     fleet.clock += 1.0
+    fleet.aggregation = Aggregation(fleet.server, round_number)
     with without_fsync():
-        actions = deliver_to_agents(fleet, coordinator.open_round(round_number, chosen, fleet.clock, FOREVER_S))
-        for index, action in actions:
+        for index, action, _ in deliver(fleet, coordinator.open_round(round_number, chosen, fleet.clock, FOREVER_S)):
             if not isinstance(action, Train):
                 continue
             frame = train_task(fleet, index, action.task, data[index], settings, seed, inspect)
-            for sent in fleet.agents[index].finished(round_number, frame):
+            for sent in fleet.logical[index].protocol.finished(round_number, frame):
                 if isinstance(sent, SendFrame):
                     fleet.bytes_up.append(len(sent.frame))
-                    deliver_to_agents(fleet, coordinator.receive(client_id(index).encode(), sent.frame, fleet.clock))
+                    deliver(fleet, coordinator.receive(fleet.logical[index].peer, sent.frame, fleet.clock))
         current = coordinator.current
         if current is not None and not coordinator.complete(fleet.clock):
             raise AssertionError(f"round {round_number}: clients {current.awaited()} sent no update")
-        closed, _ = coordinator.close_round(fleet.clock)
-        updates = [ClientUpdate(client_id=client_id(i), index=i, num_samples=u.num_samples,
-                                payload=Payload(groups=dict(u.groups), meta=dict(u.meta)))
-                   for i, (u, _) in sorted(closed.updates.items())]
-        metrics = dict(fleet.server.aggregate(round_number, updates)) if updates else {}
-        for index in closed.updates:
-            coordinator.registry.by_index(index).last_accepted_round = round_number
-        for index, action in deliver_to_agents(fleet, coordinator.commits(round_number)):
-            if isinstance(action, Confirm) and not fleet.states[index].confirm(RUN_ID, action.round):
+        coordinator.close_round(fleet.clock)
+        metrics = fleet.aggregation.close()
+        fleet.aggregation = None
+        for index, action, _ in deliver(fleet, coordinator.commits(round_number)):
+            if isinstance(action, Confirm) and not fleet.logical[index].confirm(action.round):
                 raise AssertionError(f"client {index} had no pending state of round {action.round} to commit")
     return metrics
 

@@ -25,6 +25,7 @@ from fedge.client.data import DeviceData
 from fedge.client.joining import Refused, join_session
 from fedge.client.round import play_task, update_frame
 from fedge.client.state import DeviceState
+from fedge.protocol.events import Outcome
 
 log = logging.getLogger("fedge.simulation")
 
@@ -56,20 +57,10 @@ class Job:
     rule: WorkerRule = field(default_factory=WorkerRule)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """A trained task (``frame``: the Update packet) or the one-line reason it failed."""
-
-    client_id: str
-    round: int
-    frame: bytes | None
-    error: str = ""
-
-
 def failed(job: Job, reason: str) -> Outcome:
     """The outcome of a job that never reached (or never came back from) a worker."""
     task = codec.decode(job.task)
-    return Outcome(job.client.client_id, task.round, None, reason)
+    return Outcome(task.round, None, reason, job.client.client_id)
 
 
 @contextlib.contextmanager
@@ -86,7 +77,7 @@ def train_client(job: Job) -> Outcome:
     """Train ``job``'s task as its client; a failure is an Outcome with its reason, never an exception."""
     task = codec.decode(job.task)
     if not isinstance(task, codec.Task):
-        return Outcome(job.client.client_id, 0, None, f"not a task: {type(task).__name__}")
+        return Outcome(0, None, f"not a task: {type(task).__name__}", job.client.client_id)
     try:
         welcome = codec.decode(job.welcome)
         if not isinstance(welcome, codec.Welcome):
@@ -96,12 +87,12 @@ def train_client(job: Job) -> Outcome:
                                             welcome)
             state = DeviceState(job.client.state_dir)
             result = play_task(session, tensors, state, task)
-        return Outcome(job.client.client_id, task.round, update_frame(session, job.client.client_id, result))
+        return Outcome(task.round, update_frame(session, job.client.client_id, result), client_id=job.client.client_id)
     except Refused as refusal:
-        return Outcome(job.client.client_id, task.round, None, f"{refusal.code}: {refusal}")
+        return Outcome(task.round, None, f"{refusal.code}: {refusal}", job.client.client_id)
     except Exception as exc:  # a failed round is reported, never fatal for the worker
         log.exception("client %s: round %d failed", job.client.client_id, task.round)
-        return Outcome(job.client.client_id, task.round, None, f"{type(exc).__name__}: {exc}")
+        return Outcome(task.round, None, f"{type(exc).__name__}: {exc}", job.client.client_id)
 
 
 def worker_setup() -> None:

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = frozenset({"algorithms", "codec", "coordinator", "edge_agent", "fldata", "meter", "models", "plugins", "plumbing", "api", "simulation", "client"})
+PACKAGES = frozenset({"algorithms", "codec", "coordinator", "edge_agent", "fldata", "meter", "models", "plugins", "plumbing",
+                      "api", "simulation", "client", "protocol"})
 SKIPPED_DIRS = frozenset({".git", ".venv", "build", "dist", "runs", "__pycache__", ".hypothesis", ".mypy_cache",
                           ".ruff_cache", ".pytest_cache"})
 

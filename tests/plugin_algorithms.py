@@ -1,4 +1,5 @@
-"""An algorithm plugin for the tests: FedAvg with a server step size (x <- x + eta (mean - x)), and a broken one."""
+"""An algorithm plugin for the tests: FedAvg with a server step size (x <- x + eta (mean - x)), and two broken
+ones (a server half without the optional hooks, and one overriding a hook no runtime calls)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ class StepConfig(fedavg.Config):
 
 
 class StepServer(fedavg.Server):
+    """FedAvg's streaming half with one change: the round's close moves x only eta of the way to the mean."""
+
     config: StepConfig
 
-    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+    def close_round(self, round_number: int) -> dict[str, Any]:
         before = {name: array.copy() for name, array in self.model.items()}
-        super().aggregate(round_number, updates)
+        super().close_round(round_number)
         eta = self.config.server_lr
         for name, old in before.items():
             if fedavg.is_float(old):
@@ -53,4 +56,17 @@ class Bare:
 class Broken:
     Config = StepConfig
     Server = Bare
+    Client = fedavg.Client
+
+
+class OldStepServer(fedavg.Server):
+    """The mistake the contract refuses: a streaming half overriding a hook no runtime calls."""
+
+    def aggregate(self, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        return {}
+
+
+class Mixed:
+    Config = StepConfig
+    Server = OldStepServer
     Client = fedavg.Client

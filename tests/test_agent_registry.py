@@ -3,7 +3,7 @@ index reused, look-ups by id and by index agree, and a checkpointed registry res
 
 from __future__ import annotations
 
-from fedge.coordinator.agents import AgentRegistry
+from fedge.protocol.registry import AgentRegistry
 
 
 def test_indices_are_assigned_smallest_free_first_and_a_released_one_is_reused() -> None:

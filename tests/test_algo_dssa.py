@@ -44,14 +44,20 @@ def floats(group: TensorGroup) -> int:
 
 
 def recorded_updates(fleet: Fleet) -> list[list[ClientUpdate]]:
+    """Each round's folded updates, in client order, as the server half's fold saw them."""
     seen: list[list[ClientUpdate]] = []
-    aggregate = fleet.server.aggregate
+    rounds: list[int] = []
+    fold = fleet.server.fold
 
-    def recording(round_number: int, updates: Any) -> dict[str, Any]:
-        seen.append(list(updates))
-        return dict(aggregate(round_number, updates))
+    def recording(round_number: int, update: ClientUpdate) -> None:
+        if not rounds or rounds[-1] != round_number:
+            rounds.append(round_number)
+            seen.append([])
+        seen[-1].append(update)
+        seen[-1].sort(key=lambda u: u.index)
+        fold(round_number, update)
 
-    fleet.server.aggregate = recording
+    fleet.server.fold = recording
     return seen
 
 

@@ -95,8 +95,8 @@ def test_with_a_keyframe_every_round_missed_rounds_get_the_delta_chain_or_a_dens
 def test_keep_fraction_is_respected_both_ways() -> None:
     fleet = make_fleet("ef-fedavg", {"keep": 0.05}, TINY_MLP, clients=2, seed=3)
     uploads: list[ClientUpdate] = []
-    aggregate = fleet.server.aggregate
-    fleet.server.aggregate = lambda r, updates: (uploads.extend(updates), aggregate(r, updates))[1]
+    fold = fleet.server.fold
+    fleet.server.fold = lambda r, update: (uploads.append(update), fold(r, update))[1]
     run_round(fleet, 1, DATA, ADAM, seed=3)
     seen: list[Payload] = []
     run_round(fleet, 2, DATA, ADAM, seed=3, inspect=lambda i, p, m: seen.append(p))
@@ -168,8 +168,8 @@ def test_options_are_validated() -> None:
 def test_ternary_sends_one_magnitude_per_tensor_and_feeds_back_the_rest() -> None:
     fleet = make_fleet("ef-fedavg", {"keep": 0.3, "value_dtype": "ternary"}, TINY_MLP, clients=2, seed=8)
     uploads: list[ClientUpdate] = []
-    aggregate = fleet.server.aggregate
-    fleet.server.aggregate = lambda r, updates: (uploads.extend(updates), aggregate(r, updates))[1]
+    fold = fleet.server.fold
+    fleet.server.fold = lambda r, update: (uploads.append(update), fold(r, update))[1]
     run_round(fleet, 1, DATA, ADAM, seed=8)
     client, layout = fleet.clients[0], fleet.server.layout
     group = uploads[0].payload.groups["update"]

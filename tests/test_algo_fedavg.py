@@ -11,6 +11,7 @@ from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerCont
 from fedge.algorithms.loop import round_seed, train_local
 from fedge.codec import TensorGroup
 from fedge.models import build, state_to_arrays
+from fedge.protocol.server_half import aggregate_round
 from fedge.simulation.inprocess import global_arrays, make_fleet, run_round
 from tests.algo_helpers import ADAM, SGD, TINY_CNN_BN, TINY_MLP, client_data, max_difference, same_arrays
 
@@ -36,7 +37,7 @@ def test_identical_clients_aggregate_to_each_local_model() -> None:
         client.on_receive(1, server.downlink(1, index), model)
         stats = train_local(model, client, x, y, SGD, seed=11)  # same data, seed and batch order
         updates.append(ClientUpdate(f"c{index}", index, 48, client.make_update(1, model, stats)))
-    server.aggregate(1, updates)
+    aggregate_round(server, 1, updates)
     assert same_arrays(state_to_arrays(fleet.models[0]), state_to_arrays(fleet.models[1]))
     assert same_arrays(global_arrays(fleet), state_to_arrays(fleet.models[0]))
 
@@ -51,7 +52,7 @@ def test_aggregation_is_the_sample_weighted_mean_and_integers_take_the_max() -> 
     sizes = [10, 30, 60]
     updates = [ClientUpdate(f"c{i}", i, n, Payload(groups={"model": TensorGroup(dense=u)}))
                for i, (u, n) in enumerate(zip(uploads, sizes, strict=True))]
-    server.aggregate(1, updates)
+    aggregate_round(server, 1, updates)
     for name in initial:
         expected = sum(n / 100 * u[name].astype(np.float64) for u, n in zip(uploads, sizes, strict=True))
         assert np.allclose(server.model[name], expected, atol=1e-6)

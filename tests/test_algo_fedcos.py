@@ -16,6 +16,7 @@ from fedge.algorithms import fedavg, fedcos, registry
 from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from fedge.algorithms.loop import TrainSettings, train_local
 from fedge.models import ModelSpec, build, state_to_arrays
+from fedge.protocol.server_half import aggregate_round
 from fedge.simulation import inprocess
 
 MLP = ModelSpec(name="mlp", input_shape=(1, 8, 8), num_classes=4)
@@ -62,10 +63,10 @@ def test_identical_clients_get_equal_weights_and_reproduce_uniform_fedavg() -> N
     server = make_server()
     delta = random_delta(server, 0)
     initial = copy.deepcopy(server.model)
-    metrics = server.aggregate(1, [update(i, delta, size=10 * (i + 1)) for i in range(3)])
+    metrics = aggregate_round(server, 1, [update(i, delta, size=10 * (i + 1)) for i in range(3)])
     assert np.array_equal(weights_of(metrics, 3), np.full(3, 1 / 3))
     reference = fedavg.Server(fedavg.Config(weighting="uniform", upload="delta"), initial, server.context)
-    reference.aggregate(1, [update(i, delta, size=10 * (i + 1)) for i in range(3)])
+    aggregate_round(reference, 1, [update(i, delta, size=10 * (i + 1)) for i in range(3)])
     assert all(np.array_equal(server.model[n], reference.model[n]) for n in reference.model)
 
 
@@ -76,9 +77,9 @@ def test_temperature_limits() -> None:
     hot = fedcos.cosine_weights([np.concatenate([d[n].ravel() for n in server.cos_names]) for d in deltas],
                                 [10, 10, 10], tau=float("inf"))[0]
     assert np.array_equal(hot, np.full(3, 1 / 3))
-    assert np.allclose(weights_of(make_server(tau=1e6).aggregate(1, [update(i, d) for i, d in enumerate(deltas)]), 3),
+    assert np.allclose(weights_of(aggregate_round(make_server(tau=1e6), 1, [update(i, d) for i, d in enumerate(deltas)]), 3),
                        1 / 3, atol=1e-6)
-    cold = weights_of(make_server(tau=1e-6).aggregate(1, [update(i, d) for i, d in enumerate(deltas)]), 3)
+    cold = weights_of(aggregate_round(make_server(tau=1e-6), 1, [update(i, d) for i, d in enumerate(deltas)]), 3)
     flat = [np.concatenate([d[n].ravel() for n in server.cos_names]).astype(np.float64) for d in deltas]
     direction = sum(flat) / 3
     cosines = [f @ direction / np.linalg.norm(f) / np.linalg.norm(direction) for f in flat]
@@ -89,15 +90,15 @@ def test_a_zero_update_is_left_out_and_the_rest_still_sum_to_one() -> None:
     server, alone = make_server(), make_server()
     deltas = [random_delta(server, seed) for seed in range(3)]
     zero = {n: np.zeros_like(v) for n, v in deltas[0].items()}
-    metrics = server.aggregate(1, [update(0, deltas[0]), update(1, zero), update(2, deltas[2])])
+    metrics = aggregate_round(server, 1, [update(0, deltas[0]), update(1, zero), update(2, deltas[2])])
     weights = weights_of(metrics, 3)
     assert metrics["cos_excluded"] == 1 and weights[1] == 0.0
     assert abs(weights.sum() - 1.0) < 1e-12
-    alone.aggregate(1, [update(0, deltas[0]), update(2, deltas[2])])
+    aggregate_round(alone, 1, [update(0, deltas[0]), update(2, deltas[2])])
     assert all(np.array_equal(server.model[n], alone.model[n]) for n in server.model)
     tiny = {n: np.full_like(v, 1e-12) for n, v in zero.items()}
     before = copy.deepcopy(server.model)
-    assert server.aggregate(2, [update(0, tiny)])["cos_excluded"] == 1
+    assert aggregate_round(server, 2, [update(0, tiny)])["cos_excluded"] == 1
     assert all(np.array_equal(server.model[n], before[n]) for n in before)
 
 
@@ -106,7 +107,7 @@ def test_an_opposing_client_gets_the_smallest_weight() -> None:
     common = random_delta(server, 0)
     deltas = [{n: v + random_delta(server, seed, 0.004)[n] for n, v in common.items()} for seed in range(1, 4)]
     deltas.append({n: -v for n, v in common.items()})
-    weights = weights_of(server.aggregate(1, [update(i, d) for i, d in enumerate(deltas)]), 4)
+    weights = weights_of(aggregate_round(server, 1, [update(i, d) for i, d in enumerate(deltas)]), 4)
     assert int(np.argmin(weights)) == 3 and weights[3] < 0.5 * weights[:3].min()
     assert abs(weights.sum() - 1) < 1e-12
 
@@ -117,9 +118,9 @@ def test_cos_layers_restricts_the_cosine_to_the_last_layers() -> None:
     base = random_delta(server, 0)
     deltas = [{n: (v if n.startswith("fc3") else random_delta(server, seed)[n]) for n, v in base.items()}
               for seed in range(3)]
-    assert np.array_equal(weights_of(server.aggregate(1, [update(i, d) for i, d in enumerate(deltas)]), 3),
+    assert np.array_equal(weights_of(aggregate_round(server, 1, [update(i, d) for i, d in enumerate(deltas)]), 3),
                           np.full(3, 1 / 3))
-    everything = weights_of(make_server().aggregate(1, [update(i, d) for i, d in enumerate(deltas)]), 3)
+    everything = weights_of(aggregate_round(make_server(), 1, [update(i, d) for i, d in enumerate(deltas)]), 3)
     assert not np.allclose(everything, 1 / 3, atol=1e-4)
 
 

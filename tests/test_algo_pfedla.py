@@ -24,6 +24,7 @@ from fedge.algorithms.hypernetwork import (
 )
 from fedge.algorithms.loop import TrainSettings, round_seed, train_local
 from fedge.models import ModelSpec, build, state_to_arrays
+from fedge.protocol.server_half import aggregate_round
 from fedge.simulation import inprocess
 
 MLP = ModelSpec(name="mlp", input_shape=(1, 8, 8), num_classes=4)
@@ -189,7 +190,7 @@ def test_one_hypernetwork_step_descends() -> None:
     delta = {n: target[n] - bar[n] for n in bar}
     update = ClientUpdate("c1", 1, 10, Payload(groups={"delta": codec.TensorGroup(dense=delta)}))
     distance = surrogate(server, 1, target)
-    server.aggregate(1, [update])
+    aggregate_round(server, 1, [update])
     after_arrays, _ = server.state_dict()
     stepped = {k: (after_arrays[k] if k.startswith("hn/") else v) for k, v in before_arrays.items()}
     server.load_state_dict(stepped, before_meta)
@@ -275,7 +276,7 @@ def test_retained_heads_get_no_gradient() -> None:
     rng = np.random.default_rng(3)
     delta = {n: rng.normal(size=v.shape).astype(np.float32) for n, v in bar.items()}
     heads = [(h.weight.detach().clone(), h.bias.detach().clone()) for h in server.networks[0].heads]
-    server.aggregate(1, [ClientUpdate("c0", 0, 10, Payload(groups={"delta": codec.TensorGroup(dense=delta)}))])
+    aggregate_round(server, 1, [ClientUpdate("c0", 0, 10, Payload(groups={"delta": codec.TensorGroup(dense=delta)}))])
     for row, head in enumerate(server.networks[0].heads):
         same = torch.equal(head.weight, heads[row][0]) and torch.equal(head.bias, heads[row][1])
         assert same == (row in retained), row
@@ -348,8 +349,8 @@ def test_checkpoint_resume_is_bit_exact() -> None:
         client.on_receive(3, fleet.server.downlink(3, index), model)
         stats = train_local(model, client, *data[index], SETTINGS, round_seed(5, 3, index))
         updates.append(ClientUpdate(f"c{index}", index, 48, client.make_update(3, model, stats)))
-    fleet.server.aggregate(3, updates)
-    resumed.aggregate(3, updates)
+    aggregate_round(fleet.server, 3, updates)
+    aggregate_round(resumed, 3, updates)
     final_a, final_b = fleet.server.state_dict()[0], resumed.state_dict()[0]
     assert all(np.array_equal(final_a[k], final_b[k]) for k in final_a)
 

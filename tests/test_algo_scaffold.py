@@ -13,7 +13,8 @@ from fedge.algorithms import fedavg, scaffold
 from fedge.algorithms.base import ClientUpdate, LocalStats, ModelLayout, ServerContext
 from fedge.algorithms.loop import TrainSettings, round_seed
 from fedge.algorithms.registry import REGISTRY, AlgorithmSpec
-from fedge.simulation import inprocess
+from fedge.client import round as client_round
+from fedge.protocol.server_half import aggregate_round
 from fedge.simulation.inprocess import Fleet, global_arrays, make_fleet, run_round, through_codec
 from tests.algo_helpers import ADAM, SGD, TINY_MLP, client_data, max_difference
 
@@ -32,7 +33,7 @@ def mean_own(fleet: Fleet) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("correction", ["update", "gradient"])
 def test_identical_clients_cancel_and_follow_fedavg(correction: str, settings: TrainSettings,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(inprocess, "round_seed", lambda seed, round_number, index: round_seed(seed, round_number, 0))
+    monkeypatch.setattr(client_round, "round_seed", lambda seed, round_number, index: round_seed(seed, round_number, 0))
     data = client_data(TINY_MLP, 1, samples=40) * 4  # identical data and (patched) identical batch order
     plain = make_fleet("fedavg", {"upload": "delta"}, TINY_MLP, clients=4, seed=4)
     fleet = make_fleet("scaffold", {"correction": correction}, TINY_MLP, clients=4, seed=4)
@@ -105,7 +106,7 @@ def quadratic_run(name: str, rounds: int, config: Any) -> tuple[float, Any]:
                 client.after_step(model)
             up = client.make_update(round_number, model, LocalStats(steps=steps, samples=1, loss=0.0, lr=lr))
             updates.append(ClientUpdate(client_id=str(i), index=i, num_samples=1, payload=up))
-        server.aggregate(round_number, updates)
+        aggregate_round(server, round_number, updates)
     return float(server.model["x"][0]), server
 
 

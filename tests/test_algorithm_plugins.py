@@ -38,7 +38,7 @@ def test_a_plugin_algorithm_runs_on_the_runtime_and_its_options_are_checked() ->
 
 
 def test_a_plugin_is_checked_against_the_contract_when_loaded() -> None:
-    with pytest.raises(ValueError, match=r"its Server lacks select, check_update, aggregate.*subclass "
+    with pytest.raises(ValueError, match=r"its Server lacks select, check_update, fold, close_round.*subclass "
                                          r"fedge.algorithms.contract.BaseServer"):
         registry.spec_of("tests.plugin_algorithms:Broken")
     with pytest.raises(ValueError, match="unknown algorithm 'nope'"):
@@ -69,3 +69,68 @@ def test_the_session_describes_it_and_a_device_imports_it_only_when_allowed(tmp_
 
     session = agent(tmp_path, allow_plugins=(MODEL_PLUGIN, PLUGIN)).join(allowed)
     assert type(session.client).__name__ == "Client" and session.welcome.algorithm == PLUGIN
+
+
+def test_a_half_mixing_streaming_and_batch_hooks_is_refused_at_load_in_one_line() -> None:
+    from fedge.algorithms.contract import HeldServer, aggregation_refusal
+    from fedge.algorithms.fedavg import Server as FedAvgServer
+
+    with pytest.raises(ValueError, match=r"^algorithm plugin 'tests.plugin_algorithms:Mixed': "
+                                         r"tests.plugin_algorithms.OldStepServer.aggregate is not a hook"):
+        registry.spec_of("tests.plugin_algorithms:Mixed")
+
+    class Batch(HeldServer):  # a batch half that also streams: its fold would never see the held updates
+        def aggregate_held(self, round_number, updates):  # type: ignore[no-untyped-def]
+            return {}
+
+        def fold(self, round_number, update):  # type: ignore[no-untyped-def]
+            return None
+
+    class Streaming(FedAvgServer):  # a streaming half with the batch hook, which no streaming path calls
+        def aggregate_held(self, round_number, updates):  # type: ignore[no-untyped-def]
+            return {}
+
+    assert "subclasses the batch base HeldServer but overrides fold" in aggregation_refusal(Batch)
+    assert "aggregate_held is the batch hook" in aggregation_refusal(Streaming)
+    for message in (aggregation_refusal(Batch), aggregation_refusal(Streaming)):
+        assert "\n" not in message and "test_a_half_mixing" in message  # one line, naming the class
+    for name in registry.REGISTRY:  # every built-in half is on the one path
+        assert aggregation_refusal(registry.spec_of(name).module.Server) == "", name
+
+
+def test_the_server_step_acts_under_a_real_coordinator_start_as_under_the_in_process_driver(tmp_path: Path) -> None:
+    """Two agent processes, two rounds: the coordinator's model.npz is the in-process driver's model bit for bit
+    (so a hook the driver calls is one production calls), and a server step of 0.5 is not FedAvg."""
+    import torch
+
+    from fedge.client.data import DeviceData
+    from fedge.coordinator.config import load_config
+    from fedge.coordinator.plan import plan_session
+    from fedge.fldata import normalize
+    from fedge.simulation.worker import one_torch_thread
+    from tests.simfleet import records, run_cli
+
+    sets = ["model.name=mlp", "fleet.local_agents=2", "data.train_limit=100", "run.rounds=2", "run.seed=4",
+            "run.export_onnx=false", f"algorithm.name={PLUGIN}", "algorithm.server_lr=0.5"]
+    run_dir = tmp_path / "run"
+    run_cli(sets, run_dir)
+    plan = plan_session(load_config(None, sets))
+    data = []
+    for shard in sorted((run_dir / "data").glob("client-*.npz")):
+        device = DeviceData.open(str(shard))
+        mean, std = plan.mean or device.mean, plan.std or device.std
+        data.append((torch.from_numpy(normalize(device.train_x[:100], mean, std)),
+                     torch.from_numpy(np.ascontiguousarray(device.train_y[:100]))))
+    train = plan.config.train
+    settings = TrainSettings(epochs=train.epochs, batch_size=train.batch_size, lr=train.lr, optimizer=train.optimizer)
+    stepped = make_fleet(PLUGIN, {"server_lr": 0.5}, plan.spec, clients=2, seed=4)
+    plain = make_fleet("fedavg", {}, plan.spec, clients=2, seed=4)
+    with one_torch_thread():  # as an agent trains (thread counts change bits)
+        for number in (1, 2):
+            run_round(stepped, number, data, settings, seed=4)
+            run_round(plain, number, data, settings, seed=4)
+    served = {k[2:]: v for k, v in records(run_dir)["model"].items() if k.startswith("a/")}
+    here, fedavg_model = global_arrays(stepped), global_arrays(plain)
+    assert served.keys() == here.keys()
+    assert all(np.array_equal(served[k], here[k]) for k in here), "coordinator start and the driver differ"
+    assert not all(np.array_equal(served[k], fedavg_model[k]) for k in here), "the server step did nothing"

@@ -116,7 +116,7 @@ def test_coordinator_partition_reads_float_shards_and_regression_targets(tmp_pat
 def test_an_agent_that_declines_frees_its_index_unless_it_trained() -> None:
     import re
 
-    from fedge.coordinator.agents import AgentRegistry
+    from fedge.protocol.registry import AgentRegistry
 
     registry = AgentRegistry(capacity=2, liveness_s=5.0)
     assert registry.index_of("refuses") == 0 and registry.index_of("pi-1") == 1 and registry.index_of("pi-2") is None
@@ -153,7 +153,7 @@ def test_the_watchdog_follows_training_steps_while_a_round_trains(tmp_path: Path
 def test_a_cancel_stops_the_training_thread_at_its_next_step(tmp_path: Path) -> None:
     import time
 
-    from fedge.client.protocol import CancelTraining
+    from fedge.protocol.events import CancelTraining
 
     settings = AgentSettings(coordinator="tcp://127.0.0.1:9", client_id="pi", data="in-process",
                              state_dir=str(tmp_path / "state"), allow_plugins=(PLUGIN,))

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 
 from fedge import codec
-from fedge.coordinator.agents import Agent, AgentRegistry
-from fedge.coordinator.protocol import CoordinatorProtocol
 from fedge.coordinator.session import Session
+from fedge.protocol.coordinator import CoordinatorProtocol
+from fedge.protocol.registry import Agent, AgentRegistry
 
 
 def session_with(agents: list[Agent], answer_after: int | None) -> tuple[Session, list[bytes], list[int]]:
@@ -22,7 +22,8 @@ def session_with(agents: list[Agent], answer_after: int | None) -> tuple[Session
     for agent in agents:
         registry.add(agent)
     session.protocol = CoordinatorProtocol("run", "hash", {}, registry, None, lambda index: {})
-    session.protocol.round, session.progress = 5, 0
+    session.protocol.resume("run", 5)
+    session.progress = 0
     sent: list[bytes] = []
     pumps: list[int] = []
 

@@ -31,12 +31,9 @@ FORBIDDEN: dict[str, set[str]] = {
     # The coordinator never imports the agent's side; only ``coordinator start`` builds a simulated fleet.
     "coordinator": {"api", "edge_agent", "client"},
     "coordinator/session.py": {"simulation"},
-    "coordinator/protocol.py": {"zmq", "threading", "time", "socket", "edge_agent", "simulation"},
-    "coordinator/limiter.py": {"zmq", "threading", "time", "socket", "edge_agent", "simulation"},
-    "coordinator/round_state.py": {"zmq", "threading", "time", "socket", "torch", "algorithms", "simulation"},
-    "coordinator/pacing.py": {"zmq", "threading", "time", "socket", "torch", "codec", "algorithms", "simulation"},
-    "coordinator/selection.py": {"zmq", "threading", "time", "socket", "torch", "codec", "algorithms",
-                                 "simulation"},
+    # The round protocol: pure (tests/test_protocol_purity.py checks it transitively, in a fresh interpreter).
+    "protocol": (PACKAGES - {"protocol", "codec"}) | {"torch", "zmq", "threading", "time", "socket", "subprocess",
+                                                      "asyncio"},
     "coordinator/status.py": {"zmq", "threading", "socket", "torch", "algorithms", "simulation"},
     "coordinator/downlinks.py": {"zmq", "threading", "time", "socket", "torch", "algorithms", "simulation"},
     "coordinator/transport.py": {"torch", "codec", "algorithms", "models", "fldata", "meter", "simulation"},
@@ -44,7 +41,6 @@ FORBIDDEN: dict[str, set[str]] = {
     "edge_agent": {"coordinator", "api", "simulation"},
     # The client side a real agent and a simulated fleet's workers share: never a transport, socket or thread.
     "client": {"coordinator", "edge_agent", "api", "simulation", "zmq", "threading", "socket"},
-    "client/protocol.py": {"zmq", "threading", "time", "socket", "torch", "algorithms", "models"},
     # A simulated fleet runs the client package, never the agent (its sockets, threads and settings).
     "simulation": {"zmq", "api", "edge_agent"},
     # The in-process driver plays the protocol objects; it has no sockets, threads or clocks of its own.

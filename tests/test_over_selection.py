@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fedge.client.state import DeviceState
-from fedge.coordinator.selection import choose
+from fedge.protocol.selection import choose
 from tests.e2e import Processes, endpoint, finished, metrics, shards, wait_for
 
 

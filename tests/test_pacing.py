@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedge import codec
-from fedge.coordinator.pacing import UploadPacer
+from fedge.protocol.pacing import UploadPacer
 from tests.simfleet import differences, overrides, records, run_here
 from tests.test_protocol_coordinator import hello, protocol, update
 

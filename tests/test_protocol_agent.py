@@ -7,18 +7,8 @@ from typing import Any
 import msgpack
 
 from fedge import codec
-from fedge.client.protocol import (
-    AgentProtocol,
-    CancelTraining,
-    Confirm,
-    Join,
-    Left,
-    SayHello,
-    Send,
-    SendFrame,
-    Stop,
-    Train,
-)
+from fedge.protocol.agent import AgentProtocol, DeviceFacts
+from fedge.protocol.events import CancelTraining, Confirm, Join, Left, Send, SendFrame, Stop, Train
 from tests.packets import parts, rebuild
 
 MODEL = {"name": "cnn", "input_shape": [1, 28, 28], "num_classes": 10, "pan": "none", "pan_a": 1.0, "pan_t": 1.0,
@@ -43,20 +33,23 @@ def from_coordinator(cls: type[codec.Message], round_number: int, run_id: str = 
     return codec.encode(cls(run_id=run_id, round=round_number, sender="coordinator", **fields))  # type: ignore[arg-type]
 
 
+FACTS = DeviceFacts(fedge_version="0", torch_version="none", dataset_size=10)
+
+
 def kinds(actions: list[Any]) -> list[str]:
     return [type(a).__name__ if not isinstance(a, Send) else type(a.message).__name__ for a in actions
             if type(a).__name__ != "Noted"]
 
 
 def joined() -> AgentProtocol:
-    p = AgentProtocol("pi", hello_interval_s=3.0)
+    p = AgentProtocol("pi", hello_interval_s=3.0, facts=FACTS)
     (join,) = [a for a in p.receive(welcome(), 0.0) if isinstance(a, Join)]
     p.joined(join.welcome.run_id, join.welcome.client_index, 1.0, 5.0)
     return p
 
 
 def test_a_welcome_is_joined_once_and_a_welcome_back_changes_nothing() -> None:
-    p = AgentProtocol("pi", 3.0)
+    p = AgentProtocol("pi", 3.0, facts=FACTS)
     (join,) = [a for a in p.receive(welcome(), 0.0) if isinstance(a, Join)]
     assert join.welcome.train == TRAIN and join.welcome.algorithm == "fedavg"  # typed, as the coordinator sent them
     p.joined("r1", 2, 1.0, 5.0)
@@ -68,15 +61,15 @@ def test_a_malformed_welcome_is_declined_in_one_line_and_the_agent_backs_off() -
     packet = welcome()
     tree = parts(packet)
     del tree["header"]["mod"]
-    p = AgentProtocol("pi", 3.0)
+    p = AgentProtocol("pi", 3.0, facts=FACTS)
     actions = p.receive(rebuild(packet, tree), 0.0)
     assert kinds(actions) == ["ErrorMessage"]  # plus one line for the log, and no Stop: it will try again
     error = next(a.message for a in actions if isinstance(a, Send))
     assert error.code == "bad-welcome" and "missing ['mod']" in error.reason  # type: ignore[attr-defined]
     tree = parts(packet)
     tree["header"]["tr"] = {**TRAIN, "lr": "fast"}
-    assert kinds(AgentProtocol("pi", 3.0).receive(rebuild(packet, tree), 0.0)) == ["ErrorMessage"]
-    assert p.index is None and kinds(p.tick(2.9)) == [] and kinds(p.tick(3.0)) == ["SayHello"]
+    assert kinds(AgentProtocol("pi", 3.0, facts=FACTS).receive(rebuild(packet, tree), 0.0)) == ["ErrorMessage"]
+    assert p.index is None and kinds(p.tick(2.9)) == [] and kinds(p.tick(3.0)) == ["Hello"]
 
 
 def test_a_task_whose_body_does_not_decode_is_reported_as_a_failed_round() -> None:
@@ -94,7 +87,7 @@ def test_a_task_whose_body_does_not_decode_is_reported_as_a_failed_round() -> No
 
 
 def test_a_packet_of_an_older_wire_format_backs_off_with_the_reason() -> None:
-    p = AgentProtocol("pi", 3.0)
+    p = AgentProtocol("pi", 3.0, facts=FACTS)
     older = codec.version2_error("r1", "coordinator", "protocol-mismatch", "upgrade")
     actions = p.receive(older, 0.0)
     notes = [a.text for a in actions if type(a).__name__ == "Noted"]
@@ -103,14 +96,14 @@ def test_a_packet_of_an_older_wire_format_backs_off_with_the_reason() -> None:
 
 
 def test_session_level_refusals_back_off_exponentially_up_to_fifteen_minutes() -> None:
-    p = AgentProtocol("pi", hello_interval_s=3.0)
+    p = AgentProtocol("pi", hello_interval_s=3.0, facts=FACTS)
     full = codec.encode(codec.ErrorMessage(run_id="", round=0, sender="coordinator", code="session-full", reason="x"))
     now, delays = 0.0, []
     for _ in range(12):
         assert kinds(p.receive(full, now)) == []
         delays.append(p.hello_after - now)
         now = p.hello_after
-        assert kinds(p.tick(now - 0.01)) == [] and kinds(p.tick(now)) == ["SayHello"]
+        assert kinds(p.tick(now - 0.01)) == [] and kinds(p.tick(now)) == ["Hello"]
     assert delays[:4] == [3.0, 6.0, 12.0, 24.0] and delays[-1] == 900.0
     p.receive(welcome(), now)
     p.joined("r1", 2, 1.0, 5.0)
@@ -118,14 +111,14 @@ def test_session_level_refusals_back_off_exponentially_up_to_fifteen_minutes() -
 
 
 def test_a_task_is_trained_only_in_the_joined_run_and_only_when_none_is_held() -> None:
-    p = AgentProtocol("pi", 3.0)
+    p = AgentProtocol("pi", 3.0, facts=FACTS)
     assert kinds(p.receive(task(1), 0.0)) == []  # not joined yet
     p = joined()
     assert kinds(p.receive(task(1, run_id="other"), 0.0)) == []
     assert kinds(p.receive(task(1), 0.0)) == ["Train"] and p.holding == 1
     assert kinds(p.receive(task(1), 0.1)) == []  # a resent task while training: ignored
     assert p.holds() == ("r1", 1)
-    assert p.finished(1, b"frame") == [SendFrame(1, b"frame")] and p.holding is None and p.holds() is None
+    assert p.finished(1, b"frame") == [SendFrame(b"frame", round=1)] and p.holding is None and p.holds() is None
     assert kinds(p.receive(task(2), 0.2)) == ["Train"]
     assert kinds(p.finished(2, None, "OOM")) == ["ErrorMessage"]
 
@@ -149,7 +142,7 @@ def test_a_paced_update_waits_for_its_grant() -> None:
     assert isinstance(beat, codec.Heartbeat) and beat.ready and beat.round == 1 and p.holds() == ("r1", 1)
     assert kinds(p.receive(task(1), 0.1)) == []  # still held: a resent task is not trained again
     assert kinds(p.receive(from_coordinator(codec.Grant, 2), 0.1)) == []  # another round's grant
-    assert p.receive(from_coordinator(codec.Grant, 1), 0.2)[-1] == SendFrame(1, b"update-1")
+    assert p.receive(from_coordinator(codec.Grant, 1), 0.2)[-1] == SendFrame(b"update-1", round=1)
     assert p.holding is None and kinds(p.receive(from_coordinator(codec.Grant, 1), 0.3)) == []  # once
     p.receive(task(2, paced=True), 0.4)
     p.finished(2, b"update-2")
@@ -172,39 +165,39 @@ def test_byes_and_errors() -> None:
     assert [a for a in p.receive(finished, 0.0) if isinstance(a, Left)] == [Left("r1")]  # a service stays up
     assert p.index is None and p.status(training=False) == "waiting for a session"
     assert kinds(p.receive(welcome(run_id="r2"), 1.0)) == ["Join"]  # and joins the next session
-    once = AgentProtocol("pi", 3.0, stay=False)
+    once = AgentProtocol("pi", 3.0, facts=FACTS, stay=False)
     (join,) = [a for a in once.receive(welcome(), 0.0) if isinstance(a, Join)]
     once.joined("r1", 2, 1.0, 5.0)
     assert [a.exit_code for a in once.receive(finished, 0.0) if isinstance(a, Stop)] == [0]
     p = joined()
     later = from_coordinator(codec.Bye, 5, code="stopping", reason="coordinator stopping")
     assert kinds(p.receive(later, 10.0)) == [] and p.last_heard == 0.0
-    assert kinds(p.tick(10.0)) == ["SayHello", "Heartbeat"]  # a hello at once, then the heartbeat is due
+    assert kinds(p.tick(10.0)) == ["Hello", "Heartbeat"]  # a hello at once, then the heartbeat is due
     unknown = from_coordinator(codec.Bye, 5, code="maintenance", reason="a code of a later version")
     assert kinds(joined().receive(unknown, 0.0)) == []  # treated as "stopping": no Stop
-    for code, expected in (("hello-first", ["SayHello"]), ("session-full", []), ("stale", [])):
+    for code, expected in (("hello-first", ["Hello"]), ("session-full", []), ("stale", [])):
         error = codec.encode(codec.ErrorMessage(run_id="r1", round=0, sender="coordinator", code=code, reason="x"))
         assert kinds(joined().receive(error, 0.0)) == expected, code
 
 
 def test_hello_until_heard_and_heartbeats_on_time() -> None:
-    p = AgentProtocol("pi", hello_interval_s=3.0)
-    assert kinds(p.tick(0.0)) == ["SayHello"]
-    assert kinds(p.tick(1.0)) == [] and kinds(p.tick(3.0)) == ["SayHello"]
+    p = AgentProtocol("pi", hello_interval_s=3.0, facts=FACTS)
+    assert kinds(p.tick(0.0)) == ["Hello"]
+    assert kinds(p.tick(1.0)) == [] and kinds(p.tick(3.0)) == ["Hello"]
     p = joined()  # heard at 0.0, liveness 5, heartbeat every 1 s
     assert kinds(p.tick(0.5)) == ["Heartbeat"] and kinds(p.tick(0.9)) == [] and kinds(p.tick(1.6)) == ["Heartbeat"]
     p.receive(task(3), 1.7)
     (beat,) = [a.message for a in p.tick(2.7, steps=40) if isinstance(a, Send)]
     assert isinstance(beat, codec.Heartbeat) and (beat.round, beat.steps, beat.ready) == (3, 40, False)
-    assert "SayHello" in kinds(p.tick(8.0))  # nothing heard for longer than the liveness
-    assert isinstance(p.hello_now(9.0), SayHello) and kinds(p.tick(10.0)) == ["Heartbeat"]
+    assert "Hello" in kinds(p.tick(8.0))  # nothing heard for longer than the liveness
+    assert isinstance(p.hello_now(9.0).message, codec.Hello) and kinds(p.tick(10.0)) == ["Heartbeat"]
     (bye,) = [a.message for a in p.leaving() if isinstance(a, Send)]
-    assert isinstance(bye, codec.Bye) and bye.code == "stopping" and kinds(AgentProtocol("x", 1.0).leaving()) == []
+    assert isinstance(bye, codec.Bye) and bye.code == "stopping" and kinds(AgentProtocol("x", 1.0, facts=FACTS).leaving()) == []
     assert isinstance(Train(codec.decode(task(1))).task, codec.Task)  # type: ignore[arg-type]
 
 
 def test_the_status_line_says_what_the_agent_is_doing_and_why_it_waits() -> None:
-    p = AgentProtocol("pi", 3.0)
+    p = AgentProtocol("pi", 3.0, facts=FACTS)
     assert p.status(training=False) == "waiting for a session"
     full = codec.encode(codec.ErrorMessage(run_id="", round=0, sender="coordinator", code="session-full",
                                            reason="the session already has its 3 clients"))
@@ -229,7 +222,7 @@ def test_a_task_right_after_a_cancel_is_trained_and_a_refusal_mid_round_stops_th
     assert kinds(p.receive(task(2), 0.2)) == ["Train"]  # the next round's task is not lost
     assert p.finished(1, b"late") and p.holding == 2  # the stopped round's late outcome is not sent ...
     assert kinds(p.finished(1, b"late")) == []
-    assert p.finished(2, b"update-2") == [SendFrame(2, b"update-2")]  # ... the new one is
+    assert p.finished(2, b"update-2") == [SendFrame(b"update-2", round=2)]  # ... the new one is
     p.receive(task(3), 0.3)
     full = codec.encode(codec.ErrorMessage(run_id="r1", round=3, sender="coordinator", code="session-full", reason="x"))
     assert CancelTraining(3) in p.receive(full, 0.4)  # leaving the session stops the round it trains
@@ -242,4 +235,4 @@ def test_a_task_right_after_a_cancel_is_trained_and_a_refusal_mid_round_stops_th
 def test_after_a_finished_session_the_agent_does_not_say_hello_to_the_closing_coordinator() -> None:
     p = joined()
     p.receive(from_coordinator(codec.Bye, 5, code="finished", reason="session finished"), 10.0)
-    assert kinds(p.tick(10.0)) == [] and kinds(p.tick(10.0 + p.hello_interval_s)) == ["SayHello"]
+    assert kinds(p.tick(10.0)) == [] and kinds(p.tick(10.0 + p.hello_interval_s)) == ["Hello"]

@@ -12,9 +12,9 @@ import fedge
 from fedge import codec
 from fedge.algorithms import make_server
 from fedge.algorithms.base import ModelLayout, ServerContext
-from fedge.coordinator.agents import AgentRegistry
-from fedge.coordinator.protocol import CoordinatorProtocol, Noted, RejectionLimiter, Send, SendFrame
 from fedge.models import build, definition_hash, state_to_arrays
+from fedge.protocol.coordinator import CoordinatorProtocol, Noted, RejectionLimiter, Send, SendFrame
+from fedge.protocol.registry import AgentRegistry
 from tests.algo_helpers import TINY_MLP
 
 HASH = definition_hash(TINY_MLP)

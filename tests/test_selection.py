@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedge.coordinator.selection import choose, latency_weights
+from fedge.protocol.selection import choose, latency_weights
 
 AVAILABLE = list(range(6))
 TIMES: dict[int, float | None] = {0: 0.5, 1: 0.4, 2: 0.6, 3: 0.5, 4: 6.0, 5: 5.0}  # 4 and 5 are slow boards

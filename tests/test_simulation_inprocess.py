@@ -87,7 +87,7 @@ def test_every_algorithm_refuses_an_update_its_aggregate_could_not_use(name: str
     group the algorithm does not take, is refused as invalid-update before any aggregate sees it."""
     import dataclasses
 
-    from fedge.coordinator.protocol import Rejected
+    from fedge.protocol.coordinator import Rejected
 
     options = {"warmup_rounds": 0} if name.startswith("dssa") else {}
     fleet = make_fleet(name, options, TINY_MLP, clients=2, seed=4)

@@ -1,6 +1,6 @@
 """Streaming aggregation does not depend on arrival order: the updates of a real round (trained by the in-process
 driver), folded one by one in 20 random orders into a server half restored from the same state, give the same
-state, bit for bit, every time, and the same as the batch path; the exact sums behind it are exact."""
+state, bit for bit, every time, as the round folded in arrival order; the exact sums behind it are exact."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def test_twenty_arrival_orders_give_one_state(name: str, options: dict[str, Any]
     run_round(fleet, 1, DATA, SGD, seed=4)  # state to start from: control variates, public model, masks
     before = fleet.server.state_dict()
     captured: list[Any] = []
-    real = fleet.server.aggregate
-    fleet.server.aggregate = lambda number, updates: captured.extend(updates) or real(number, updates)
+    real = fleet.server.fold
+    fleet.server.fold = lambda number, update: captured.append(update) or real(number, update)
     run_round(fleet, 2, DATA, SGD, seed=4)
     assert len(captured) == CLIENTS and len({u.num_samples for u in captured}) >= 1
     expected = bits(fleet.server.state_dict())
@@ -52,7 +52,7 @@ def test_twenty_arrival_orders_give_one_state(name: str, options: dict[str, Any]
         server.load_state_dict(*before)
         for update in order:
             server.fold(2, update)
-        server.aggregate_folded(2)
+        server.close_round(2)
         assert bits(server.state_dict()) == expected, [u.index for u in order]
 
 

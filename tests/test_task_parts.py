@@ -11,11 +11,11 @@ import zmq
 
 from fedge import codec
 from fedge.codec import vocabulary as words
-from fedge.coordinator.agents import AgentRegistry
 from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.session import Session
 from fedge.coordinator.transport import RouterTransport
 from fedge.edge_agent.transport import DealerTransport
+from fedge.protocol.registry import AgentRegistry
 
 
 def task_for(client: str, model: codec.TensorGroup) -> codec.Task:

@@ -1,35 +1,48 @@
 """The coordinator's side of the round protocol, with no I/O: frames and the current time in, events out.
 
-``CoordinatorProtocol`` holds the agent registry, the round in progress (who was selected, the tasks and masks
-sent, what arrived and was validated) and the rules that guard it: hello first, the sender must be the connection's
-id, a full session, protocol and model mismatches, a re-hello mid-round (the task is sent again only when the
-agent's hello says it holds none for this round), stale, duplicate, not-selected and invalid updates, commits only
-for aggregated updates, byes and failures in every state, and agents that decline a session at their welcome.
-A peer that keeps sending what must be refused gets no answers for a while: ``RejectionLimiter`` counts it in a
-bounded table and lets a few answers and log lines through per window. What to send comes back as ``Send`` events;
-what to log as ``Rejected`` and ``Noted``. No sockets, threads or clocks: the driver (``coordinator.session``)
-polls, feeds, sends and writes files. The server half is called for downlinks and to forget a device (pure
-computation); it knows no algorithm by name and never imports torch.
+``CoordinatorProtocol`` holds the agent registry, the round in progress as named states (its ``RoundPhase`` and
+each selected client's ``ClientOutcome``, ``protocol.round``) and the rules that guard it: hello first, the sender
+must be the connection's id, a full session, protocol and model mismatches, a re-hello mid-round (the task is sent
+again only when the agent's hello says it holds none for this round), stale, duplicate, not-selected and invalid
+updates, commits only for aggregated updates and only after the checkpoint, byes and failures in every state, and
+agents that decline a session at their welcome. A peer that keeps sending what must be refused gets no answers for
+a while: ``RejectionLimiter`` counts it in a bounded table and lets a few answers and log lines through per window.
+It returns ``protocol.events``: what to send (``Send``, ``SendFrame``), what to log (``Rejected``, ``Noted``),
+each accepted update (``Accepted``, which the driver folds at once; the round keeps only its typed fields and
+size) and, from ``commits``, the checkpoint the Commits wait for (``Checkpoint``). No sockets, threads or clocks:
+a driver (``coordinator.session``, ``simulation.inprocess``) polls, feeds, sends and writes files. The server half
+is called through its torch-free contract (``protocol.server_half``) for downlinks, checks and to forget a device;
+no algorithm is known by name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from fedge import codec
-from fedge.algorithms.base import ClientUpdate, Payload
-from fedge.algorithms.contract import ServerHalf
 from fedge.codec import vocabulary as words
-from fedge.coordinator.agents import AgentRegistry
-from fedge.coordinator.limiter import RejectionLimiter
-from fedge.coordinator.pacing import UploadPacer
-from fedge.coordinator.records import check_update
-from fedge.coordinator.round_state import SENDER, Event, Noted, Rejected, RoundState, Send, SendFrame
-from fedge.coordinator.selection import censored, measured
+from fedge.protocol.events import (
+    COORDINATOR,
+    Accepted,
+    Checkpoint,
+    CoordinatorEvent,
+    Noted,
+    Rejected,
+    Send,
+    SendFrame,
+)
+from fedge.protocol.limiter import RejectionLimiter
+from fedge.protocol.pacing import UploadPacer
+from fedge.protocol.payload import ClientUpdate, Payload
+from fedge.protocol.registry import AgentRegistry
+from fedge.protocol.round import RoundPhase, RoundState, next_phase
+from fedge.protocol.selection import censored, measured
+from fedge.protocol.server_half import ServerHalf
+from fedge.protocol.validation import check_update
 
-__all__ = ["CoordinatorProtocol", "Event", "Noted", "Rejected", "RejectionLimiter", "RoundState", "Send", "SendFrame"]
 
 class CoordinatorProtocol:
     """The rules of a session; see the module docstring. ``welcome_fields(index)`` is a welcome's settings (the
@@ -49,14 +62,29 @@ class CoordinatorProtocol:
         self.task_flags = task_flags or (lambda _round: {})
         self.limiter = limiter or RejectionLimiter()
         self.reports = RejectionLimiter()  # the same bound on the log lines of agents' error reports
-        self.round = 0                        # the last checkpointed round
+        self.round = 0                        # the last committed round
         self.over = False                     # the session finished: hellos are not answered any more
-        self.current: RoundState | None = None
-        self.closed: RoundState | None = None  # the round last closed, until its commits are sent
+        self.phase = RoundPhase.NONE          # of the round last opened (protocol.round's table)
+        self.current: RoundState | None = None  # the round while it is OPEN
+        self.closed: RoundState | None = None   # the round while it is CLOSED (awaiting its checkpoint)
         self.pacer = UploadPacer(max_uploads)  # paced uploads (fleet.max_uploads; 0: unpaced)
 
+    def resume(self, run_id: str, committed_round: int) -> None:
+        """A checkpoint was loaded: the session is run ``run_id``, and ``committed_round`` its last committed
+        round."""
+        if self.phase not in (RoundPhase.NONE, RoundPhase.COMMITTED):
+            raise RuntimeError(f"cannot resume while a round is {self.phase.value}")
+        self.run_id, self.round = run_id, committed_round
+        self.phase = RoundPhase.COMMITTED if committed_round else RoundPhase.NONE
+
+    def replace_server(self, server: ServerHalf) -> None:
+        """Serve with another server half (one restored from a checkpoint) from the next round on."""
+        if self.phase is RoundPhase.OPEN:
+            raise RuntimeError("the server half cannot change while a round is open")
+        self.server = server
+
     # ------------------------------------------------------------------------------------------ receiving
-    def receive(self, peer: bytes, frame: bytes, now: float) -> list[Event]:
+    def receive(self, peer: bytes, frame: bytes, now: float) -> list[CoordinatorEvent]:
         try:
             message = codec.decode(frame)
         except codec.UnsupportedVersion as exc:
@@ -77,49 +105,59 @@ class CoordinatorProtocol:
                                "hello", now)
         self.registry.touch(client_id, now)
         agent.peer = peer
-        if isinstance(message, codec.Heartbeat):
-            echo: list[Event] = [Send(peer, codec.Heartbeat(run_id=self.run_id, round=self.round, sender=SENDER))]
-            return echo + self.on_ready(agent.index, message, now) if message.ready else echo
-        if isinstance(message, codec.Update):
-            outcome = self.on_update(peer, agent.index, message, len(frame), now) + self.grants(now)
-            if self.current is not None and agent.index in self.current.updates and \
-                    agent.index not in self.current.body_up:
-                self.current.body_up[agent.index] = len(frame) - codec.read_header(frame).body_at
-            return outcome
-        if isinstance(message, codec.Bye):
-            return self.on_bye(client_id, agent.index, message)
-        if isinstance(message, codec.ErrorMessage):
-            admitted, _ = self.reports.admit(peer, now)  # an agent's reports are logged at a bounded rate too
-            events: list[Event] = [Noted(logging.WARNING, f"agent {client_id} reports {message.code}: "
-                                                          f"{message.reason}")] if admitted else []
-            if message.run_id != self.run_id and message.code in (words.ROUND_FAILED, words.UNAVAILABLE):
-                return events  # about a round of another session
-            if message.code == words.ROUND_FAILED:
-                events += self.on_failed_round(agent.index, message.round)
-            elif message.code == words.UNAVAILABLE:
-                self.on_unavailable(agent.index, message.round, message.reason)
-            elif message.code in words.JOIN_REFUSALS:
-                events += self.on_declined(client_id, agent.index)
-            return events
-        return self.refuse(peer, words.UNEXPECTED, f"a {type(message).__name__} is not expected from an agent", now)
+        match message:
+            case codec.Heartbeat():
+                echo: list[CoordinatorEvent] = [Send(peer=peer, message=codec.Heartbeat(
+                    run_id=self.run_id, round=self.round, sender=COORDINATOR))]
+                return echo + self.on_ready(agent.index, message, now) if message.ready else echo
+            case codec.Update():
+                outcome = self.on_update(peer, agent.index, message, len(frame), now) + self.grants(now)
+                if self.current is not None and agent.index in self.current.updates and \
+                        agent.index not in self.current.body_up:
+                    self.current.body_up[agent.index] = len(frame) - codec.read_header(frame).body_at
+                return outcome
+            case codec.Bye():
+                return self.on_bye(client_id, agent.index, message)
+            case codec.ErrorMessage():
+                return self.on_report(peer, client_id, agent.index, message, now)
+            case _:
+                return self.refuse(peer, words.UNEXPECTED, f"a {type(message).__name__} is not expected from an "
+                                   "agent", now)
 
-    def refuse(self, peer: bytes, code: str, reason: str, now: float, older: bool = False) -> list[Event]:
+    def on_report(self, peer: bytes, client_id: str, index: int, message: codec.ErrorMessage,
+                  now: float) -> list[CoordinatorEvent]:
+        """An agent's error report: logged at a bounded rate; a failed round, an unavailability or a refusal of
+        the session acted on."""
+        admitted, _ = self.reports.admit(peer, now)
+        events: list[CoordinatorEvent] = [Noted(logging.WARNING, f"agent {client_id} reports {message.code}: "
+                                                                 f"{message.reason}")] if admitted else []
+        if message.run_id != self.run_id and message.code in (words.ROUND_FAILED, words.UNAVAILABLE):
+            return events  # about a round of another session
+        if message.code == words.ROUND_FAILED:
+            events += self.on_failed_round(index, message.round)
+        elif message.code == words.UNAVAILABLE:
+            self.on_unavailable(index, message.round, message.reason)
+        elif message.code in words.JOIN_REFUSALS:
+            events += self.on_declined(client_id, index)
+        return events
+
+    def refuse(self, peer: bytes, code: str, reason: str, now: float, older: bool = False) -> list[CoordinatorEvent]:
         """Answer (and log) a refusal, at a bounded rate per peer; ``older``: answer in wire-format version 2."""
         admitted, suppressed = self.limiter.admit(peer, now)
-        events: list[Event] = []
+        events: list[CoordinatorEvent] = []
         if suppressed:
             events.append(Noted(logging.WARNING, f"{suppressed} more rejections of {peer!r} were not answered "
                                                  "or logged in the last window"))
         if admitted:
             events.append(Rejected(peer, code, reason))
             if older:
-                events.append(SendFrame(peer, codec.version2_error(self.run_id, SENDER, code, reason)))
+                events.append(SendFrame(peer=peer, frame=codec.version2_error(self.run_id, COORDINATOR, code, reason)))
             else:
-                events.append(Send(peer, codec.ErrorMessage(run_id=self.run_id, round=self.round, sender=SENDER,
+                events.append(Send(peer=peer, message=codec.ErrorMessage(run_id=self.run_id, round=self.round, sender=COORDINATOR,
                                                             code=code, reason=reason)))
         return events
 
-    def on_hello(self, peer: bytes, hello: codec.Hello, now: float) -> list[Event]:
+    def on_hello(self, peer: bytes, hello: codec.Hello, now: float) -> list[CoordinatorEvent]:
         if self.over:  # the session said goodbye; an agent that stays up finds the next session
             return []
         if codec.PROTOCOL_VERSION not in hello.versions:
@@ -140,11 +178,11 @@ class CoordinatorProtocol:
                        "capabilities": list(hello.capabilities), "device": hello.device,
                        "input_shape": list(hello.input_shape), "num_outputs": hello.num_outputs}
         self.registry.touch(hello.sender, now)
-        events: list[Event] = []
+        events: list[CoordinatorEvent] = []
         if first:
             events.append(Noted(logging.INFO, f"agent {hello.sender} registered as client {index} "
                                               f"({hello.dataset_size} samples, torch {hello.torch_version})"))
-        events.append(Send(peer, codec.Welcome(run_id=self.run_id, round=self.round, sender=SENDER,
+        events.append(Send(peer=peer, message=codec.Welcome(run_id=self.run_id, round=self.round, sender=COORDINATOR,
                                                **self.welcome_fields(index))))
         current = self.current
         holds_this_round = current is not None and hello.holds == (self.run_id, current.number)
@@ -152,7 +190,7 @@ class CoordinatorProtocol:
             events.append(self.task(index, now))
         return events
 
-    def on_update(self, peer: bytes, index: int, update: codec.Update, size: int, now: float) -> list[Event]:
+    def on_update(self, peer: bytes, index: int, update: codec.Update, size: int, now: float) -> list[CoordinatorEvent]:
         current = self.current
         if update.run_id != self.run_id:
             return self.refuse(peer, words.STALE, f"update of run {update.run_id!r}; this session is run "
@@ -166,24 +204,20 @@ class CoordinatorProtocol:
         if index in current.updates:
             return self.refuse(peer, words.DUPLICATE, f"a second update from client {index} in round {update.round}",
                                now)
+        agent = self.registry.by_index(index)
+        decoded = ClientUpdate(client_id=agent.client_id, index=index, num_samples=update.num_samples,
+                               payload=Payload(groups=dict(update.groups), meta=dict(update.meta)))
+        # the server half's own rule for what its fold needs (every group and tensor it reads, the meta keys it
+        # converts), so that a lacking update is refused here, never failing inside a fold
         problem = check_update(update, self.shapes, current.masks.get(index, set())) or \
-            self.server_check(index, update)
+            self.server.check_update(update.round, decoded)
         if problem:
             return self.refuse(peer, words.INVALID_UPDATE, problem, now)
-        current.accept(index, update, size)
-        agent = self.registry.by_index(index)
+        current.accept(index, dataclasses.replace(update, groups={}, meta={}), size)
         agent.round_s = measured(agent.round_s, max(now - current.started, 0.0))  # task sent to update received
-        return []
+        return [Accepted(current.number, decoded)]
 
-    def server_check(self, index: int, update: codec.Update) -> str:
-        """The server half's own rule for what its aggregate needs of an update (every group and tensor it reads,
-        the meta keys it converts), so a lacking update is refused here, never failing inside an aggregate."""
-        agent = self.registry.by_index(index)
-        return self.server.check_update(update.round, ClientUpdate(
-            client_id=agent.client_id, index=index, num_samples=update.num_samples,
-            payload=Payload(groups=dict(update.groups), meta=dict(update.meta))))
-
-    def on_bye(self, client_id: str, index: int, bye: codec.Bye) -> list[Event]:
+    def on_bye(self, client_id: str, index: int, bye: codec.Bye) -> list[CoordinatorEvent]:
         """The agent leaves: it is no longer awaited in the round in progress."""
         self.registry.agents[client_id].connected = False
         current = self.current
@@ -199,7 +233,7 @@ class CoordinatorProtocol:
                 index not in current.updates:
             current.decline(index, reason[:200])
 
-    def on_failed_round(self, index: int, round_number: int) -> list[Event]:
+    def on_failed_round(self, index: int, round_number: int) -> list[CoordinatorEvent]:
         """An agent could not do its round: stop waiting for it, and let the server half forget what it assumed of
         the device's state (e.g. ef's replica), so the next downlink is self-sufficient."""
         current = self.current
@@ -210,7 +244,7 @@ class CoordinatorProtocol:
         self.forget(index)
         return []
 
-    def on_declined(self, client_id: str, index: int) -> list[Event]:
+    def on_declined(self, client_id: str, index: int) -> list[CoordinatorEvent]:
         """An agent declined the session at its welcome: it is gone, and its index is free again unless it had
         trained (then it keeps it, and the server half forgets what it assumed of the device)."""
         self.registry.agents[client_id].connected = False
@@ -228,17 +262,16 @@ class CoordinatorProtocol:
 
     # ------------------------------------------------------------------------------------------ the round
     def open_round(self, number: int, selected: Sequence[int], now: float, deadline_s: float,
-                   target: int = 0) -> list[Event]:
+                   target: int = 0) -> list[CoordinatorEvent]:
         """Start round ``number`` with the selected clients: their tasks. ``target``: close it once this many
         updates arrived (over-selection)."""
-        if self.current is not None:
-            raise RuntimeError(f"round {self.current.number} is still open")
+        self.phase = next_phase(self.phase, "open")
         self.current = RoundState(number=number, selected=list(selected), started=now, deadline=now + deadline_s,
                                   target=target)
         self.pacer.reset()
         return [self.task(index, now) for index in self.current.selected]
 
-    def on_ready(self, index: int, heartbeat: codec.Heartbeat, now: float) -> list[Event]:
+    def on_ready(self, index: int, heartbeat: codec.Heartbeat, now: float) -> list[CoordinatorEvent]:
         """A paced agent holds its update of the round in progress: its grant, now or when a slot frees."""
         current = self.current
         if not self.pacer.on or current is None or heartbeat.round != current.number or \
@@ -247,7 +280,7 @@ class CoordinatorProtocol:
         again = [self.grant(index)] if self.pacer.ready(index) else []
         return again + self.grants(now)
 
-    def grants(self, now: float) -> list[Event]:
+    def grants(self, now: float) -> list[CoordinatorEvent]:
         current = self.current
         if not self.pacer.on or current is None:
             return []
@@ -258,8 +291,8 @@ class CoordinatorProtocol:
     def grant(self, index: int) -> Send:
         current = self.current
         assert current is not None
-        return Send(self.registry.by_index(index).peer, codec.Grant(run_id=self.run_id, round=current.number,
-                                                                    sender=SENDER))
+        return Send(peer=self.registry.by_index(index).peer, message=codec.Grant(run_id=self.run_id, round=current.number,
+                                                                    sender=COORDINATOR))
 
     def task(self, index: int, now: float) -> Send:
         """The task of the current round for client ``index`` (its downlink from the server half)."""
@@ -272,7 +305,7 @@ class CoordinatorProtocol:
             if group.sparse is not None and group.sparse.mask is not None:
                 current.masks.setdefault(index, set()).add(codec.mask_crc(group.sparse.mask))
         current.tasks_sent.add(index)
-        return Send(agent.peer, codec.Task(run_id=self.run_id, round=current.number, sender=SENDER,
+        return Send(peer=agent.peer, message=codec.Task(run_id=self.run_id, round=current.number, sender=COORDINATOR,
                                            groups=dict(payload.groups), meta=dict(payload.meta),
                                            committed_round=self.round, last_accepted_round=agent.last_accepted_round,
                                            deadline_s=max(0.0, current.deadline - now), paced=self.pacer.on,
@@ -295,39 +328,45 @@ class CoordinatorProtocol:
             return True
         return not any(self.registry.alive(self.registry.by_index(i), now) for i in current.pending)
 
-    def close_round(self, now: float) -> tuple[RoundState, list[Event]]:
+    def close_round(self, now: float) -> tuple[RoundState, list[CoordinatorEvent]]:
         """Close the round in progress: its state, and a Cancel to each selected agent still training it (whose
         round-time estimate is then censored: it did not finish in the time it had)."""
         current = self.current
         if current is None:
             raise RuntimeError("no round is open")
+        self.phase = next_phase(self.phase, "close")
         self.current, self.closed = None, current
-        cancels: list[Event] = []
-        for index in current.awaited():
+        cancels: list[CoordinatorEvent] = []
+        for index in current.close():
             agent = self.registry.by_index(index)
             agent.round_s = censored(agent.round_s, max(now - current.started, 0.0), current.deadline - current.started)
             if agent.connected and agent.peer:
-                cancels.append(Send(agent.peer, codec.Cancel(run_id=self.run_id, round=current.number, sender=SENDER,
+                cancels.append(Send(peer=agent.peer, message=codec.Cancel(run_id=self.run_id, round=current.number, sender=COORDINATOR,
                                                              reason="the round closed without your update")))
         return current, cancels
 
     def abandon_round(self) -> None:
+        self.phase = next_phase(self.phase, "abandon")
         self.current = None
 
-    def commits(self, number: int) -> list[Event]:
-        """After round ``number`` was checkpointed: a Commit to each agent whose update it aggregated, and only
-        those."""
+    def commits(self, number: int) -> list[CoordinatorEvent]:
+        """Commit round ``number``, the round last closed: each agent whose update it aggregated has it as its last
+        accepted round. Returns the order the driver follows: ``Checkpoint`` (write it now), then a Commit to each
+        of those agents, and only those, to send once it is written."""
         closed = self.closed
         if closed is None or closed.number != number:
             raise RuntimeError(f"round {number} is not the round last closed")
+        self.phase = next_phase(self.phase, "commit")
         self.round = number
         self.closed = None
-        return [Send(self.registry.by_index(i).peer, codec.Commit(run_id=self.run_id, round=number, sender=SENDER))
-                for i in sorted(closed.updates)]
+        for index in closed.updates:
+            self.registry.by_index(index).last_accepted_round = number
+        return [Checkpoint(number), *(Send(peer=self.registry.by_index(i).peer, message=codec.Commit(
+            run_id=self.run_id, round=number, sender=COORDINATOR)) for i in sorted(closed.updates))]
 
-    def byes(self, code: str, reason: str) -> list[Event]:
+    def byes(self, code: str, reason: str) -> list[CoordinatorEvent]:
         """A Bye to every connected agent (``code``: vocabulary.BYE_FINISHED ends their session, and hellos are no
         longer answered)."""
         self.over = self.over or code == words.BYE_FINISHED
-        return [Send(a.peer, codec.Bye(run_id=self.run_id, round=self.round, sender=SENDER, code=code, reason=reason))
+        return [Send(peer=a.peer, message=codec.Bye(run_id=self.run_id, round=self.round, sender=COORDINATOR, code=code, reason=reason))
                 for a in self.registry.agents.values() if a.connected and a.peer]

@@ -2,13 +2,13 @@
 
 A client id (chosen by the device) maps to a stable index, assigned in order of first registration (or fixed up
 front for a local fleet) and kept in the checkpoint, so algorithms that need indices see the same client after any
-restart. Liveness is the time since the agent was last heard from. Knows nothing of sockets' internals or torch.
+restart. Liveness is the time since the agent was last heard from, against the time the caller gives (no clock is read
+here). Knows nothing of sockets or torch.
 """
 
 from __future__ import annotations
 
 import heapq
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,17 +72,15 @@ class AgentRegistry:
     def by_index(self, index: int) -> Agent:
         return self.indexed[index]
 
-    def touch(self, client_id: str, now: float | None = None) -> None:
+    def touch(self, client_id: str, now: float) -> None:
         agent = self.agents.get(client_id)
         if agent is not None:
-            agent.last_seen = time.monotonic() if now is None else now
+            agent.last_seen = now
 
-    def alive(self, agent: Agent, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
+    def alive(self, agent: Agent, now: float) -> bool:
         return agent.connected and now - agent.last_seen <= self.liveness_s
 
-    def live_indices(self, now: float | None = None) -> list[int]:
-        now = time.monotonic() if now is None else now
+    def live_indices(self, now: float) -> list[int]:
         return sorted(a.index for a in self.agents.values() if self.alive(a, now))
 
     def state(self) -> dict[str, Any]:

@@ -1,0 +1,42 @@
+"""What a round carries between the runtime and an algorithm's halves, torch-free: ``Payload`` (named codec tensor
+groups and a metadata map, one direction for one client), ``ClientUpdate`` (one decoded update as a server half
+sees it), ``Arrays`` (named numpy arrays) and the group names of the built-in algorithms. The protocol objects and
+the algorithms both use these; imports only numpy and the codec (never torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedge.codec import TensorGroup
+
+Arrays = dict[str, np.ndarray]
+
+# The group names of the built-in algorithms: the model, a model update as a difference, and anything else a base
+# sends beside them (SCAFFOLD's "control"). DSSA and ef read their base's payloads through these names.
+MODEL_GROUP = "model"
+DELTA_GROUP = "delta"
+UPDATE_GROUPS = (MODEL_GROUP, DELTA_GROUP)
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What travels in one direction for one client: named tensor groups and a metadata map."""
+
+    groups: Mapping[str, TensorGroup] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """One decoded update as the server half sees it: whose (client id and index), its claimed sample count, and
+    its payload."""
+
+    client_id: str
+    index: int
+    num_samples: int
+    payload: Payload
