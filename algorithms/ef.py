@@ -37,10 +37,10 @@ from fedge.algorithms.base import (
     Payload,
     ServerContext,
     lacking,
-    mistyped,
     wrapper_config,
 )
 from fedge.algorithms.contract import BaseServer, WrappedClient
+from fedge.algorithms.ef_meta import EfTask, EfUpdate
 from fedge.algorithms.keyframes import PublicModel, Replica, float_layout, start_model
 from fedge.algorithms.sparse import compress
 from fedge.codec import TensorGroup
@@ -115,14 +115,16 @@ class Server(BaseServer):
         float tensors in the layout's order, the integer tensors dense, the public version it was trained from and
         the keyframe version its client holds."""
         integers = [name for name in self.public if name not in self.layout.names]
-        problem = lacking(update.payload, {"update": integers}) or mistyped(update.payload,
-                                                                             {"ef_base": int, "ef_key": int})
+        problem = lacking(update.payload, {"update": integers})
         if problem:
             return problem
-        base, key = update.payload.meta.get("ef_base", -1), update.payload.meta.get("ef_key", -1)
-        if not -1 <= base <= self.model.version or not -1 <= key <= base:
-            return (f"meta.ef_base {base} / ef_key {key}: not a version this coordinator has published "
-                    f"(-1 <= ef_key <= ef_base <= {self.model.version})")
+        try:
+            origin = EfUpdate.from_meta(update.payload.meta)
+        except ValueError as exc:
+            return str(exc)
+        if not origin.keyframe <= origin.base <= self.model.version:
+            return (f"meta.ef: base {origin.base} / keyframe {origin.keyframe}: not a version this coordinator has "
+                    f"published (keyframe <= base <= {self.model.version})")
         sparse = update.payload.groups["update"].sparse
         if sparse is None or tuple(sparse.names) != self.layout.names:
             return "an ef update must carry the float tensors as one sparse section, in the model's order"
@@ -131,12 +133,11 @@ class Server(BaseServer):
     def fold(self, round_number: int, update: ClientUpdate) -> None:
         """An update against the current public model joins the round's exact sums (``algorithms.accumulate``); a
         stale one only tells which keyframe its client holds."""
-        meta = update.payload.meta
-        base = int(meta.get("ef_base", -1))
-        self.model.holds[update.index] = int(meta.get("ef_key", base))
+        origin = EfUpdate.from_meta(update.payload.meta)
+        self.model.note_holds(update.index, origin.keyframe)
         if self.folding is None:
             self.folding, self.stale = FlatMean(self.layout.size), 0
-        if base != self.model.version:
+        if origin.base != self.model.version:
             self.stale += 1
             return
         group = update.payload.groups["update"]
@@ -186,17 +187,18 @@ class Client(WrappedClient):
         self.base = base_module.Client(config.base, client_index)
         self.replica = Replica(start_dtype(config))
         self.start: Arrays = {}  # the public model this round trains from (P)
-        self.start_version = -1
+        self.start_version = 0   # ... and its version
         self.residual: np.ndarray | None = None
 
     def initial_model(self, arrays: Arrays) -> None:
         self.replica.initial = arrays
 
     def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
-        self.start = self.replica.sync(payload.groups, payload.meta)
-        self.start_version = int(payload.meta["ef_to"])
+        task = EfTask.from_meta(payload.meta)
+        self.start = self.replica.sync(payload.groups, task)
+        self.start_version = task.version
         model_group = {MODEL_GROUP: TensorGroup(dense=self.start)}
-        self.base.on_receive(round_number, Payload(groups=model_group, meta=payload.meta), model)
+        self.base.on_receive(round_number, Payload(groups=model_group), model)
 
     def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
         payload: Payload = self.base.make_update(round_number, model, stats)
@@ -209,8 +211,9 @@ class Client(WrappedClient):
         integers = {name: value for name, value in trained.items() if name not in layout.names}
         sent = compress(layout, delta + self.residual, self.config.keep, self.config.value_dtype, dense=integers)
         self.residual = sent.residual
-        return Payload(groups={"update": sent.group},
-                       meta={**payload.meta, "ef_base": self.start_version, "ef_key": self.replica.version})
+        assert self.replica.version is not None, "make_update before on_receive"
+        origin = EfUpdate(base=self.start_version, keyframe=self.replica.version)
+        return Payload(groups={"update": sent.group}, meta={**payload.meta, **origin.to_meta()})
 
     def state_dict(self) -> Arrays:
         state = self.replica.state_dict()

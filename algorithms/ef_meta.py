@@ -1,6 +1,7 @@
 """ef's sub-protocol, typed: what an ef Task says of the public model it carries (``EfTask``) and what an ef Update
-says of the model it was trained from (``EfUpdate``), each the one key ``ef`` of its payload's meta, with a schema
-version of its own (``SCHEMA``).
+says of the model it was trained from (``EfUpdate``), each the one key ``ef`` of its payload's meta: a list whose
+first item is the schema version of the sub-protocol (``SCHEMA``) and whose others are the fields in their
+declared order (no field names on the wire).
 
 Every field is always present and means one thing: no key whose absence carries meaning, no sentinel versions.
 ``from_meta`` refuses, in one line naming the field, a structure of another schema, with a missing or extra field,
@@ -22,15 +23,15 @@ KEY = "ef"
 class Source(enum.Enum):
     """Where a device's keyframe comes from before the task's chain of keyframe deltas is applied."""
 
-    DENSE = "dense"      # the task carries the keyframe dense (group ``public``)
-    REBUILD = "rebuild"  # the device rebuilds the start (version 0) from the model spec and the session seed
-    REPLICA = "replica"  # the device's own replica, at version ``start``
+    DENSE = "dense"  # the task carries the keyframe dense (group ``public``)
+    CHAIN = "chain"  # the device's keyframe at version ``start``: its replica, or, at version 0 for a device with
+    #                  none yet, the start rebuilt from the model spec and the session seed (checked by start_crc)
 
 
 @dataclass(frozen=True)
 class EfTask:
-    """The public model a task carries. ``start`` is the keyframe version the chain starts from (the replica's for
-    REPLICA, 0 for REBUILD, ``keyframe`` for DENSE); ``chain`` the keyframe versions whose deltas it carries, in
+    """The public model a task carries. ``start`` is the keyframe version the chain starts from (``keyframe`` for
+    DENSE); ``chain`` the keyframe versions whose deltas it carries, in
     order; after it the device holds keyframe ``keyframe`` (CRC ``keyframe_crc``). With ``catchup`` the task also
     carries the round's catch-up (group ``catchup``), and the round's public model is keyframe + catch-up, version
     ``version``, CRC ``crc``; without, it is the keyframe itself. ``start_crc`` is the CRC of the start model as
@@ -47,8 +48,6 @@ class EfTask:
     start_crc: int
 
     def __post_init__(self) -> None:
-        if self.source is Source.REBUILD and self.start != 0:
-            raise ValueError(f"meta.ef: a rebuilt start is version 0, not {self.start}")
         if self.source is Source.DENSE and (self.start != self.keyframe or self.chain):
             raise ValueError("meta.ef: a dense keyframe carries no chain and starts at the keyframe")
         versions = (self.start, *self.chain)
@@ -60,14 +59,12 @@ class EfTask:
                              f"(catch-up: {self.catchup})")
 
     def to_meta(self) -> dict[str, Any]:
-        return {KEY: {"schema": SCHEMA, "version": self.version, "crc": self.crc, "keyframe": self.keyframe,
-                      "keyframe_crc": self.keyframe_crc, "source": self.source.value, "start": self.start,
-                      "chain": list(self.chain), "catchup": self.catchup, "start_crc": self.start_crc}}
+        return {KEY: [SCHEMA, self.version, self.crc, self.keyframe, self.keyframe_crc, self.source.value, self.start,
+                      list(self.chain), self.catchup, self.start_crc]}
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> EfTask:
-        raw = _structure(meta, {"version", "crc", "keyframe", "keyframe_crc", "source", "start", "chain", "catchup",
-                                "start_crc"})
+        raw = _structure(meta, [f.name for f in fields(cls)])
         try:
             source = Source(raw["source"])
         except ValueError:
@@ -92,25 +89,25 @@ class EfUpdate:
     keyframe: int
 
     def to_meta(self) -> dict[str, Any]:
-        return {KEY: {"schema": SCHEMA, "base": self.base, "keyframe": self.keyframe}}
+        return {KEY: [SCHEMA, self.base, self.keyframe]}
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> EfUpdate:
-        raw = _structure(meta, {f.name for f in fields(cls)})
+        raw = _structure(meta, [f.name for f in fields(cls)])
         return cls(base=_version(raw, "base"), keyframe=_version(raw, "keyframe"))
 
 
-def _structure(meta: Mapping[str, Any], names: set[str]) -> Mapping[str, Any]:
+def _structure(meta: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
+    """The fields of meta's ef list by name, after its schema and length are checked."""
     raw = meta.get(KEY)
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"meta.{KEY} must be ef's structure (schema {SCHEMA}), got {raw!r:.40}")
-    if raw.get("schema") != SCHEMA:
-        raise ValueError(f"meta.{KEY} is of schema {raw.get('schema')!r:.20}; this side speaks schema {SCHEMA}")
-    present = set(raw) - {"schema"}
-    if present != names:
-        extra, lacking = sorted(present - names), sorted(names - present)
-        raise ValueError(f"meta.{KEY}: " + (f"unknown field {extra[0]!r}" if extra else f"lacks {lacking[0]!r}"))
-    return raw
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise ValueError(f"meta.{KEY} must be ef's structure (a list, schema {SCHEMA}), got {raw!r:.40}")
+    if raw[0] != SCHEMA or isinstance(raw[0], bool):
+        raise ValueError(f"meta.{KEY} is of schema {raw[0]!r:.20}; this side speaks schema {SCHEMA}")
+    if len(raw) != len(names) + 1:
+        raise ValueError(f"meta.{KEY} has {len(raw) - 1} fields; schema {SCHEMA} has {len(names)} "
+                         f"({', '.join(names)})")
+    return dict(zip(names, raw[1:], strict=True))
 
 
 def _is_int(value: object) -> bool:

@@ -6,11 +6,11 @@ The coordinator's side, ``PublicModel``, keeps
   (the top fraction of S - K, S the coordinator's exact model, ef's residual being S - K);
 - the round's public model P = K + dec(C), where the catch-up C is the top fraction of S - K taken at a round
   that is not a keyframe round (P = K right after a keyframe round). Every client of a round trains from P;
-- the last ``history`` keyframe deltas, and the keyframe version each client holds: -1 before its first task
-  (it rebuilds the initial model from the model spec and the session seed, checked by CRC), -2 once forgotten
-  (its next downlink carries K dense).
+- the last ``history`` keyframe deltas, and what it believes of each client (``Belief``): nothing yet (before its
+  first task it rebuilds the initial model from the model spec and the session seed, checked by CRC), forgotten
+  (its next downlink carries K dense), or the keyframe version it holds.
 A downlink is the keyframe deltas its client lacks (a chain, or K dense when the chain is not stored or encodes
-larger) and the round's catch-up. Keyframes come when the updates since the last one reach ``keyframe_ratio`` times
+larger) and the round's catch-up, described by ef's typed sub-protocol (``ef_meta.EfTask``). Keyframes come when the updates since the last one reach ``keyframe_ratio`` times
 the clients absent from the round, or after ``keyframe_rounds`` rounds (``KeyframeClock``): every round at full
 participation (then P = K always, and ef is its original scheme), rarely otherwise, so that a client back after
 missing rounds pays one catch-up and the few keyframe deltas it missed instead of a delta per round missed.
@@ -22,6 +22,7 @@ packet names. Pure numpy and the codec: no torch, no transport, no algorithm rul
 
 from __future__ import annotations
 
+import enum
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,11 +32,19 @@ import numpy as np
 
 from fedge import codec
 from fedge.algorithms.base import Arrays, is_float
+from fedge.algorithms.ef_meta import EfTask, Source
 from fedge.algorithms.sparse import Compressed, FlatLayout, decoded, wire_dtype
 from fedge.codec import SparseSection, TensorGroup
 
-NEVER_SYNCED = -1  # a client before its first task: it rebuilds the initial model
-FORGOTTEN = -2     # a client whose replica is not trusted: its next downlink carries the keyframe dense
+CHECKPOINT_SCHEMA = 2  # of the coordinator's checkpointed public model (1: before the typed sub-protocol)
+
+
+class Belief(enum.IntEnum):
+    """What the coordinator believes of a client's replica."""
+
+    UNSYNCED = 0   # before its first task: it rebuilds the initial model
+    FORGOTTEN = 1  # not trusted: its next downlink carries the keyframe dense
+    HOLDS = 2      # it holds the keyframe version the coordinator keeps beside
 
 
 def float_layout(arrays: Mapping[str, np.ndarray]) -> FlatLayout:
@@ -123,14 +132,22 @@ class PublicModel:
         self.version = 0
         self.crc = self.key_crc
         self.history: dict[int, Delta] = {}
-        self.holds = np.full(num_clients, NEVER_SYNCED, dtype=np.int64)
+        self.belief = np.full(num_clients, Belief.UNSYNCED, dtype=np.uint8)
+        self.holds = np.zeros(num_clients, dtype=np.int64)  # the keyframe version, where the belief is HOLDS
         self.clock = KeyframeClock(num_clients, keyframe_ratio, keyframe_rounds)
         self.resyncs = 0
         self.groups: dict[int, tuple[Delta, TensorGroup]] = {}
         self.sizes: dict[tuple[int, ...], int] = {}
 
     def forget(self, client_index: int) -> None:
-        self.holds[client_index] = FORGOTTEN
+        self.belief[client_index] = Belief.FORGOTTEN
+
+    def note_holds(self, client_index: int, keyframe: int) -> None:
+        """Client ``client_index``'s update says that its device holds keyframe ``keyframe``."""
+        self.belief[client_index], self.holds[client_index] = Belief.HOLDS, keyframe
+
+    def believed(self, client_index: int) -> tuple[Belief, int]:
+        return Belief(int(self.belief[client_index])), int(self.holds[client_index])
 
     def take_resyncs(self) -> int:
         """Dense downlinks since the last call (for the round's metrics)."""
@@ -183,30 +200,34 @@ class PublicModel:
         return versions if previous == self.key_version else None
 
     def downlink(self, client_index: int) -> tuple[dict[str, TensorGroup], dict[str, Any]]:
-        """What client ``client_index`` needs to hold this round's public model: groups and meta."""
-        start = int(self.holds[client_index])
-        if start == NEVER_SYNCED and self.rebuildable:
-            start = 0
-        meta: dict[str, Any] = {"ef_to": self.version, "ef_crc": self.crc}
+        """What client ``client_index`` needs to hold this round's public model: groups and meta (``EfTask``)."""
+        belief, held = self.believed(client_index)
         tail: dict[str, TensorGroup] = {}
         if self.catchup is not None:
-            meta.update(ef_key=self.key_version, ef_key_crc=self.key_crc)
             tail["catchup"] = self.group(self.catchup)
-        versions = self.chain(start) if start >= 0 else None
-        dense_dtype = self.start_dtype if self.key_version == 0 else "f32"
-        dense = {"public": TensorGroup(dense=self.key, value_dtype=dense_dtype), **tail}
-        if versions is not None:
+
+        def described(source: Source, start: int, chain: tuple[int, ...]) -> dict[str, Any]:
+            return EfTask(version=self.version, crc=self.crc, keyframe=self.key_version, keyframe_crc=self.key_crc,
+                          source=source, start=start, chain=chain, catchup=self.catchup is not None,
+                          start_crc=self.start_crc).to_meta()
+
+        start = held if belief is Belief.HOLDS else 0 if belief is Belief.UNSYNCED and self.rebuildable else None
+        versions = self.chain(start) if start is not None else None
+        if start is not None and versions is not None:
             groups = {**{f"delta-{v}": self.group(self.history[v]) for v in versions}, **tail}
+            dense_dtype = self.start_dtype if self.key_version == 0 else "f32"
+            dense = {"public": TensorGroup(dense=self.key, value_dtype=dense_dtype), **tail}
             if len(versions) <= 1 or self.size(tuple(versions), groups) < self.size((), dense):
-                if start == 0:
-                    meta["ef_start_crc"] = self.start_crc
-                return groups, {**meta, "ef_from": start, "ef_rounds": versions}
+                return groups, described(Source.CHAIN, start, tuple(versions))
         self.resyncs += 1
-        return dense, {**meta, "ef_from": -1, "ef_rounds": []}
+        dense_dtype = self.start_dtype if self.key_version == 0 else "f32"
+        return ({"public": TensorGroup(dense=self.key, value_dtype=dense_dtype), **tail},
+                described(Source.DENSE, self.key_version, ()))
 
     def state_dict(self, prefix: str) -> tuple[Arrays, dict[str, Any]]:
         arrays: Arrays = {f"{prefix}key/{k}": v for k, v in self.key.items()}
         arrays[f"{prefix}holds"] = self.holds
+        arrays[f"{prefix}belief"] = self.belief
         steps = {f"history/{v}": d for v, d in self.history.items()}
         if self.catchup is not None:
             steps["catchup"] = self.catchup
@@ -214,7 +235,8 @@ class PublicModel:
             arrays[f"{prefix}{name}/indices"] = delta.indices
             arrays[f"{prefix}{name}/values"] = delta.values
             arrays.update({f"{prefix}{name}/int/{k}": v for k, v in delta.integers.items()})
-        meta = {"version": self.version, "key_version": self.key_version, "arrived": self.clock.arrived,
+        meta = {"schema": CHECKPOINT_SCHEMA, "version": self.version, "key_version": self.key_version,
+                "arrived": self.clock.arrived,
                 "rounds_since_key": self.clock.rounds,
                 "history": [[v, d.previous] for v, d in self.history.items()],
                 "catchup": None if self.catchup is None else self.catchup.previous}
@@ -227,13 +249,15 @@ class PublicModel:
                          arrays[f"{prefix}{name}/values"].copy(),
                          {k[len(ints):]: v.copy() for k, v in arrays.items() if k.startswith(ints)})
 
-        if "key_version" not in meta:
-            raise ValueError("this ef checkpoint was written before ef's keyframes (docs/ef.md, \"Partial "
-                             "participation\"): finish the run with the Fedge that wrote it")
+        if meta.get("schema") != CHECKPOINT_SCHEMA:
+            raise ValueError(f"this ef checkpoint is of schema {meta.get('schema', 1)}, this Fedge reads schema "
+                             f"{CHECKPOINT_SCHEMA} (ef's typed sub-protocol): finish the run with the Fedge that wrote "
+                             "it")
         key = f"{prefix}key/"
         self.key = {k[len(key):]: v.copy() for k, v in arrays.items() if k.startswith(key)}
         self.key_version, self.key_crc = int(meta["key_version"]), public_crc(self.key)
         self.holds = np.array(arrays[f"{prefix}holds"], dtype=np.int64)
+        self.belief = np.array(arrays[f"{prefix}belief"], dtype=np.uint8)
         self.clock.arrived, self.clock.rounds = int(meta["arrived"]), int(meta["rounds_since_key"])
         self.history = {int(v): delta(f"history/{v}", p) for v, p in meta["history"]}
         self.catchup = None if meta["catchup"] is None else delta("catchup", meta["catchup"])
@@ -251,40 +275,42 @@ class Replica:
         self.start_dtype = start_dtype
         self.initial: Arrays | None = None  # the initial model as this device built it (``initial_model``)
         self.key: Arrays = {}
-        self.version = -1
+        self.version: int | None = None     # the keyframe version held; None: no replica yet
 
-    def rebuild(self, crc: int | None) -> None:
+    def rebuild(self, crc: int) -> None:
         if self.initial is None:
             raise RuntimeError("ef: the packet asks this device to rebuild the initial model, which it was not given; "
                                "the coordinator must resync it densely")
         self.key, self.version = start_model(self.initial, self.start_dtype), 0
-        if crc is not None and public_crc(self.key) != int(crc):
+        if public_crc(self.key) != crc:
             raise RuntimeError("ef: the initial model rebuilt on this device differs from the coordinator's (another "
                                "torch version, or model.init?); the coordinator resyncs it densely")
 
-    def sync(self, groups: Mapping[str, TensorGroup], meta: Mapping[str, Any]) -> Arrays:
-        """Bring the keyframe to the version the packet names, check it, and return the round's public model."""
-        key_version = int(meta.get("ef_key", meta["ef_to"]))
-        if "public" in groups:
+    def sync(self, groups: Mapping[str, TensorGroup], task: EfTask) -> Arrays:
+        """Bring the keyframe to the version the task names, check it, and return the round's public model."""
+        for needed in ("public",) * (task.source is Source.DENSE) + ("catchup",) * task.catchup:
+            if needed not in groups:
+                raise ValueError(f"ef: the task names group {needed!r} but does not carry it")
+        if task.source is Source.DENSE:
             self.key = {k: np.array(v, copy=True) for k, v in groups["public"].dense.items()}
-            self.version = key_version
-        elif not self.key and int(meta["ef_from"]) == 0:
-            self.rebuild(meta.get("ef_start_crc"))
-        elif self.version < int(meta["ef_from"]):
-            raise RuntimeError(f"ef: the replica is at version {self.version} but the packet starts at "
-                               f"{meta['ef_from']}; the coordinator must resync this client densely (forget)")
-        for version in meta["ef_rounds"]:
-            if version > self.version:
+            self.version = task.keyframe
+        elif self.version is None and task.start == 0:
+            self.rebuild(task.start_crc)
+        elif self.version is None or self.version < task.start:
+            raise RuntimeError(f"ef: the replica is at version {self.version} but the task starts at {task.start}; "
+                               "the coordinator must resync this client densely (forget)")
+        for version in task.chain:
+            if version > self.version:  # type: ignore[operator]
                 self.key = self.apply(self.key, groups[f"delta-{version}"], f"delta-{version}")
-                self.version = int(version)
-        if self.version != key_version or public_crc(self.key) != int(meta.get("ef_key_crc", meta["ef_crc"])):
-            raise RuntimeError(f"ef: the replica (version {self.version}) differs from the public model "
-                               f"(version {key_version}); it needs a dense resync")
-        if "catchup" not in groups:
+                self.version = version
+        if self.version != task.keyframe or public_crc(self.key) != task.keyframe_crc:
+            raise RuntimeError(f"ef: the replica (version {self.version}) differs from the keyframe "
+                               f"(version {task.keyframe}); it needs a dense resync")
+        if not task.catchup:
             return self.key
         public = self.apply(self.key, groups["catchup"], "catchup")
-        if public_crc(public) != int(meta["ef_crc"]):
-            raise RuntimeError(f"ef: the round's public model (version {meta['ef_to']}) rebuilt here differs from "
+        if public_crc(public) != task.crc:
+            raise RuntimeError(f"ef: the round's public model (version {task.version}) rebuilt here differs from "
                                "the coordinator's; it needs a dense resync")
         return public
 
@@ -297,11 +323,17 @@ class Replica:
                        group.dense)
 
     def state_dict(self) -> Arrays:
-        state: Arrays = {f"ef/public/{k}": v for k, v in self.key.items()}
-        state["ef/version"] = np.array(self.version, dtype=np.int64)
+        state: Arrays = {"ef/schema": np.array(CHECKPOINT_SCHEMA, dtype=np.int64)}
+        if self.version is not None:
+            state.update({f"ef/public/{k}": v for k, v in self.key.items()})
+            state["ef/version"] = np.array(self.version, dtype=np.int64)
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        ef_keys = [k for k in state if k.startswith("ef/")]
+        if ef_keys and int(state.get("ef/schema", 1)) != CHECKPOINT_SCHEMA:
+            raise ValueError(f"this device's ef state is of schema {int(state.get('ef/schema', 1))}, this Fedge "
+                             f"reads schema {CHECKPOINT_SCHEMA}: start a new session")
         self.key = {k[len("ef/public/"):]: np.array(v, copy=True) for k, v in state.items()
                     if k.startswith("ef/public/")}
-        self.version = int(state["ef/version"]) if "ef/version" in state else -1
+        self.version = int(state["ef/version"]) if "ef/version" in state else None

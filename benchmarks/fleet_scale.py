@@ -38,6 +38,8 @@ import zmq.auth
 
 import fedge
 from fedge import codec
+from fedge.algorithms.ef_meta import KEY as EF_KEY
+from fedge.algorithms.ef_meta import EfTask, EfUpdate
 from fedge.protocol.agent import AgentProtocol, DeviceFacts
 from fedge.protocol.events import Join, Left, Send, SendFrame, Stop, Train
 
@@ -88,7 +90,7 @@ class LightAgent:
 
     def update(self, task: codec.Task) -> bytes:
         fields = {"num_samples": 64, "steps": 1, "train_loss": 1.0, "train_s": 0.0}
-        if "ef_to" not in task.meta:  # FedAvg: the received model, as if a step changed nothing
+        if EF_KEY not in task.meta:  # FedAvg: the received model, as if a step changed nothing
             return codec.encode(codec.Update(run_id=task.run_id, round=task.round, sender=self.client_id,
                                              groups={"model": task.groups["model"]}, **fields))
         names = tuple(n for n, _ in LightAgent.layout)
@@ -97,9 +99,13 @@ class LightAgent:
         section = codec.SparseSection.with_indices(names, shapes, indices, values)
         group = codec.TensorGroup(dense={}, sparse=section, value_dtype="int8")
         return codec.encode(codec.Update(run_id=task.run_id, round=task.round, sender=self.client_id,
-                                         groups={"update": group}, meta={
-                                             "ef_base": int(task.meta["ef_to"]),
-                                             "ef_key": int(task.meta.get("ef_key", task.meta["ef_to"]))}, **fields))
+                                         groups={"update": group}, meta=self.origin(task), **fields))
+
+    @staticmethod
+    def origin(task: codec.Task) -> dict[str, Any]:
+        """ef's uplink meta for a task: trained from the task's public model, holding its keyframe."""
+        described = EfTask.from_meta(task.meta)
+        return EfUpdate(base=described.version, keyframe=described.keyframe).to_meta()
 
 
 PATTERNS: dict[int, tuple[np.ndarray, np.ndarray]] = {}

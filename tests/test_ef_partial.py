@@ -12,7 +12,8 @@ import torch
 
 from fedge.algorithms import ef, fedprox
 from fedge.algorithms.base import ModelLayout, Payload, ServerContext
-from fedge.algorithms.keyframes import FORGOTTEN, KeyframeClock, Replica, public_crc
+from fedge.algorithms.ef_meta import EfTask, Source
+from fedge.algorithms.keyframes import Belief, KeyframeClock, Replica, public_crc
 from fedge.models import build, state_to_arrays
 from fedge.simulation.inprocess import RUN_ID, Fleet, make_fleet, run_round, through_codec
 from tests.algo_helpers import ADAM, TINY_MLP, client_data, same_arrays
@@ -24,7 +25,7 @@ DEFAULT = {"keep": 0.3, "value_dtype": "ternary", "mu": 0.01}  # the embedded de
 
 def committed_version(fleet: Fleet, index: int) -> int:
     state = fleet.states[index].committed(RUN_ID)
-    return int(state["ef/version"]) if "ef/version" in state else -1
+    return int(state["ef/version"]) if "ef/version" in state else 0  # no replica yet: it rebuilds the start
 
 
 def assert_beliefs_match_devices(fleet: Fleet) -> None:
@@ -33,18 +34,19 @@ def assert_beliefs_match_devices(fleet: Fleet) -> None:
     this round's public model (``Replica.sync`` checks versions and CRCs)."""
     model = fleet.server.model
     for index in range(len(fleet.clients)):
-        believed = int(model.holds[index])
-        if believed == FORGOTTEN:  # it believes nothing: the next downlink is dense
+        belief, held = model.believed(index)
+        if belief is Belief.FORGOTTEN:  # it believes nothing: the next downlink is dense
             continue
+        believed = held if belief is Belief.HOLDS else 0
         assert believed == committed_version(fleet, index), index
-        if believed >= 0 and model.chain(believed) is None:
+        if model.chain(believed) is None:
             continue  # beyond the history: a dense copy, which holds whatever the device had
         replica = Replica("f16")
         replica.initial = fleet.initial
         replica.load_state_dict(fleet.states[index].committed(RUN_ID))
         groups, meta = model.downlink(index)
         sent, _ = through_codec(Payload(groups=groups, meta=meta), "task", 0)  # as the device decodes it
-        assert same_arrays(replica.sync(sent.groups, sent.meta), model.public)
+        assert same_arrays(replica.sync(sent.groups, EfTask.from_meta(sent.meta)), model.public)
 
 
 def restart_devices(fleet: Fleet, options: dict[str, Any]) -> None:
@@ -137,11 +139,12 @@ def test_the_first_task_rebuilds_the_initial_model_and_a_mismatch_falls_back_to_
     context = ServerContext(num_clients=2, layout=ModelLayout.of(model), seed=5)
     server = ef.Server(config, initial, context, fedprox)
     first = server.downlink(1, 0)
-    assert dict(first.groups) == {} and first.meta["ef_from"] == 0
+    described = EfTask.from_meta(first.meta)
+    assert dict(first.groups) == {} and described.source is Source.CHAIN and described.start == 0
     client = ef.Client(config, 0, fedprox)
     client.initial_model(initial)
     client.on_receive(1, first, build(TINY_MLP))
-    assert same_arrays(client.start, server.public) and public_crc(client.start) == first.meta["ef_start_crc"]
+    assert same_arrays(client.start, server.public) and public_crc(client.start) == described.start_crc
 
     other = ef.Client(config, 1, fedprox)
     other.initial_model(state_to_arrays(build(TINY_MLP, seed=6)))  # another torch would build other weights

@@ -10,6 +10,7 @@ import pytest
 from fedge import codec
 from fedge.algorithms import make_server
 from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
+from fedge.algorithms.ef_meta import EfUpdate
 from fedge.models import build, state_to_arrays
 from tests.algo_helpers import TINY_MLP
 
@@ -23,11 +24,17 @@ def test_an_ef_base_no_coordinator_published_is_refused() -> None:
     ef = server("ef-fedavg")
     layout = ef.layout  # type: ignore[attr-defined]
     section = codec.SparseSection.with_indices(layout.names, layout.shapes, np.array([0]), np.ones(1, np.float32))
+    def update(meta: dict[str, object]) -> ClientUpdate:
+        return ClientUpdate("a", 0, 10, Payload({"update": codec.TensorGroup(sparse=section)}, meta))
+
     for base in (2**64 - 1, -5):
-        update = ClientUpdate("a", 0, 10, Payload({"update": codec.TensorGroup(sparse=section)}, {"ef_base": base}))
-        assert "not a version this coordinator has published" in ef.check_update(1, update)  # type: ignore[attr-defined]
-    good = ClientUpdate("a", 0, 10, Payload({"update": codec.TensorGroup(sparse=section)}, {"ef_base": 0}))
-    assert ef.check_update(1, good) == ""  # type: ignore[attr-defined]
+        refused = ef.check_update(1, update({"ef": [1, base, 0]}))  # type: ignore[attr-defined]
+        assert "meta.ef.base must be a version" in refused
+    assert "not a version this coordinator has published" in \
+        ef.check_update(1, update(EfUpdate(base=3, keyframe=0).to_meta()))  # type: ignore[attr-defined]
+    for wrong in ({}, {"ef": [2, 0, 0]}, {"ef": [1, 0]}, {"ef_base": 0}):
+        assert "meta.ef" in ef.check_update(1, update(wrong)), wrong  # type: ignore[attr-defined]
+    assert ef.check_update(1, update(EfUpdate(base=0, keyframe=0).to_meta())) == ""  # type: ignore[attr-defined]
 
 
 def test_fedcos_warm_up_needs_every_parameters_gradient() -> None:
