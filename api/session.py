@@ -1,6 +1,6 @@
 """The functions behind ``fedge.api``: sessions, agents, registrations and loading a run's model.
 
-Each is a thin composition of the runtime's own pieces (``coordinator.plan`` and ``coordinator.launch`` for a
+Each is a thin composition of the runtime's own pieces (``runtime.plan`` and ``runtime.launch`` for a
 session, ``edge_agent.agent`` for an agent, ``fedge.plugins`` for registrations), so that the CLI and the API run
 the same code. Must not hold protocol or algorithm logic of its own.
 """
@@ -15,8 +15,8 @@ from typing import Any
 from torch import nn
 
 from fedge.coordinator.config import Config, ConfigError, from_dict
-from fedge.coordinator.plan import SessionPlan, model_file_arrays, plan_session
 from fedge.plugins import register
+from fedge.runtime.plan import SessionPlan, model_file_arrays, plan_session
 
 ModelFactory = Callable[[tuple[int, ...], int, dict[str, Any]], nn.Module]
 
@@ -38,8 +38,8 @@ def run_session(config: Config, run_dir: str | Path | None = None, quiet: bool =
     """Run a session (a local fleet of agent processes, or bound for real devices with ``fleet.bind``) to its end
     and return its report (report.json). ``resume``: continue the run in ``run_dir`` from its checkpoint."""
     from fedge.coordinator.config import load_config
-    from fedge.coordinator.launch import play
     from fedge.coordinator.rundir import RunDir
+    from fedge.runtime.launch import play
 
     path = Path(run_dir or config.run.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.algorithm_name}")
     if resume:
@@ -48,7 +48,7 @@ def run_session(config: Config, run_dir: str | Path | None = None, quiet: bool =
         config = load_config(path / "config.toml")
     elif (path / "checkpoint.npz").exists():
         raise ConfigError(f"{path} already holds a run: resume it or choose another run_dir")
-    from fedge.coordinator.launch import hold_run_dir
+    from fedge.runtime.launch import hold_run_dir
 
     plan = plan_session(config)
     run = RunDir(path)

@@ -70,7 +70,7 @@ def start_coordinator(processes: Processes, run_dir: Path, agents: int, rounds: 
                       algorithm: list[str], log: Path) -> str:
     """``coordinator start --bind`` on an ephemeral loopback port for ``agents`` agents, the paper CNN at ``shape``,
     no data and no evaluation; ``algorithm``: ``--algorithm NAME`` and its ``--set`` options. Returns the endpoint."""
-    processes.start([sys.executable, "-m", "fedge.coordinator.cli", "start", "--bind", "tcp://127.0.0.1:0",
+    processes.start([sys.executable, "-m", "fedge.runtime.cli", "start", "--bind", "tcp://127.0.0.1:0",
                      "--expect", str(agents), "--rounds", str(rounds), "--run-dir", str(run_dir), *algorithm,
                      "--model", "cnn", "--set", f"model.input_shape={list(shape)}", "--set", "model.outputs=10",
                      "--set", 'data.dataset=""', "--set", "eval.every=0", "--set", "run.export_onnx=false",

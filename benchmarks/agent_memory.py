@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     extra_env = dict(item.split("=", 1) for item in args.env)
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = args.keep or Path(scratch) / "run"
-        command = [sys.executable, "-m", "fedge.coordinator.cli", "start", "--rounds", str(args.rounds),
+        command = [sys.executable, "-m", "fedge.runtime.cli", "start", "--rounds", str(args.rounds),
                    "--local-fleet", str(args.agents), "--model", args.model, "--run-dir", str(run_dir), "--quiet"]
         if args.algorithm:
             command += ["--algorithm", args.algorithm]

@@ -204,13 +204,13 @@ def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int,
     run_dir = workdir / f"{algorithm}-{agents}-{'curve' if curve else 'plain'}"
     keys = workdir / f"keys-{agents}-{algorithm}"
     profiler = ["-m", "cProfile", "-o", f"{profile}-{run_dir.name}.prof"] if profile else []
-    args = [sys.executable, *profiler, "-m", "fedge.coordinator.cli", "start", "--bind", "tcp://127.0.0.1:0", "--expect",
+    args = [sys.executable, *profiler, "-m", "fedge.runtime.cli", "start", "--bind", "tcp://127.0.0.1:0", "--expect",
             str(agents), "--rounds", str(rounds), "--run-dir", str(run_dir), "--algorithm", algorithm, *MODEL,
             "--set", f"data.clients={agents}", "--set", "eval.every=0", "--set", "run.export_onnx=false",
             "--set", "fleet.heartbeat_s=5", "--set", "fleet.liveness_s=300", "--set", "round.deadline_s=900",
             "--set", "fleet.join_timeout_s=600", "--set", f"security.curve={'on' if curve else 'off'}", "--quiet"]
     if curve:
-        subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "keygen", "--keys-dir", str(keys)],
+        subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "keygen", "--keys-dir", str(keys)],
                        check=True, capture_output=True)
         args += ["--set", f"security.keys_dir={keys}"]
     if max_uploads:

@@ -50,12 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = work / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     shards = work / "shards"
-    subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "partition", "--dataset", "fmnist-demo",
+    subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "partition", "--dataset", "fmnist-demo",
                     "--partition", "iid", "--clients", "2", "--out", str(shards)], check=True, env=env,
                    stdout=subprocess.DEVNULL)
     started = time.monotonic()
     coordinator = subprocess.Popen(
-        [sys.executable, "-m", "fedge.coordinator.cli", "start", "--bind", "tcp://127.0.0.1:0", "--expect", "2",
+        [sys.executable, "-m", "fedge.runtime.cli", "start", "--bind", "tcp://127.0.0.1:0", "--expect", "2",
          "--rounds", "3", "--run-dir", str(run_dir), "--algorithm", "fedavg", "--set", "data.train_limit=300",
          "--set", "data.clients=2", "--set", "security.curve=\"off\"", "--quiet"], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

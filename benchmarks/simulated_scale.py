@@ -61,7 +61,7 @@ def main() -> int:
             f"run.rounds={args.rounds}", f"model.name={args.model}", "run.export_onnx=false",
             # naming the algorithm replaces the embedded default's options by the algorithm's own defaults
             *([] if args.algorithm == "default" else [f"algorithm.name={args.algorithm}"]), *args.set]
-    command = [sys.executable, "-m", "fedge.coordinator.cli", "start", "--run-dir", str(run_dir), "--quiet"]
+    command = [sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir), "--quiet"]
     for item in sets:
         command += ["--set", item]
     started = time.monotonic()

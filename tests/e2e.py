@@ -36,7 +36,7 @@ class Processes:
         return process
 
     def coordinator(self, *args: str, name: str = "coordinator") -> subprocess.Popen[bytes]:
-        return self.start(["fedge.coordinator.cli", "start", *args], name)
+        return self.start(["fedge.runtime.cli", "start", *args], name)
 
     def agent(self, *args: str, name: str) -> subprocess.Popen[bytes]:
         return self.start(["fedge.edge_agent", "run", *args], name)
@@ -89,7 +89,7 @@ def finished(process: subprocess.Popen[bytes], timeout: float) -> int:
 def shards(tmp_path: Path, clients: int) -> Path:
     """IID shards of fmnist-demo for ``clients`` devices, written by `coordinator partition`."""
     out = tmp_path / "shards"
-    subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "partition", "--dataset", "fmnist-demo",
+    subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "partition", "--dataset", "fmnist-demo",
                     "--partition", "iid", "--clients", str(clients), "--seed", "0", "--out", str(out)],
                    check=True, capture_output=True, timeout=120)
     return out

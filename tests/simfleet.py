@@ -40,7 +40,7 @@ def start_cli(sets: list[str], run_dir: Path) -> subprocess.Popen[bytes]:
     """`coordinator start` as a user types it, in a process group of its own (``finish_cli`` waits for it)."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.out", "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "fedge.coordinator.cli", "start", *cli_args(sets),
+        return subprocess.Popen([sys.executable, "-m", "fedge.runtime.cli", "start", *cli_args(sets),
                                  "--run-dir", str(run_dir), "--quiet"], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"},
                                 start_new_session=True)
@@ -63,12 +63,12 @@ def run_cli(sets: list[str], run_dir: Path, timeout_s: float = 180) -> None:
 
 
 def run_here(sets: list[str], run_dir: Path, backend: Any = None) -> dict[str, Any]:
-    """The same session played in this process (``coordinator.launch.play``), on ``backend`` when given (a pool
+    """The same session played in this process (``runtime.launch.play``), on ``backend`` when given (a pool
     the test keeps); returns its report."""
     from fedge.coordinator.config import load_config
-    from fedge.coordinator.launch import play
-    from fedge.coordinator.plan import plan_session
     from fedge.coordinator.rundir import RunDir
+    from fedge.runtime.launch import play
+    from fedge.runtime.plan import plan_session
 
     report = play(plan_session(load_config(None, sets)), RunDir(run_dir), resuming=False, backend=backend)
     assert report["status"] == "done", report

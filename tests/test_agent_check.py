@@ -14,7 +14,7 @@ from tests.test_e2e_faults import endpoint
 
 
 def keygen(tool: str, keys: Path) -> None:
-    module = "fedge.coordinator.cli" if tool == "coordinator" else "fedge.edge_agent"
+    module = "fedge.runtime.cli" if tool == "coordinator" else "fedge.edge_agent"
     subprocess.run([sys.executable, "-m", module, "keygen", "--keys-dir", str(keys)], check=True,
                    capture_output=True, timeout=60)
 

@@ -51,7 +51,7 @@ def test_the_session_describes_it_and_a_device_imports_it_only_when_allowed(tmp_
     from fedge import codec
     from fedge.client.joining import Refused
     from fedge.coordinator.config import from_dict
-    from fedge.coordinator.plan import plan_session
+    from fedge.runtime.plan import plan_session
     from tests.test_byom_sessions import agent, welcome
 
     plan = plan_session(from_dict({"algorithm": {"name": PLUGIN}, "data": {"dataset": "fmnist-demo"},
@@ -105,8 +105,8 @@ def test_the_server_step_acts_under_a_real_coordinator_start_as_under_the_in_pro
 
     from fedge.client.data import DeviceData
     from fedge.coordinator.config import load_config
-    from fedge.coordinator.plan import plan_session
     from fedge.fldata import normalize
+    from fedge.runtime.plan import plan_session
     from fedge.simulation.worker import one_torch_thread
     from tests.simfleet import records, run_cli
 

@@ -32,7 +32,7 @@ def as_rows(table: dict[tuple[Enum, str], Enum]) -> list[list[str]]:
 
 
 def test_the_state_tables_are_the_protocols_transition_tables() -> None:
-    found = [t for t in tables(DOC.read_text()) if t and len(t[0]) == 3]
+    found = [t for t in tables(DOC.read_text()) if t and len(t[0]) == 3 and not t[0][0].startswith("`")]
     assert found == [as_rows(AGENT_TRANSITIONS), as_rows(ROUND_TRANSITIONS), as_rows(OUTCOME_TRANSITIONS)]
 
 

@@ -18,11 +18,11 @@ from fedge.algorithms import make_server
 from fedge.algorithms.base import ModelLayout, ServerContext
 from fedge.client.data import DeviceData
 from fedge.coordinator.config import ConfigError, from_dict
-from fedge.coordinator.plan import plan_session
 from fedge.edge_agent.agent import Agent
 from fedge.edge_agent.config import AgentSettings
 from fedge.fldata import ClientShard, normalize, write_shard
 from fedge.models import ModelSpec, arrays_to_state, build, state_to_arrays
+from fedge.runtime.plan import plan_session
 from tests.plugin_models import sensor_windows
 from tests.test_byom_sessions import PLUGIN, welcome
 
@@ -101,7 +101,7 @@ def test_coordinator_partition_reads_float_shards_and_regression_targets(tmp_pat
     write_shard(source / "whole.npz", ClientShard(index=0, train_x=x[:300], train_y=y[:300], test_x=x[300:],
                                                  test_y=y[300:], num_classes=2, mean=(0.0,) * 3, std=(1.0,) * 3,
                                                  dataset="sensor", partition="none", seed=0))
-    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "partition", "--dataset", "npz",
+    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "partition", "--dataset", "npz",
                           "--data-dir", str(source), "--partition", "dirichlet", "--clients", "4", "--json",
                           "--out", str(tmp_path / "shards")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -30,7 +30,7 @@ def test_the_worked_example_runs_as_the_readme_says(tmp_path: Path) -> None:
     pytest.importorskip("sklearn", reason="the examples extra (scikit-learn) is part of the dev install")
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE), str(ROOT)]), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--config",
+    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--config",
                           str(EXAMPLE / "session.toml"), "--set", f"run.run_dir={run_dir}", "--quiet"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -159,7 +159,7 @@ def test_data_that_does_not_fit_the_session_is_refused(tmp_path: Path) -> None:
 
 def no_run_dir(tmp_path: Path, *args: str, code: int = 2) -> str:
     run_dir = tmp_path / "never"
-    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--run-dir", str(run_dir),
+    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir),
                           "--quiet", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == code and not run_dir.exists(), out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
@@ -188,7 +188,7 @@ def no_run_dir(tmp_path: Path, *args: str, code: int = 2) -> str:
 ])
 def test_bad_plugins_and_misfits_are_one_line(overrides: list[str], message: str) -> None:
     from fedge.coordinator.config import load_config
-    from fedge.coordinator.plan import plan_session
+    from fedge.runtime.plan import plan_session
 
     with pytest.raises(ConfigError) as info:
         plan_session(load_config(None, ["fleet.local_agents=2", *overrides]))

@@ -15,7 +15,7 @@ import zmq.auth
 import fedge
 from fedge import codec
 
-COMMANDS = {"edge-agent": ("fedge.edge_agent", "agent"), "coordinator": ("fedge.coordinator.cli", "coordinator")}
+COMMANDS = {"edge-agent": ("fedge.edge_agent", "agent"), "coordinator": ("fedge.runtime.cli", "coordinator")}
 
 
 def cli(module: str, *args: str, cwd: Path, umask: int | None = None) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedge.coordinator.config import ConfigError, load_config
-from fedge.coordinator.plan import plan_session
+from fedge.runtime.plan import plan_session
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def test_an_integer_is_a_valid_float_option() -> None:
 
 def test_the_cli_refuses_a_typed_option_before_writing(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--run-dir", str(run_dir),
+    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir),
                           "--set", "algorithm.keep=abc", "--quiet"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and not run_dir.exists()
@@ -59,7 +59,7 @@ def test_exit_codes_say_configuration_or_data(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
-    data = run("fedge.coordinator.cli", "start", "--run-dir", str(tmp_path / "r"), "--set", "data.dataset=npz",
+    data = run("fedge.runtime.cli", "start", "--run-dir", str(tmp_path / "r"), "--set", "data.dataset=npz",
                "--set", f"data.path={tmp_path / 'none'}", "--quiet")
     assert data.returncode == 3 and data.stderr.startswith("coordinator: data error: ") and \
         data.stderr.count("\n") == 1, data.stderr
@@ -78,7 +78,7 @@ def test_settings_that_do_not_fit_a_welcome_are_refused_when_the_session_is_plan
     import dataclasses
 
     from fedge.coordinator.config import ConfigError, from_dict
-    from fedge.coordinator.plan import check_welcome, plan_session
+    from fedge.runtime.plan import check_welcome, plan_session
 
     plan = plan_session(from_dict({"data": {"dataset": "fmnist-demo"}, "fleet": {"local_agents": 2}}))
     check_welcome(plan)  # the real session's settings fit
@@ -98,7 +98,7 @@ def test_the_ray_backend_without_ray_is_refused_before_anything_is_written(tmp_p
     hide.mkdir()
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None\n")
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--set", "fleet.mode=simulated",
+    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--set", "fleet.mode=simulated",
                           "--set", "fleet.backend=ray", "--run-dir", str(run_dir)], capture_output=True, text=True,
                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(hide)})
     assert out.returncode == 2, out.stdout + out.stderr

@@ -82,20 +82,20 @@ def test_a_local_fleet_runs_rounds_and_writes_the_documented_run_dir(procs: Proc
     noisy = [(path.parent.name, record["msg"]) for path in logs for record in map(json.loads, path.read_text().splitlines())
              if record["level"] not in ("debug", "info")]
     assert noisy == [], f"a clean session leaves no warnings behind: {noisy}"
-    status = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "status", str(run_dir)],
+    status = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "status", str(run_dir)],
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "round 3/3" in status.stdout and "agent-02" in status.stdout
 
 
 def test_start_refuses_an_existing_run_and_a_bad_key(tmp_path: Path) -> None:
-    bad = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--set", "train.nope=1"],
+    bad = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--set", "train.nope=1"],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert bad.returncode == 2 and "unknown key" in bad.stderr and "Traceback" not in bad.stderr
-    option = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--algorithm", "pfedla",
+    option = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--algorithm", "pfedla",
                              "--set", "algorithm.max_alpha_change=5", "--run-dir", str(tmp_path / "never")],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert option.returncode == 2 and option.stderr.count("\n") == 1, option.stderr
     assert "max_alpha_change" in option.stderr and not (tmp_path / "never").exists()
-    missing = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--resume", str(tmp_path)],
+    missing = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--resume", str(tmp_path)],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr

@@ -12,6 +12,13 @@ from tests.importscan import PACKAGES, layers_imported
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The layer order, lowest first: a package imports only packages before it (deferred imports and imports for type
+# checking included), so no two packages know each other. docs/architecture.md shows the same order.
+LAYERS = ("fedge", "codec", "plumbing", "fldata", "plugins", "models", "meter", "protocol", "algorithms", "client",
+          "coordinator", "simulation", "edge_agent", "runtime", "sweep", "api")
+# Above every package: the command-line modules, which nothing imports but a ``__main__``.
+CLIS = ("runtime/cli.py", "edge_agent/cli.py", "codec/cli.py")
+
 FORBIDDEN: dict[str, set[str]] = {
     "fedge": set(PACKAGES) | {"torch", "zmq"},
     "codec": (PACKAGES - {"codec"}) | {"torch", "zmq"},
@@ -83,6 +90,44 @@ def test_importing_a_light_package_loads_no_heavy_one(package: str, absent: tupl
     code = f"import sys, {package}; print(','.join(m for m in {absent!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "", out.stdout + out.stderr
+
+
+def upward_imports(root: Path) -> list[str]:
+    """'file imports layer' for every import of a package later in LAYERS (the command-line modules aside)."""
+    found = []
+    for package in LAYERS:
+        folder = root / package
+        for path in sorted(folder.rglob("*.py")) if folder.is_dir() else []:
+            if str(path.relative_to(root)) in CLIS:
+                continue
+            later = {imp.layer for imp in layers_imported(path)} & set(LAYERS[LAYERS.index(package) + 1:])
+            if later:
+                found.append(f"{path.relative_to(root)} imports {sorted(later)}")
+    return found
+
+
+def test_every_package_is_in_the_layer_order() -> None:
+    assert set(LAYERS) == set(PACKAGES) | {"fedge"}
+
+
+def test_a_package_imports_only_the_packages_before_it() -> None:
+    assert upward_imports(ROOT) == []
+
+
+def test_the_order_check_catches_a_planted_upward_import(tmp_path: Path) -> None:
+    (tmp_path / "protocol").mkdir()
+    (tmp_path / "protocol" / "leaky.py").write_text("def f():\n    from fedge.algorithms import fedavg\n")
+    (tmp_path / "coordinator").mkdir()
+    (tmp_path / "coordinator" / "fine.py").write_text("from fedge.protocol import events\n")
+    assert upward_imports(tmp_path) == ["protocol/leaky.py imports ['algorithms']"]
+
+
+def test_nothing_imports_a_command_line_module_but_a_main() -> None:
+    cli_modules = {"fedge." + cli[:-3].replace("/", ".") for cli in CLIS}
+    importers = [f"{path.relative_to(ROOT)}: {imp.module}" for path in sorted(ROOT.rglob("*.py"))
+                 if ".venv" not in path.parts and "build" not in path.parts and path.name != "__main__.py"
+                 for imp in layers_imported(path) if imp.module in cli_modules]
+    assert importers == []
 
 
 def module_graph(root: Path) -> dict[str, set[str]]:

@@ -43,7 +43,7 @@ def test_a_broken_agent_install_ends_the_session_with_code_4_and_the_tail(tmp_pa
     broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named fedge' >&2\nexit 1\n")
     broken.chmod(0o755)
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--local-fleet", "2",
+    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--local-fleet", "2",
                           "--rounds", "1", "--run-dir", str(run_dir), "--set", f"fleet.agent_python=\"{broken}\"",
                           "--quiet"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 4, out.stdout + out.stderr
@@ -58,6 +58,6 @@ def test_a_broken_agent_install_ends_the_session_with_code_4_and_the_tail(tmp_pa
 
 
 def test_a_fleet_without_local_agents_is_never_lost(tmp_path: Path) -> None:
-    from fedge.coordinator.fleet import LocalFleet
+    from fedge.runtime.localfleet import LocalFleet
 
     LocalFleet("tcp://127.0.0.1:1", [], min_agents=2).watch(0.0)  # a session bound for real devices

@@ -36,7 +36,7 @@ def test_a_second_coordinator_and_a_second_agent_are_refused_in_one_line(tmp_pat
     run_dir = tmp_path / "run"
     process = holder(run_dir)
     try:
-        out = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--run-dir", str(run_dir),
+        out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir),
                               "--rounds", "1", "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
         assert f"in use by another coordinator (pid {process.pid})" in out.stderr

@@ -133,7 +133,7 @@ def test_a_user_project_with_its_own_models_and_codec_runs_a_local_fleet(procs: 
         "import sys\n"
         "import codec, models\n"
         "assert codec.WHOSE == models.WHOSE == 'the user project', (codec, models)\n"
-        "from fedge.coordinator.cli import main\n"
+        "from fedge.runtime.cli import main\n"
         "import codec as again\n"
         "assert again.WHOSE == 'the user project'\n"
         "sys.exit(main(['start', *sys.argv[1:]]))\n")
@@ -154,17 +154,18 @@ def test_the_declared_licence_ships_as_a_file() -> None:
     assert "Apache License" in text and "Version 2.0, January 2004" in text
 
 
-def test_the_readme_names_every_hook_of_the_algorithm_contract() -> None:
-    from fedge.algorithms.contract import ClientHalf, ServerHalf
+def test_the_contract_section_names_every_hook_of_the_algorithm_contract() -> None:
+    from fedge.algorithms.contract import BATCH_HOOKS, ClientHalf, ServerHalf
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("**Adding an algorithm.**"):]
-    section = section[:section.index("\n\n", section.index("test its invariants"))]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "algorithms.md").read_text()
+    section = page[page.index("### The algorithm contract"):]
+    section = section[:section.index("\n### ", 10)]
     for protocol in (ServerHalf, ClientHalf):
         hooks = [name for name in vars(protocol) if not name.startswith("_")]
         assert len(hooks) >= 10
-        missing = [name for name in hooks if f"`{name}`" not in section]
-        assert not missing, f"README's 'Adding an algorithm' does not name {missing} of {protocol.__name__}"
+        missing = [name for name in hooks if f"`{name}" not in section]
+        assert not missing, f"docs/algorithms.md's contract does not name {missing} of {protocol.__name__}"
+    assert all(f"`{hook}(" in section for hook in BATCH_HOOKS)
 
 
 def test_every_section_the_code_cites_exists_in_the_repository() -> None:

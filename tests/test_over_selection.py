@@ -102,6 +102,6 @@ def test_the_latency_policy_selects_the_slow_agents_less_often_than_uniform_sele
     assert latency < uniform, (latency, uniform, [r["selected_indices"] for r in rows])
     # Every agent has an estimate (each was drawn at least once), and `coordinator status` shows it.
     assert all(a["round_s"] is not None for a in agents), agents
-    shown = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "status", str(run_dir)], check=True,
+    shown = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "status", str(run_dir)], check=True,
                            capture_output=True, text=True, timeout=60).stdout
     assert shown.count("rounds take about") == agents_n, shown

@@ -78,7 +78,7 @@ def test_a_simulated_run_stopped_by_sigterm_resumes_to_the_uninterrupted_run(tmp
     sets = overrides("ef-fedprox", 0.5, "simulated", "local", slow)
     run_here(overrides("ef-fedprox", 0.5, "simulated", "inline", slow), tmp_path / "whole")
     run_dir = tmp_path / "stopped"
-    process = subprocess.Popen([sys.executable, "-m", "fedge.coordinator.cli", "start", *cli_args(sets), "--run-dir",
+    process = subprocess.Popen([sys.executable, "-m", "fedge.runtime.cli", "start", *cli_args(sets), "--run-dir",
                                 str(run_dir), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
     try:
@@ -93,7 +93,7 @@ def test_a_simulated_run_stopped_by_sigterm_resumes_to_the_uninterrupted_run(tmp
             process.wait()
     done = len(read_jsonl(run_dir / "metrics.jsonl"))
     assert process.returncode == 0 and 1 <= done < 6, output.decode(errors="replace")[-2000:]
-    resumed = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "start", "--resume", str(run_dir),
+    resumed = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--resume", str(run_dir),
                               "--quiet"], capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert differences(records(tmp_path / "whole"), records(run_dir)) == []
@@ -114,7 +114,7 @@ def test_the_local_ray_cluster_listens_on_loopback_only(ray_cluster: Any) -> Non
 
 
 def test_importing_the_coordinator_does_not_import_ray(tmp_path: Path) -> None:
-    code = ("import sys, fedge.coordinator.launch, fedge.coordinator.session, fedge.simulation.fleet; "
+    code = ("import sys, fedge.runtime.launch, fedge.coordinator.session, fedge.simulation.fleet; "
             "print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
@@ -184,9 +184,9 @@ def test_status_lists_the_100_agents_heard_from_last_and_agents_json_lists_all(t
     assert len(status["agents"]) == 100 and status["agents_total"] == 120
     everyone = json.loads((run_dir / "agents.json").read_text())["agents"]
     assert sorted(a["index"] for a in everyone) == list(range(120))
-    shown = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "status", str(run_dir), "--agents"],
+    shown = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "status", str(run_dir), "--agents"],
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and sum("agent-" in line for line in shown.stdout.splitlines()) == 120
-    short = subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "status", str(run_dir)],
+    short = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "status", str(run_dir)],
                            capture_output=True, text=True, timeout=60)
     assert "the 100 heard from last (all: --agents)" in short.stdout

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fedge.coordinator.sweep import expand
+from fedge.sweep.grid import expand
 
 GRID = """
 [sweep]
@@ -30,7 +30,7 @@ algorithm = { name = "ef-fedavg", keep = 0.1 }
 
 
 def sweep(grid: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", "sweep", "--grid", str(grid), "--out",
+    return subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "sweep", "--grid", str(grid), "--out",
                            str(out), *extra], capture_output=True, text=True, timeout=400)
 
 
@@ -121,7 +121,7 @@ def test_the_gap_is_paired_by_seed_with_its_range_and_the_clients_are_checked(tm
 
     import tomllib
 
-    from fedge.coordinator.sweep import summarise
+    from fedge.sweep.grid import summarise
 
     grid = tomllib.loads(GRID)
     grid["sweep"]["seeds"] = [0, 1]

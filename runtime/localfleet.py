@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("fedge.coordinator.fleet")
+log = logging.getLogger("fedge.runtime.localfleet")
 
 
 def agent_id(index: int) -> str:

@@ -19,7 +19,7 @@ A grid file is TOML::
 
 Every (method, axes point, seed) is one ordinary ``coordinator start`` with its own local fleet and run directory
 under ``OUT/runs/``; a run whose ``report.json`` says done is skipped, a run with a checkpoint is resumed, so a killed
-sweep continues where it stopped. ``coordinator.sweep_runner`` runs the cells (one at a time, ``--jobs N`` at a
+sweep continues where it stopped. ``sweep.runner`` runs the cells (one at a time, ``--jobs N`` at a
 time, or as Ray tasks; ``--shard I/N`` takes every N-th cell for a batch scheduler), claims each one, and retries a
 failed one before recording it. The summary (``summary.md``, ``summary.csv``, ``accuracy_vs_bytes.png``) is written
 from the run directories alone. Knows no algorithm by name.
@@ -194,7 +194,7 @@ def command_sweep(grid_file: str, out_dir: str | None, dry_run: bool, quiet: boo
                   backend: str = "local", shard: str | None = None, cell_mode: str = "process",
                   ray_address: str = "") -> int:
     """Run the grid (or its shard ``I/N``) and tabulate it; 1 when a cell failed (after its retry), else 0."""
-    from fedge.coordinator.sweep_runner import Plan, parse_shard, run_cells
+    from fedge.sweep.runner import Plan, parse_shard, run_cells
 
     try:
         grid = tomllib.loads(Path(grid_file).read_text())

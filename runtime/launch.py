@@ -1,6 +1,6 @@
 """``coordinator start``: turn a configuration into a running session, and finish it.
 
-Checks the whole configuration first (``coordinator.plan``: nothing is written before it passes), resolves the run
+Checks the whole configuration first (``runtime.plan``: nothing is written before it passes), resolves the run
 directory (new, resumed, or service mode), writes the local fleet's shards and keys, binds the transport (CurveZMQ on by default for non-loopback binds), starts the local
 agents, plays the session, and writes the final model, its ONNX export and report.json. Ctrl-C or SIGTERM finishes
 cleanly: the last completed round is already checkpointed. Knows no algorithm by name.
@@ -23,8 +23,6 @@ import numpy as np
 
 from fedge import codec
 from fedge.coordinator.config import Config, ConfigError, load_config, local_clients, to_toml
-from fedge.coordinator.fleet import AgentSpec, LocalFleet, agent_id
-from fedge.coordinator.plan import SessionPlan, plan_session
 from fedge.coordinator.rundir import RunDir, save_arrays
 from fedge.coordinator.session import Session
 from fedge.coordinator.transport import (
@@ -37,6 +35,8 @@ from fedge.coordinator.transport import (
 from fedge.models import ModelSpec
 from fedge.plumbing.keys import AGENT_KEY
 from fedge.plumbing.logsetup import setup_logging
+from fedge.runtime.localfleet import AgentSpec, LocalFleet, agent_id
+from fedge.runtime.plan import SessionPlan, plan_session
 
 log = logging.getLogger("fedge.coordinator")
 

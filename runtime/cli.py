@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "start":
-            from fedge.coordinator.launch import command_start
+            from fedge.runtime.launch import command_start
 
             return command_start(args, flags_of(args))
         if args.command == "status":
@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {write_report(args.run_dir, vs=args.vs, out_dir=args.out)}")
             return 0
         if args.command == "sweep":
-            from fedge.coordinator.sweep import command_sweep
+            from fedge.sweep.grid import command_sweep
 
             return command_sweep(args.grid, args.out, args.dry_run, quiet=not args.verbose, jobs=args.jobs,
                                  backend=args.backend, shard=args.shard, cell_mode=args.cell_mode,
@@ -193,8 +193,8 @@ EXIT_FLEET_LOST = 4
 def one_line_error(exc: Exception) -> int:
     """Every error a user can cause, as one line on stderr and its exit code (docs/deployment.md, "Exit codes"):
     2 for configuration, 3 for the data, 4 for a lost local fleet; anything else is a bug and keeps its traceback."""
-    from fedge.coordinator.fleet import FleetLost
     from fedge.fldata import DataError
+    from fedge.runtime.localfleet import FleetLost
 
     if isinstance(exc, FleetLost):
         print(f"coordinator: error: {exc}", file=sys.stderr)

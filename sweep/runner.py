@@ -73,7 +73,7 @@ def cpus_of(raw: dict[str, Any]) -> int:
 
 
 def start_command(key: str, raw: dict[str, Any], out: Path, cell_mode: str) -> list[str]:
-    """The cell's ``coordinator start`` arguments (after ``python -m fedge.coordinator.cli``)."""
+    """The cell's ``coordinator start`` arguments (after ``python -m fedge.runtime.cli``)."""
     run_dir = out / "runs" / key
     if (run_dir / "checkpoint.npz").exists():
         return ["start", "--resume", str(run_dir), "--quiet"]
@@ -86,7 +86,7 @@ def start_command(key: str, raw: dict[str, Any], out: Path, cell_mode: str) -> l
 def run_start(arguments: list[str], quiet: bool) -> int:
     """Run ``coordinator start`` in a process of its own (here, or on a Ray node); its exit status."""
     output = subprocess.DEVNULL if quiet else None
-    return subprocess.run([sys.executable, "-m", "fedge.coordinator.cli", *arguments], stdout=output).returncode
+    return subprocess.run([sys.executable, "-m", "fedge.runtime.cli", *arguments], stdout=output).returncode
 
 
 def is_done(run_dir: Path) -> bool:
