@@ -40,8 +40,20 @@ import fedge
 from fedge import codec
 from fedge.algorithms.ef_meta import KEY as EF_KEY
 from fedge.algorithms.ef_meta import EfTask, EfUpdate
+from fedge.exhaustive import assert_never
 from fedge.protocol.agent import AgentProtocol, DeviceFacts
-from fedge.protocol.events import Join, Left, Send, SendFrame, Stop, Train
+from fedge.protocol.events import (
+    AgentAction,
+    CancelTraining,
+    Confirm,
+    Join,
+    Left,
+    Noted,
+    Send,
+    SendFrame,
+    Stop,
+    Train,
+)
 
 MODEL = ["--model", "cnn", "--set", "model.input_shape=[3, 32, 32]", "--set", "model.outputs=10",
          "--set", 'data.dataset=""']
@@ -68,25 +80,29 @@ class LightAgent:
         self.socket.connect(endpoint)
         self.done = False
 
-    def act(self, actions: list[Any], frame: bytes = b"") -> None:
+    def act(self, actions: list[AgentAction]) -> None:
         for action in actions:
-            if isinstance(action, Send):
-                self.socket.send(codec.encode(action.message), zmq.NOBLOCK)
-            elif isinstance(action, SendFrame):
-                self.socket.send(action.frame, zmq.NOBLOCK)
-            elif isinstance(action, Join):
-                w = action.welcome
-                self.protocol.joined(w.run_id, w.client_index, w.heartbeat_s, w.liveness_s)
-            elif isinstance(action, Train):
-                try:
-                    frame = self.update(action.task)
-                except (codec.CodecError, KeyError, ValueError) as exc:  # reported, so the round does not wait
-                    self.act(self.protocol.finished(action.task.round, None, f"{type(exc).__name__}: {exc}"))
-                    continue
-                self.act(self.protocol.finished(action.task.round, frame))
-            elif isinstance(action, (Stop, Left)):
-                self.act(self.protocol.leaving())
-                self.done = True
+            match action:
+                case Send(message=message):
+                    self.socket.send(codec.encode(message), zmq.NOBLOCK)
+                case SendFrame(frame=frame):
+                    self.socket.send(frame, zmq.NOBLOCK)
+                case Join(welcome=w):
+                    self.protocol.joined(w.run_id, w.client_index, w.heartbeat_s, w.liveness_s)
+                case Train(task=task):
+                    try:
+                        frame = self.update(task)
+                    except (codec.CodecError, KeyError, ValueError) as exc:  # reported, so the round does not wait
+                        self.act(self.protocol.finished(task.round, None, f"{type(exc).__name__}: {exc}"))
+                        continue
+                    self.act(self.protocol.finished(task.round, frame))
+                case Stop() | Left():
+                    self.act(self.protocol.leaving())
+                    self.done = True
+                case CancelTraining() | Confirm() | Noted():
+                    continue  # a light agent trains at once, keeps no state and logs nothing
+                case _:
+                    assert_never(action)
 
     def update(self, task: codec.Task) -> bytes:
         fields = {"num_samples": 64, "steps": 1, "train_loss": 1.0, "train_s": 0.0}
@@ -147,7 +163,7 @@ def serve_agents(endpoint: str, first: int, count: int, keys_dir: str, layout: s
                     frame = b"".join(socket.recv_multipart(zmq.NOBLOCK))  # a Task may come in two parts
                 except zmq.Again:
                     break
-                agent.act(agent.protocol.receive(frame, time.monotonic()), frame)
+                agent.act(agent.protocol.receive(frame, time.monotonic()))
         now = time.monotonic()
         if now - last_tick >= 0.2:
             last_tick = now

@@ -17,26 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from fedge.models.pan import PanSpec
-from fedge.models.shuffle import random_permutations, shuffle_error, shuffle_mlp
+from fedge.models.shuffle import PAN_MODES as MODES
+from fedge.models.shuffle import shuffle_errors as measure
 
-MODES = {"add": "PAN+", "mul": "PAN∘"}
 DEFAULT_AMPLITUDES = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75)
-
-
-def measure(amplitudes: Sequence[float], seeds: int, batch: int = 512) -> dict[str, np.ndarray]:
-    """Err[mode][seed, a] for every mode, seed and amplitude."""
-    errors = {mode: np.zeros((seeds, len(amplitudes))) for mode in MODES}
-    for seed in range(seeds):
-        inputs = torch.randn(batch, 64, generator=torch.Generator().manual_seed(10_000 + seed))
-        perms = random_permutations(shuffle_mlp(PanSpec(), seed), np.random.default_rng(seed))
-        for mode in MODES:
-            for column, amplitude in enumerate(amplitudes):
-                model = shuffle_mlp(PanSpec(mode, amplitude, 1.0), seed)
-                errors[mode][seed, column] = shuffle_error(model, perms, inputs)
-    return errors
 
 
 def report(amplitudes: Sequence[float], errors: dict[str, np.ndarray]) -> list[str]:

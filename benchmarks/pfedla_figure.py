@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pfedla_criterion as criterion
 from _repro_common import pyplot
+
+from fedge.sweep import pfedla_criterion as criterion
 
 
 def plot(trace: Any, others: Sequence[Any], overlap: np.ndarray, path: Path, title: str) -> None:

@@ -41,7 +41,6 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
-import pfedla_criterion as criterion  # noqa: E402
 import torch  # noqa: E402
 from _repro_common import (  # noqa: E402
     ClientData,
@@ -64,6 +63,7 @@ from fedge.algorithms.loop import TrainSettings  # noqa: E402
 from fedge.fldata import load_dataset, partition  # noqa: E402
 from fedge.models import ModelSpec, build  # noqa: E402
 from fedge.simulation.inprocess import Fleet, make_fleet, run_round  # noqa: E402
+from fedge.sweep import pfedla_criterion as criterion  # noqa: E402
 
 CLIENTS = 8
 SPEC = ModelSpec(name="mlp", input_shape=(1, 28, 28), num_classes=10)

@@ -23,21 +23,15 @@ from fedge import codec
 from fedge.algorithms import make_server
 from fedge.algorithms.base import ModelLayout, ServerContext
 from fedge.codec import vocabulary as words
+from fedge.coordinator.checkpoint import load_checkpoint, save_checkpoint
 from fedge.coordinator.config import Config
 from fedge.coordinator.deferred import DeferredRow, PendingRow
 from fedge.coordinator.downlinks import DownlinkBodies
-from fedge.coordinator.records import (
-    agent_record,
-    agents_metrics,
-    client_rows,
-    load_checkpoint,
-    round_row,
-    save_checkpoint,
-    welcome_fields,
-)
+from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
 from fedge.coordinator.rundir import RunDir, plain
 from fedge.coordinator.status import StatusBoard
 from fedge.coordinator.transport import RouterTransport
+from fedge.coordinator.welcome import welcome_fields
 from fedge.exhaustive import assert_never
 from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays

@@ -9,12 +9,11 @@ Knows no algorithm and no transport.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from fedge.coordinator.records import fleet_gauges
 from fedge.coordinator.rundir import RunDir
 from fedge.protocol.registry import AgentRegistry
 
@@ -58,3 +57,27 @@ class StatusBoard:
                   + (f"; ETA {eta_s / 60:.1f} min" if eta_s is not None else ""))
         self.run_dir.write_prometheus(fleet_gauges(run_id, round_number, self.rounds, agents, bytes_total,
                                                    rejections, eta_s))
+
+
+def fleet_gauges(run_id: str, round_number: int, rounds: int, agents: list[dict[str, Any]],
+                 bytes_total: Mapping[str, int], rejections: Mapping[str, int],
+                 eta_s: float | None) -> list[tuple[str, str, dict[str, str], float]]:
+    """The Prometheus gauges of ``fedge.prom`` (docs/deployment.md, "Checking on the fleet")."""
+    connected = sum(1 for a in agents if a["connected"])
+    run = {"run": run_id}
+    gauges: list[tuple[str, str, dict[str, str], float]] = [
+        ("fedge_round", "The last committed round.", run, round_number),
+        ("fedge_rounds", "The rounds the session is to play.", run, rounds),
+        ("fedge_agents_connected", "Agents heard from within the liveness.", run, connected),
+        ("fedge_agents_registered", "Agents that hold a client index.", run, len(agents)),
+        *(("fedge_bytes", "Packet bytes of the recorded rounds.", {**run, "direction": d}, n)
+          for d, n in bytes_total.items()),
+        *(("fedge_agent_seconds_since_seen", "Seconds since each agent was last heard from.",
+           {**run, "client": str(a["client_id"])}, float(a["seconds_since_seen"]))
+          for a in agents if a["seconds_since_seen"] is not None),
+        *(("fedge_rejections", "Messages refused per peer (the 100 largest counts).", {**run, "peer": peer}, n)
+          for peer, n in rejections.items()),
+    ]
+    if eta_s is not None:
+        gauges.append(("fedge_eta_seconds", "Estimated seconds until the last round.", run, eta_s))
+    return gauges

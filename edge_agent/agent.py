@@ -30,6 +30,7 @@ from fedge.client.state import DeviceState
 from fedge.edge_agent.availability import read_readings, why_not
 from fedge.edge_agent.config import AgentSettings
 from fedge.edge_agent.transport import CurveClientKeys, DealerTransport, tcp_peer
+from fedge.exhaustive import assert_never
 from fedge.meter import AgentMeter
 from fedge.plumbing import hold_directory
 from fedge.plumbing.memory import trim_heap
@@ -40,6 +41,7 @@ from fedge.protocol.events import (
     Confirm,
     Join,
     Left,
+    Noted,
     Outcome,
     Send,
     SendFrame,
@@ -217,33 +219,36 @@ class Agent:
 
     # ------------------------------------------------------------------------------------------------ loop
     def act(self, transport: DealerTransport, actions: list[AgentAction], decode_cpu_s: float = 0.0) -> None:
-        """Carry out what the protocol decided."""
+        """Carry out what the protocol decided, in its order."""
         for action in actions:
-            if isinstance(action, Send):
-                self.send(transport, action.message)
-            elif isinstance(action, SendFrame):
-                transport.send(action.frame)  # its bytes are counted where they arrive (the coordinator)
-                log.info("round %d: sent update (%d bytes)", action.round, len(action.frame))
-            elif isinstance(action, CancelTraining):
-                if self.worker is not None and self.worker.is_alive():
-                    self.cancel_requested.set()
-            elif isinstance(action, Join):
-                self.on_join(transport, action.welcome)
-            elif isinstance(action, Train):
-                reason = self.unavailable()
-                if reason:
-                    self.act(transport, self.protocol.decline_task(action.task.round, reason))
-                else:
-                    self.start_task(action.task, decode_cpu_s)
-            elif isinstance(action, Confirm):
-                self.on_commit(action.round)
-            elif isinstance(action, Left):
-                self.leave_session(transport, action.run_id)
-            elif isinstance(action, Stop):
-                self.exit_code = action.exit_code
-                self.stop_requested.set()
-            else:
-                log.log(action.level, "%s", action.text)
+            match action:
+                case Send(message=message):
+                    self.send(transport, message)
+                case SendFrame(frame=frame, round=round_number):
+                    transport.send(frame)  # its bytes are counted where they arrive (the coordinator)
+                    log.info("round %d: sent update (%d bytes)", round_number, len(frame))
+                case CancelTraining():
+                    if self.worker is not None and self.worker.is_alive():
+                        self.cancel_requested.set()
+                case Join(welcome=welcome):
+                    self.on_join(transport, welcome)
+                case Train(task=task):
+                    reason = self.unavailable()
+                    if reason:
+                        self.act(transport, self.protocol.decline_task(task.round, reason))
+                    else:
+                        self.start_task(task, decode_cpu_s)
+                case Confirm(round=round_number):
+                    self.on_commit(round_number)
+                case Left(run_id=run_id):
+                    self.leave_session(transport, run_id)
+                case Stop(exit_code=exit_code):
+                    self.exit_code = exit_code
+                    self.stop_requested.set()
+                case Noted(level=level, text=text):
+                    log.log(level, "%s", text)
+                case _:
+                    assert_never(action)
 
     def handle(self, transport: DealerTransport, frame: bytes) -> None:
         self.meter.add_bytes("down", len(frame))

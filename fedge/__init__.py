@@ -1,13 +1,13 @@
 """Fedge: a federated-learning runtime for edge devices.
 
 Every part of Fedge lives under this one import name, so that Fedge can be imported beside a user's own
-``models/`` or ``codec/``: ``fedge.codec`` (the wire format), ``fedge.models``, ``fedge.algorithms``,
-``fedge.fldata`` (datasets and partitions), ``fedge.meter``, ``fedge.coordinator`` and ``fedge.edge_agent``.
-In the repository those packages are the top-level folders of the same names (``codec/``, ``models/``, ...);
-setuptools maps them here (pyproject.toml, ``[tool.setuptools.package-dir]``).
+``models/`` or ``codec/``: each ``fedge.X`` is the repository's top-level folder ``X/``, mapped here by setuptools
+(pyproject.toml, ``[tool.setuptools.package-dir]``). The packages, what each holds and their layer order:
+docs/architecture.md.
 
 This module must stay light: importing ``fedge`` loads no subpackage, and never torch or zmq
-(tests/test_namespace.py checks it). It holds only the installed version.
+(tests/test_namespace.py checks it). It holds only the installed version; ``fedge.exhaustive`` beside it holds
+the ``assert_never`` of the exhaustive dispatchers.
 """
 
 from __future__ import annotations

@@ -156,3 +156,20 @@ def shuffle_mlp(pan: PanSpec, seed: int, input_dim: int = 64, widths: Sequence[i
                 module.weight.copy_(torch.randn(module.weight.shape, generator=generator, dtype=dtype) * std)
                 module.bias.zero_()
     return model
+
+
+PAN_MODES = {"add": "PAN+", "mul": "PAN∘"}
+
+
+def shuffle_errors(amplitudes: Sequence[float], seeds: int, batch: int = 512) -> dict[str, np.ndarray]:
+    """The shuffle test's errors, Err[mode][seed, a], for both PAN modes, every seed and amplitude: one network
+    and one set of permutations per seed serve every amplitude and mode (docs/algorithms.md 5.4)."""
+    errors = {mode: np.zeros((seeds, len(amplitudes))) for mode in PAN_MODES}
+    for seed in range(seeds):
+        inputs = torch.randn(batch, 64, generator=torch.Generator().manual_seed(10_000 + seed))
+        perms = random_permutations(shuffle_mlp(PanSpec(), seed), np.random.default_rng(seed))
+        for mode in PAN_MODES:
+            for column, amplitude in enumerate(amplitudes):
+                model = shuffle_mlp(PanSpec(mode, amplitude, 1.0), seed)
+                errors[mode][seed, column] = shuffle_error(model, perms, inputs)
+    return errors

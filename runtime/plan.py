@@ -166,7 +166,7 @@ def check_welcome(plan: SessionPlan) -> None:
     """The session's settings must fit a Welcome (typed fields, the header's limits): refused now, in one line,
     rather than when the first agent says hello."""
     from fedge import codec
-    from fedge.coordinator.records import welcome_fields
+    from fedge.coordinator.welcome import welcome_fields
     from fedge.models import definition_hash
 
     try:

@@ -31,6 +31,7 @@ import csv
 import io
 import itertools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,32 @@ def write_tables(table: list[dict[str, Any]], out: Path) -> None:
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
+def machine() -> str:
+    """This machine in a few words, as a result's provenance states it."""
+    import platform
+
+    import psutil
+
+    try:
+        from importlib.metadata import version
+
+        torch = f", torch {version('torch')}"
+    except ImportError:  # no importlib.metadata entry for torch: say nothing of it
+        torch = ""
+    return (f"{platform.machine()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+            f"Python {platform.python_version()}{torch}")
+
+
+def write_provenance(out: Path, command: str, baseline: str) -> None:
+    """``summary.json`` beside ``summary.csv``: the command, the date and the machine (docs/results/ keeps it as
+    ``NAME.json``, and ``fedge.sweep.results`` renders it into the README)."""
+    import datetime
+
+    (out / "summary.json").write_text(json.dumps({
+        "command": command, "date": datetime.date.today().isoformat(), "machine": machine(),
+        "baseline": baseline}, indent=1) + "\n")
+
+
 def plot(cells: list[Cell], out: Path) -> None:
     try:
         import matplotlib
@@ -219,6 +246,7 @@ def command_sweep(grid_file: str, out_dir: str | None, dry_run: bool, quiet: boo
     outcomes = run_cells(mine, out, plan, lambda n, key, outcome: print(f"[{n}/{len(mine)}] {key}: {outcome}",
                                                                         flush=True))
     summarise(cells, baseline, out)  # every finished cell of the grid, whichever shard ran it
+    write_provenance(out, f"coordinator sweep --grid {grid_file}", baseline)
     print((out / "summary.md").read_text() if (out / "summary.md").exists() else "no runs", flush=True)
     failed = [cell.key for cell, outcome in zip(mine, outcomes, strict=True) if outcome.startswith("failed")]
     if failed:

@@ -1,4 +1,5 @@
-"""The layer rules of STYLE.md, checked on the source: who may import what, by second component of ``fedge.*``."""
+"""The layer rules (docs/architecture.md, "The packages, in layer order"), checked on the source: who may import what, by
+second component of ``fedge.*``; the order itself is ``LAYERS``."""
 
 from __future__ import annotations
 

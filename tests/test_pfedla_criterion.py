@@ -1,23 +1,15 @@
-"""The chain reproduction's pre-registered statistics (benchmarks/pfedla_criterion.py) on matrices whose answer is
+"""The chain reproduction's pre-registered statistics (fedge.sweep.pfedla_criterion) on matrices whose answer is
 known: a strong diagonal passes C1 and a shuffled one fails; a matrix built from the overlap passes C2 and the same
 matrix with its clients relabelled fails; one-hot rows fail C3; the eta_hn rule's arithmetic."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "pfedla_criterion.py"
-spec = importlib.util.spec_from_file_location("pfedla_criterion", PATH)
-assert spec is not None and spec.loader is not None
-criterion = importlib.util.module_from_spec(spec)
-sys.modules["pfedla_criterion"] = criterion
-spec.loader.exec_module(criterion)
+from fedge.sweep import pfedla_criterion as criterion
 
 CHAIN = [[(i + k) % 10 for k in range(4)] for i in range(8)]
 OVERLAP = criterion.overlap_matrix(CHAIN)

@@ -294,7 +294,7 @@ def test_a_sparse_only_upload_is_refused_where_the_aggregate_reads_dense_tensors
 
 
 def test_a_meter_record_with_a_word_where_a_figure_belongs_is_dropped_not_fatal() -> None:
-    from fedge.coordinator.records import agent_record, meter_totals
+    from fedge.coordinator.rows import agent_record, meter_totals
 
     assert agent_record({"cpu_s": "x", "energy_j": 1.0}, 100, False) == {}
     assert agent_record({"cpu_s": float("inf")}, 100, False) == {}

@@ -1,7 +1,5 @@
-"""What the coordinator checks and records: updates validated against the model and the masks sent, the per-agent
-meter record completed with the update's own bytes, a closed round's rows of metrics.jsonl and clients.jsonl, the
-welcome's session settings, and the checkpoint file (arrays + JSON meta, written atomically).
-
+"""A closed round's records: each agent's meter record completed with the update's own bytes, the round's row of
+metrics.jsonl (with the agents' own evaluations when the session has no test set) and its rows of clients.jsonl.
 Pure functions over decoded messages and plain values; no sockets, no algorithms, no torch.
 """
 
@@ -9,18 +7,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedge import codec
 from fedge.algorithms.task import METRIC_NAMES as EVAL_METRICS
-from fedge.coordinator.config import Config
-from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, load_arrays, save_arrays
+from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS
 from fedge.meter import round_totals, zmtp
 from fedge.meter.record import ENERGY_FIELDS, MAX_FIELDS, MIN_FIELDS, SUM_FIELDS
-from fedge.models import ModelSpec
 from fedge.protocol.round import RoundState
 
 NUMERIC_FIELDS = frozenset((*SUM_FIELDS, *MAX_FIELDS, *MIN_FIELDS, *ENERGY_FIELDS, "cpu_s_decode"))
@@ -97,64 +92,6 @@ def agents_evaluation(updates: Sequence[codec.Update]) -> tuple[dict[str, float 
         values = [(fields[f"test_{name}"], n) for fields, n in rows if fields[f"test_{name}"] is not None]
         means[name] = (sum(v * n for v, n in values) / sum(n for _, n in values)) if values else None
     return means, total
-
-
-def welcome_fields(c: Config, spec: ModelSpec, model_hash: str, index: int, capacity: int) -> dict[str, Any]:
-    """The session settings of a Welcome (``codec.Welcome``'s fields): everything an agent needs to build its model
-    and client half."""
-    return {
-        "client_index": index, "num_clients": capacity, "seed": c.run.seed, "model_hash": model_hash,
-        "model": spec.as_dict(),
-        "algorithm": c.algorithm_name, "algorithm_options": dict(c.algorithm_options),
-        "train": {"epochs": c.train.epochs, "batch_size": c.train.batch_size, "lr": c.train.lr,
-                  "optimizer": c.train.optimizer, "momentum": c.train.momentum,
-                  "weight_decay": c.train.weight_decay, "loss": c.train.loss,
-                  "class_weights": list(c.train.class_weights)},
-        "train_limit": c.data.train_limit,
-        "heartbeat_s": c.fleet.heartbeat_s, "liveness_s": c.fleet.liveness_s,
-    }
-
-
-def fleet_gauges(run_id: str, round_number: int, rounds: int, agents: list[dict[str, Any]],
-                 bytes_total: Mapping[str, int], rejections: Mapping[str, int],
-                 eta_s: float | None) -> list[tuple[str, str, dict[str, str], float]]:
-    """The Prometheus gauges of ``fedge.prom`` (docs/deployment.md, "Checking on the fleet")."""
-    connected = sum(1 for a in agents if a["connected"])
-    run = {"run": run_id}
-    gauges: list[tuple[str, str, dict[str, str], float]] = [
-        ("fedge_round", "The last committed round.", run, round_number),
-        ("fedge_rounds", "The rounds the session is to play.", run, rounds),
-        ("fedge_agents_connected", "Agents heard from within the liveness.", run, connected),
-        ("fedge_agents_registered", "Agents that hold a client index.", run, len(agents)),
-        *(("fedge_bytes", "Packet bytes of the recorded rounds.", {**run, "direction": d}, n)
-          for d, n in bytes_total.items()),
-        *(("fedge_agent_seconds_since_seen", "Seconds since each agent was last heard from.",
-           {**run, "client": str(a["client_id"])}, float(a["seconds_since_seen"]))
-          for a in agents if a["seconds_since_seen"] is not None),
-        *(("fedge_rejections", "Messages refused per peer (the 100 largest counts).", {**run, "peer": peer}, n)
-          for peer, n in rejections.items()),
-    ]
-    if eta_s is not None:
-        gauges.append(("fedge_eta_seconds", "Estimated seconds until the last round.", run, eta_s))
-    return gauges
-
-
-CHECKPOINT_FORMAT = 1
-
-
-def save_checkpoint(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-    save_arrays(path, arrays, {"format": CHECKPOINT_FORMAT, **meta})
-
-
-def load_checkpoint(path: Path, model_hash: str, algorithm: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The checkpoint's arrays and meta; refuses another format, model or algorithm with a reason."""
-    arrays, meta = load_arrays(path)
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}: unsupported checkpoint format {meta.get('format')}")
-    if meta.get("model_hash") != model_hash or meta.get("algorithm") != algorithm:
-        raise ValueError(f"{path} was written by another model or algorithm "
-                         f"({meta.get('algorithm')}, model {meta.get('model_hash')})")
-    return arrays, meta
 
 
 def agents_metrics(updates: Sequence[codec.Update]) -> dict[str, Any]:

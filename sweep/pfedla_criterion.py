@@ -1,7 +1,7 @@
 """The pre-registered pass criterion of pFedLA's chain reproduction, and the eta_hn rule (docs/algorithms.md section 6).
 
-Pure numpy on alpha matrices: no torch, no Fedge import, no I/O, so that tests/test_pfedla_criterion.py can check the
-statistics on matrices whose answer is known. ``alpha`` is (N, N): row i holds the weights client i's model is built
+Pure numpy on alpha matrices: no torch, no other Fedge import, no I/O, so that tests/test_pfedla_criterion.py can
+check the statistics on matrices whose answer is known; benchmarks/repro_pfedla.py applies them. ``alpha`` is (N, N): row i holds the weights client i's model is built
 from, averaged over the aggregation layers; ``layers`` is (N, L, N), every layer's rows.
 
 - Evaluation point: the first round whose mean self weight reaches 1.5 / N ("formed"); else the last ("not formed").
