@@ -282,10 +282,11 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
             expect = len(agents) if local else max(config.fleet.expect, 1)
             outcome = session.run(expect, config.fleet.join_timeout_s)
             session.on_tick = None  # agents leave from here on: they are not restarted
-            report = finish(session, run_dir, spec, outcome, time.monotonic() - started)
-            if outcome == "done":  # finished agents answer with their own Bye; wait for it (at most 5 s)
+            if outcome == "done":  # before the final files: agents need nothing of them, and are not left waiting
+                # (finished agents answer with their own Bye; wait for it, at most 5 s)
                 session.say_goodbye(codec.vocabulary.BYE_FINISHED, "session finished", wait_s=5.0)
-            else:
+            report = finish(session, run_dir, spec, outcome, time.monotonic() - started)
+            if outcome != "done":
                 session.say_goodbye(codec.vocabulary.BYE_STOPPING, "coordinator stopping; it will resume")
         finally:
             fleet.stop(grace_s=10.0 if outcome == "done" else 0.5)  # local agents end with their coordinator
