@@ -80,17 +80,21 @@ def partial_participation(results: Path) -> list[str]:
     return lines
 
 
+def duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
+
+
 def readme_runs(results: Path) -> list[str]:
     """The README's own commands as last measured (``benchmarks/record_run.py`` writes ``run-NAME.json``)."""
     lines = ["**The README's commands**, each run once from a fresh clone (`benchmarks/record_run.py`):", "",
-             "| command | algorithm | rounds | final test accuracy | bytes, both ways | wall time | beyond training, "
-             "median a round | measured |", "|---|---|---|---|---|---|---|---|"]
+             "| command | algorithm | rounds | final test accuracy | bytes, both ways | session wall time | beyond "
+             "training, median a round | measured |", "|---|---|---|---|---|---|---|---|"]
     for path in sorted(results.glob("run-*.json")):
         run = json.loads(path.read_text())
         beyond = "—" if run["beyond_training_s"] is None else f"{run['beyond_training_s']:.2f} s"
         lines.append(f"| `{run['command']}` | {run['algorithm']} | {run['rounds']} | "
                      f"{100 * run['final_test_accuracy']:.2f} % | {run['bytes_total'] / 1e6:.1f} MB | "
-                     f"{run['wall_s'] / 60:.1f} min | {beyond} | {run['date']}, {run['machine']} |")
+                     f"{duration(run['wall_s'])} | {beyond} | {run['date']}, {run['machine']} |")
     return lines
 
 
