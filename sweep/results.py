@@ -86,7 +86,7 @@ def duration(seconds: float) -> str:
 
 def readme_runs(results: Path) -> list[str]:
     """The README's own commands as last measured (``benchmarks/record_run.py`` writes ``run-NAME.json``)."""
-    lines = ["**The README's commands**, each run once from a fresh clone (`benchmarks/record_run.py`):", "",
+    lines = ["**The README's commands**, each run once and recorded by `benchmarks/record_run.py`:", "",
              "| command | algorithm | rounds | final test accuracy | bytes, both ways | session wall time | beyond "
              "training, median a round | measured |", "|---|---|---|---|---|---|---|---|"]
     for path in sorted(results.glob("run-*.json")):
