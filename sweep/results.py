@@ -80,6 +80,10 @@ def partial_participation(results: Path) -> list[str]:
     return lines
 
 
+def size(count: int) -> str:
+    return f"{count / 1e6:.1f} MB" if count >= 1e6 else f"{count / 1e3:.1f} kB"
+
+
 def duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
 
@@ -93,7 +97,7 @@ def readme_runs(results: Path) -> list[str]:
         run = json.loads(path.read_text())
         beyond = "—" if run["beyond_training_s"] is None else f"{run['beyond_training_s']:.2f} s"
         lines.append(f"| `{run['command']}` | {run['algorithm']} | {run['rounds']} | "
-                     f"{100 * run['final_test_accuracy']:.2f} % | {run['bytes_total'] / 1e6:.1f} MB | "
+                     f"{100 * run['final_test_accuracy']:.2f} % | {size(run['bytes_total'])} | "
                      f"{duration(run['wall_s'])} | {beyond} | {run['date']}, {run['machine']} |")
     return lines
 
