@@ -48,6 +48,7 @@ from fedge.protocol.events import (
     Stop,
     Train,
 )
+from fedge.protocol.states import next_state
 
 MAX_BACKOFF_S = 900.0
 
@@ -118,12 +119,8 @@ class AgentProtocol:
 
     def move(self, event: str, task_round: int | None = None, update: bytes | None = None) -> None:
         """The one place the state changes: by ``AGENT_TRANSITIONS`` (a RuntimeError names a transition it does
-        not allow), with the held task's round (entering TRAINING) or finished update (entering AWAITING_GRANT)."""
-        try:
-            state = AGENT_TRANSITIONS[(self.state, event)]
-        except KeyError:
-            raise RuntimeError(f"the agent cannot {event} when it is {self.state.value}") from None
-        self.state = state
+        not allow: ``protocol.states``), with the held task's round (entering TRAINING) or finished update (entering AWAITING_GRANT)."""
+        self.state = state = next_state(AGENT_TRANSITIONS, self.state, event, "the agent")
         if state is AgentState.TRAINING:
             self.task_round = task_round
         elif state is AgentState.AWAITING_GRANT:

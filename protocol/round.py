@@ -15,7 +15,7 @@ progress.
     FAILED, DECLINED      update         UPDATED     (it said hello again, was tasked again and delivered)
     TASKED                close          CANCELLED   (the round closed without its update)
 
-A transition not in its table is a bug of the caller: ``Transition`` (a RuntimeError) names it. ``RoundState``
+A transition not in its table is a bug of the caller: ``protocol.states.Transition`` (a RuntimeError) names it. ``RoundState``
 keeps, beside the outcomes, who was selected, the tasks and masks sent, the accepted updates (typed fields and
 size only: the tensors were folded), the bytes each way and the round's target; the set of clients still awaited
 (TASKED) is kept in step, so every per-agent check takes constant time. Plain data: no I/O, no algorithms, no
@@ -28,10 +28,7 @@ import enum
 from dataclasses import dataclass, field
 
 from fedge import codec
-
-
-class Transition(RuntimeError):
-    """A transition that the table does not allow."""
+from fedge.protocol.states import next_state
 
 
 class RoundPhase(enum.Enum):
@@ -69,10 +66,7 @@ OUTCOME_TRANSITIONS: dict[tuple[ClientOutcome, str], ClientOutcome] = {
 
 
 def next_phase(phase: RoundPhase, event: str) -> RoundPhase:
-    try:
-        return ROUND_TRANSITIONS[(phase, event)]
-    except KeyError:
-        raise Transition(f"a round cannot {event} when it is {phase.value}") from None
+    return next_state(ROUND_TRANSITIONS, phase, event, "a round")
 
 
 @dataclass
@@ -107,10 +101,7 @@ class RoundState:
     def move(self, index: int, event: str) -> None:
         """Client ``index``'s outcome after ``event``, by the table."""
         outcome = self.outcomes[index]
-        try:
-            self.outcomes[index] = OUTCOME_TRANSITIONS[(outcome, event)]
-        except KeyError:
-            raise Transition(f"client {index} cannot {event} in round {self.number}: it is {outcome.value}") from None
+        self.outcomes[index] = next_state(OUTCOME_TRANSITIONS, outcome, event, f"client {index} in round {self.number}")
         if outcome is ClientOutcome.TASKED:
             self.pending.discard(index)
         if outcome is ClientOutcome.DECLINED:
