@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-# Small, fast sessions: the MLP, a few hundred samples per agent, short heartbeats.
+# Small, fast sessions: the MLP, a few hundred samples per agent, short heartbeats, no ONNX export at the end (about
+# 4 s a session; the tests that read model.onnx turn it back on with EXPORT_ONNX after FAST).
 FAST = ["--model", "mlp", "--set", "data.train_limit=300", "--set", "fleet.heartbeat_s=0.5",
-        "--set", "fleet.liveness_s=6.0", "--quiet"]
+        "--set", "fleet.liveness_s=6.0", "--set", "run.export_onnx=false", "--quiet"]
+EXPORT_ONNX = ["--set", "run.export_onnx=true"]
 
 
 class Processes:

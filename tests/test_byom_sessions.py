@@ -23,7 +23,7 @@ from tests.e2e import Processes, finished, metrics, wait_for
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tabular"
 PLUGIN = "tests.plugin_models:sensor_cnn"
-FAST = ["--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=6.0", "--quiet"]
+FAST = ["--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=6.0", "--set", "run.export_onnx=false", "--quiet"]
 
 
 def test_the_worked_example_runs_as_the_readme_says(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e import FAST, Processes, finished, metrics
+from tests.e2e import EXPORT_ONNX, FAST, Processes, finished, metrics
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "run-dir.md"
 
@@ -47,7 +47,7 @@ def prometheus(path: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
 def test_a_local_fleet_runs_rounds_and_writes_the_documented_run_dir(procs: Processes, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     coordinator = procs.coordinator("--rounds", "3", "--local-fleet", "3", "--run-dir", str(run_dir),
-                                    "--seed", "1", "--set", "eval.personal_every=2", *FAST)
+                                    "--seed", "1", "--set", "eval.personal_every=2", *FAST, *EXPORT_ONNX)
     assert finished(coordinator, 240) == 0, procs.output("coordinator")
     rows = metrics(run_dir)
     assert [r["round"] for r in rows] == [1, 2, 3]
