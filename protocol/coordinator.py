@@ -5,7 +5,8 @@ each selected client's ``ClientOutcome``, ``protocol.round``) and the rules that
 must be the connection's id, a full session, protocol and model mismatches, a re-hello mid-round (the task is sent
 again only when the agent's hello says it holds none for this round), stale, duplicate, not-selected and invalid
 updates, commits only for aggregated updates and only after the checkpoint, byes and failures in every state, and
-agents that decline a session at their welcome. A peer that keeps sending what must be refused gets no answers for
+agents that decline a session at their welcome (one that declined is not selected or counted again until a heartbeat
+of this session shows that its next welcome took). A peer that keeps sending what must be refused gets no answers for
 a while: ``RejectionLimiter`` counts it in a bounded table and lets a few answers and log lines through per window.
 It returns ``protocol.events``: what to send (``Send``, ``SendFrame``), what to log (``Rejected``, ``Noted``),
 each accepted update (``Accepted``, which the driver folds at once; the round keeps only its typed fields and
@@ -67,6 +68,7 @@ class CoordinatorProtocol:
         self.phase = RoundPhase.NONE          # of the round last opened (protocol.round's table)
         self.current: RoundState | None = None  # the round while it is OPEN
         self.closed: RoundState | None = None   # the round while it is CLOSED (awaiting its checkpoint)
+        self.declined: dict[str, None] = {}   # client ids that declined the session (bounded, oldest dropped)
         self.pacer = UploadPacer(max_uploads)  # paced uploads (fleet.max_uploads; 0: unpaced)
 
     def resume(self, run_id: str, committed_round: int) -> None:
@@ -107,6 +109,9 @@ class CoordinatorProtocol:
         agent.peer = peer
         match message:
             case codec.Heartbeat():
+                if not agent.joined and message.run_id == self.run_id:  # it declined before and has joined now
+                    agent.joined = True
+                    self.declined.pop(client_id, None)
                 echo: list[CoordinatorEvent] = [Send(peer=peer, message=codec.Heartbeat(
                     run_id=self.run_id, round=self.round, sender=COORDINATOR))]
                 return echo + self.on_ready(agent.index, message, now) if message.ready else echo
@@ -174,6 +179,7 @@ class CoordinatorProtocol:
         agent = self.registry.agents[hello.sender]
         first = not agent.connected
         agent.peer, agent.connected, agent.dataset_size = peer, True, hello.dataset_size
+        agent.joined = hello.sender not in self.declined  # else it is not selected until a heartbeat of this run
         agent.hello = {"fedge": hello.fedge_version, "torch": hello.torch_version,
                        "capabilities": list(hello.capabilities), "device": hello.device,
                        "input_shape": list(hello.input_shape), "num_outputs": hello.num_outputs}
@@ -248,6 +254,10 @@ class CoordinatorProtocol:
         """An agent declined the session at its welcome: it is gone, and its index is free again unless it had
         trained (then it keeps it, and the server half forgets what it assumed of the device)."""
         self.registry.agents[client_id].connected = False
+        self.declined.pop(client_id, None)
+        self.declined[client_id] = None
+        while len(self.declined) > 4 * self.registry.capacity + 64:
+            del self.declined[next(iter(self.declined))]
         current = self.current
         if current is not None and index in current.chosen:
             current.fail(index)

@@ -24,6 +24,7 @@ class Agent:
     hello: dict[str, Any] = field(default_factory=dict)
     last_accepted_round: int = 0
     round_s: float | None = None  # measured round time (task sent to update received), averaged; None: not yet
+    joined: bool = True  # False for an agent that declined this session before: not alive until it shows it joined
 
 
 class AgentRegistry:
@@ -78,7 +79,7 @@ class AgentRegistry:
             agent.last_seen = now
 
     def alive(self, agent: Agent, now: float) -> bool:
-        return agent.connected and now - agent.last_seen <= self.liveness_s
+        return agent.connected and agent.joined and now - agent.last_seen <= self.liveness_s
 
     def live_indices(self, now: float) -> list[int]:
         return sorted(a.index for a in self.agents.values() if self.alive(a, now))

@@ -230,6 +230,26 @@ def test_a_failed_round_and_a_declined_session() -> None:
     assert p.registry.get("c").index == 1  # type: ignore[union-attr]
 
 
+def test_an_agent_that_declined_is_not_selected_again_until_a_heartbeat_shows_it_joined() -> None:
+    p = protocol(capacity=2)
+    joined(p, "a")
+    declined = frame(codec.ErrorMessage(run_id="", round=0, sender="b", code="plugin-refused", reason="no"))
+    joined(p, "b")
+    p.receive(b"b", declined, 1.0)
+    joined(p, "b")  # it says hello again (and will decline again): welcomed, but not a live client
+    assert p.registry.get("b").connected and p.registry.live_indices(2.0) == [0]  # type: ignore[union-attr]
+    other_run = frame(codec.Heartbeat(run_id="run-0", round=0, sender="b"))
+    p.receive(b"b", other_run, 2.0)
+    assert p.registry.live_indices(2.0) == [0]
+    p.receive(b"b", frame(codec.Heartbeat(run_id="run-1", round=0, sender="b")), 2.0)
+    assert p.registry.live_indices(2.0) == [0, 1]  # its welcome took this time
+    for i in range(300):  # the memory of declines stays bounded
+        p.receive(f"x{i}".encode(), hello(f"x{i}"), 3.0)
+        p.receive(f"x{i}".encode(), frame(codec.ErrorMessage(run_id="", round=0, sender=f"x{i}",
+                                                            code="plugin-refused", reason="no")), 3.0)
+    assert len(p.declined) <= 4 * 2 + 64
+
+
 def test_a_peer_that_keeps_sending_junk_is_answered_a_few_times_per_window() -> None:
     p = protocol()
     p.limiter = RejectionLimiter(burst=5, window_s=10.0, peers=4)
