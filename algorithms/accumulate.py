@@ -9,7 +9,8 @@ the same whatever the order; ``value()`` combines them, lowest slice first, into
 same way every time. Only the slices a term occupies are touched; a model's values usually span three or four.
 
 ``WeightedSum`` folds named arrays with weights (a client's sample count, or 1): the sums of w_i * y_i per float
-tensor, the running element-wise maximum of integer tensors (BatchNorm's counters), and the total weight, so that
+tensor, the integer tensors (BatchNorm's counters) for their element-wise lower median (``IntegerMedian``: one
+device cannot move it, as it moved a maximum), and the total weight, so that
 FedAvg's mean (sum n_i y_i) / (sum n_i) is known only when the round closes, as it must be. Pure numpy; no torch.
 """
 
@@ -76,13 +77,40 @@ class ExactSum:
         return total
 
 
+def lower_median(arrays: list[np.ndarray]) -> np.ndarray:
+    """The element-wise lower median of integer arrays of one shape (the middle value, the lower of the two middle
+    ones for an even count): one of the values given, whatever their order."""
+    stacked = np.sort(np.stack(arrays), axis=0, kind="stable")
+    return stacked[(len(arrays) - 1) // 2]
+
+
+class IntegerMedian:
+    """The integer tensors of a cohort's updates, kept until the round closes for their element-wise lower median.
+    They are counters (BatchNorm's ``num_batches_tracked``): a few scalars per model, so keeping them costs nothing."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[np.ndarray]] = {}
+
+    def add(self, name: str, value: np.ndarray) -> None:
+        self.values.setdefault(name, []).append(np.array(value))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.values
+
+    def median(self, name: str) -> np.ndarray:
+        return lower_median(self.values[name])
+
+    def medians(self) -> dict[str, np.ndarray]:
+        return {name: lower_median(values) for name, values in self.values.items()}
+
+
 class WeightedSum:
-    """Sums of w_i * y_i over named arrays, the total weight, and the maximum of integer arrays."""
+    """Sums of w_i * y_i over named arrays, the total weight, and the lower median of integer arrays."""
 
     def __init__(self) -> None:
         self.sums: dict[str, ExactSum] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
-        self.maxima: dict[str, np.ndarray] = {}
+        self.integers = IntegerMedian()
         self.weight = 0.0
         self.count = 0
 
@@ -92,8 +120,7 @@ class WeightedSum:
         for name, array in arrays.items():
             array = np.asarray(array)
             if array.dtype.kind != "f":
-                previous = self.maxima.get(name)
-                self.maxima[name] = array.copy() if previous is None else np.maximum(previous, array)
+                self.integers.add(name, array)
                 continue
             total = self.sums.get(name)
             if total is None:
@@ -110,12 +137,13 @@ class WeightedSum:
 
 class FlatMean:
     """The weighted mean of flat vectors (each given at its positions), exactly summed: sum w_i v_i / sum w_i;
-    vectors of weight 0 count, alike, only when none has a weight. Integer arrays beside them take the maximum."""
+    vectors of weight 0 count, alike, only when none has a weight. Integer arrays beside them take their lower
+    median."""
 
     def __init__(self, size: int) -> None:
         self.weighted, self.empty = ExactSum(size), ExactSum(size)
         self.weight, self.empties = 0.0, 0
-        self.maxima: dict[str, np.ndarray] = {}
+        self.integers = IntegerMedian()
 
     def add(self, values: np.ndarray, at: np.ndarray | None, weight: float,
             integers: Mapping[str, np.ndarray] | None = None) -> None:
@@ -126,8 +154,7 @@ class FlatMean:
             self.empty.add(np.array(values, dtype=np.float64).ravel(), at, owned=True)
             self.empties += 1
         for name, value in (integers or {}).items():
-            previous = self.maxima.get(name)
-            self.maxima[name] = np.array(value) if previous is None else np.maximum(previous, value)
+            self.integers.add(name, value)
 
     @property
     def count(self) -> int:

@@ -151,7 +151,7 @@ class Server(BaseServer):
         if folding is None or not folding.count:
             return {"ef_stale_updates": self.stale if folding is not None else 0,
                     "ef_dense_resyncs": self.model.take_resyncs()}
-        merged = {name: value.astype(self.public[name].dtype) for name, value in folding.maxima.items()}
+        merged = {name: value.astype(self.public[name].dtype) for name, value in folding.integers.medians().items()}
         exact = folding.mean().astype(np.float32) + self.residual  # S - K
         sent = compress(self.layout, exact, self.config.keep, self.config.value_dtype, dense=merged)
         keyframe = self.model.clock.due(folding.count)

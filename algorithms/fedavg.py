@@ -1,7 +1,8 @@
 """FedAvg (McMahan et al. 2017; docs/algorithms.md section 1): the defaults every other algorithm builds on.
 
 Server: x <- sum_i p_i y_i over the float tensors (parameters and float buffers), p_i by data size or uniform;
-integer buffers (BatchNorm's num_batches_tracked) take the clients' maximum, never an average.
+integer buffers (BatchNorm's num_batches_tracked) take the clients' lower median, never an average (one device's
+counter cannot move it).
 Client: load x, train, upload. Decision: the upload is the trained model itself (``upload = "model"``, default),
 so that one client with p = 1 reproduces its local run bit for bit; ``upload = "delta"`` sends y - x and the server
 computes x + sum p_i delta_i. Aggregation streams: each update is folded into exact sums of n_i y_i
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from fedge.algorithms.accumulate import WeightedSum
+from fedge.algorithms.accumulate import WeightedSum, lower_median
 from fedge.algorithms.base import (
     DELTA_GROUP,
     MODEL_GROUP,
@@ -58,7 +59,7 @@ def average(base: Arrays, uploads: Sequence[Arrays], weights: np.ndarray, as_del
     for name in names if names is not None else base:
         values = [upload[name] for upload in uploads]
         if not is_float(base[name]):
-            result[name] = np.max(np.stack(values), axis=0).astype(base[name].dtype)
+            result[name] = lower_median([np.asarray(v) for v in values]).astype(base[name].dtype)
         elif as_delta:
             total = base[name].astype(np.float64) + weighted_sum(values, weights).astype(np.float64)
             result[name] = total.astype(np.float32)
@@ -95,13 +96,13 @@ class Folding:
 
     def mean_into(self, base: Arrays, names: Sequence[str] | None = None) -> Arrays:
         """base with each of ``names`` (default: all of base) replaced by the round's mean (or base + mean delta);
-        integer tensors take the clients' maximum."""
+        integer tensors take the clients' lower median."""
         sums = self.weighted if self.weighted.count else self.empty
         result = dict(base)
         for name in names if names is not None else base:
             if not is_float(base[name]):
-                if name in sums.maxima:
-                    result[name] = sums.maxima[name].astype(base[name].dtype)
+                if name in sums.integers:
+                    result[name] = sums.integers.median(name).astype(base[name].dtype)
                 continue
             if name not in sums.sums:
                 continue

@@ -15,7 +15,7 @@ Decisions where the papers are silent (docs/algorithms.md records them too):
   frozen (still applied) in the others. ``reset_each_round`` restarts c from zeros every round; it is an error with
   ``warm_start``, which it would discard.
 - The cosine uses the trainable tensors (BN running statistics and integer buffers are not directions); the
-  weights then average every float tensor; integer buffers take the maximum, as in FedAvg. ``cos_layers`` = L > 0
+  weights then average every float tensor; integer buffers take the lower median, as in FedAvg. ``cos_layers`` = L > 0
   uses the last L layers of ``context.layout.layers`` (modules with state, registration order); 0 uses all. The
   1e-6 floor applies to the norm over the same tensors. With every client left out, the model does not move.
 - ``warm_start``: the first round is a warm-up round. The model does not change; each participant runs the loop on

@@ -8,7 +8,7 @@ Downlink groups "model" (x) and "control" (c); uplink groups "delta" (dy_i; inte
 
 Decisions where the papers are silent (docs/algorithms.md records them too):
 - Control variates exist for the float parameters only: every float tensor except BatchNorm running statistics.
-  Float buffers are averaged like parameters (x + eta_g sum p_i dy_i); integer buffers take the clients' maximum.
+  Float buffers are averaged like parameters (x + eta_g sum p_i dy_i); integer buffers take the clients' lower median.
 - Aggregation weights p_i follow ``weighting`` (default "samples", as FedAvg, so that round 1 equals FedAvg's round
   for any client sizes; "uniform" is the paper's 1/|S_t|). Both agree on equal client sizes.
 - ``correction = "update"`` (default, for every optimizer): y <- OptimizerStep(y) - eta_l (c - c_i) after each step

@@ -141,14 +141,16 @@ def serve_agents(endpoint: str, first: int, count: int, keys_dir: str, layout: s
     """A process of light agents, until every one of them has left its session."""
     LightAgent.layout = [(name, tuple(shape)) for name, shape in json.loads(Path(layout).read_text())]
     context = zmq.Context()
-    curve = None
+    ids = [f"light-{i:05d}" for i in range(first, first + count)]
+    curves: dict[str, dict[str, bytes] | None] = dict.fromkeys(ids)
     if keys_dir:
         server = zmq.auth.load_certificate(Path(keys_dir) / "coordinator.key")[0]
-        public, secret = zmq.curve_keypair()  # one key pair for this process's agents, in the allow-list
-        (Path(keys_dir) / "allowed" / f"light-{first}.key").write_text(
-            f"metadata\ncurve\n    public-key = \"{public.decode()}\"\n")
-        curve = {"public": public, "secret": secret, "server": server}
-    agents = [LightAgent(context, endpoint, f"light-{i:05d}", curve) for i in range(first, first + count)]
+        for client_id in ids:  # a key pair per agent, allowed as its client id (allowed/CLIENT_ID.key)
+            public, secret = zmq.curve_keypair()
+            (Path(keys_dir) / "allowed" / f"{client_id}.key").write_text(
+                f"metadata\ncurve\n    public-key = \"{public.decode()}\"\n")
+            curves[client_id] = {"public": public, "secret": secret, "server": server}
+    agents = [LightAgent(context, endpoint, client_id, curves[client_id]) for client_id in ids]
     poller = zmq.Poller()
     by_socket = {}
     for agent in agents:

@@ -19,6 +19,7 @@ CODE_PATTERN = re.compile(r"[a-z0-9-]{1,64}")
 # ErrorMessage codes a coordinator sends.
 MALFORMED = "malformed"                  # the packet did not decode
 SENDER_MISMATCH = "sender-mismatch"      # the packet's sender is not the connection's routing id
+IDENTITY_MISMATCH = "identity-mismatch"  # the routing id is not the client id the connection's key is allowed as
 HELLO_FIRST = "hello-first"              # a message from an agent that has not registered in this session
 PROTOCOL_MISMATCH = "protocol-mismatch"  # the agent speaks another wire-format version
 MODEL_MISMATCH = "model-mismatch"        # the agent's model definition differs (also sent by an agent, at a welcome)
@@ -44,8 +45,8 @@ UNAVAILABLE = "unavailable"              # this device may not train now (its av
 JOIN_REFUSALS = frozenset({PLUGIN_REFUSED, PLUGIN_MISMATCH, DATA_MISMATCH, MODEL_MISMATCH, MODEL_FAILED,
                            NO_NORMALIZATION, BAD_WELCOME})
 # The coordinator's session-level refusals: the agent backs off and says hello again later.
-SESSION_REFUSALS = frozenset({PROTOCOL_MISMATCH, MODEL_MISMATCH, SESSION_FULL})
-ERROR_CODES = frozenset({MALFORMED, SENDER_MISMATCH, HELLO_FIRST, PROTOCOL_MISMATCH, MODEL_MISMATCH, SESSION_FULL,
+SESSION_REFUSALS = frozenset({PROTOCOL_MISMATCH, MODEL_MISMATCH, SESSION_FULL, IDENTITY_MISMATCH})
+ERROR_CODES = frozenset({MALFORMED, SENDER_MISMATCH, IDENTITY_MISMATCH, HELLO_FIRST, PROTOCOL_MISMATCH, MODEL_MISMATCH, SESSION_FULL,
                          STALE, NOT_SELECTED, DUPLICATE, INVALID_UPDATE, UNEXPECTED, ROUND_FAILED,
                          UNAVAILABLE}) | JOIN_REFUSALS
 

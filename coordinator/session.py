@@ -180,13 +180,13 @@ class Session:
         parts = list(self.downlinks.parts(task))
         return sum(len(part) for part in parts) if self.transport.send_parts(peer, parts) else 0
 
-    def handle(self, peer: bytes, frame: bytes) -> None:
-        self.act(self.protocol.receive(peer, frame, time.monotonic()))
+    def handle(self, peer: bytes, frame: bytes, identity: str | None = None) -> None:
+        self.act(self.protocol.receive(peer, frame, time.monotonic(), identity))
 
     def pump(self, timeout_ms: int) -> None:
         self.progress += 1
-        for peer, frame in self.transport.poll(timeout_ms):
-            self.handle(peer, frame)
+        for peer, frame, identity in self.transport.poll(timeout_ms):
+            self.handle(peer, frame, identity)
         if self.on_tick is not None:
             self.on_tick(time.monotonic())
 
@@ -196,8 +196,8 @@ class Session:
             arrived = self.transport.poll(0)
             if not arrived:
                 return
-            for peer, frame in arrived:
-                self.handle(peer, frame)
+            for peer, frame, identity in arrived:
+                self.handle(peer, frame, identity)
 
     # ----------------------------------------------------------------------------------------- the round
     def select(self, round_number: int, available: list[int]) -> list[int]:

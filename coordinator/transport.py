@@ -1,8 +1,10 @@
 """The coordinator's ZeroMQ transport: one ROUTER socket that moves opaque frames to and from agents.
 
 It binds, resolves the real endpoint (so an ephemeral port can be published), switches on CurveZMQ with an allow-list
-of agent public keys when asked, and says in the log why a peer was refused. It moves bytes and counts them; it knows
-nothing of the codec, algorithms, models or torch.
+of agent public keys when asked, and says in the log why a peer was refused. With CurveZMQ on, a key is allowed as
+one client id only, the name of its file (``allowed/CLIENT_ID.key``), and every frame comes with the id its
+connection's key is allowed as, for the protocol to compare with the id the peer claims. It moves bytes and counts
+them; it knows nothing of the codec, algorithms, models or torch.
 """
 
 from __future__ import annotations
@@ -10,16 +12,18 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from fedge.plumbing.keys import COORDINATOR_KEY, generate_keys
 
 log = logging.getLogger("fedge.coordinator.transport")
 
-__all__ = ["COORDINATOR_KEY", "AllowList", "CurveServerKeys", "RouterTransport", "generate_keys"]
+__all__ = ["COORDINATOR_KEY", "AllowList", "BindingAuthenticator", "CurveServerKeys", "RouterTransport", "generate_keys"]
 
 ALLOWED_DIR = "allowed"
 
@@ -46,7 +50,9 @@ class CurveServerKeys:
 
 
 class AllowList:
-    """ZAP credentials callback: a peer is allowed when its public key is in a *.key file of the allow-list dir.
+    """ZAP credentials callback: a peer is allowed when its public key is in a *.key file of the allow-list dir,
+    and it is allowed as the client id the file is named after (``allowed/pi-07.key``: client ``pi-07``). A key
+    found in two files is bound to no id and refused (a warning names the files): one device, one id.
 
     The keys are cached and read again when the directory changes (a key file added, removed or replaced moves the
     directory's modification time), so a thousand handshakes read it once, and adding or removing an agent's key
@@ -55,11 +61,11 @@ class AllowList:
 
     def __init__(self, allowed_dir: Path) -> None:
         self.allowed_dir = allowed_dir
-        self.cached: set[bytes] = set()
+        self.cached: dict[bytes, str] = {}  # z85 public key -> the client id it is allowed as
         self.cached_at: tuple[int, int] | None = None  # (mtime_ns, link count) of the directory when it was read
         self.reads = 0
 
-    def allowed_keys(self) -> set[bytes]:
+    def allowed_keys(self) -> dict[bytes, str]:
         try:
             stat = self.allowed_dir.stat()
             stamp = (stat.st_mtime_ns, stat.st_nlink)
@@ -70,9 +76,9 @@ class AllowList:
         self.cached, self.cached_at = self.read_keys(), stamp
         return self.cached
 
-    def read_keys(self) -> set[bytes]:
+    def read_keys(self) -> dict[bytes, str]:
         self.reads += 1
-        keys: set[bytes] = set()
+        files: dict[bytes, list[Path]] = {}
         if self.allowed_dir.is_dir():
             for path in sorted(self.allowed_dir.glob("*.key")):
                 try:
@@ -80,8 +86,19 @@ class AllowList:
                 except (OSError, ValueError) as exc:
                     log.warning("ignoring unreadable key file %s: %s", path, exc)
                     continue
-                keys.add(public)
+                files.setdefault(public, []).append(path)
+        keys: dict[bytes, str] = {}
+        for public, paths in files.items():
+            if len(paths) > 1:
+                log.warning("refusing the key in %s: one key may be allowed as one client id only",
+                            ", ".join(str(p) for p in paths))
+                continue
+            keys[public] = paths[0].name[:-len(".key")]
         return keys
+
+    def client_id(self, key: bytes) -> str | None:
+        """The client id a (z85) public key is allowed as; None when it is not allowed."""
+        return self.allowed_keys().get(key)
 
     def callback(self, domain: str, key: bytes) -> bool:
         if key in self.allowed_keys():
@@ -91,8 +108,21 @@ class AllowList:
         return False
 
 
+class BindingAuthenticator(ThreadAuthenticator):
+    """pyzmq's authenticator, with a connection's ZAP user id set to the client id its key is allowed as (libzmq
+    attaches it to every message of the connection as the ``User-Id`` property)."""
+
+    def __init__(self, context: zmq.Context[Any], allow: AllowList) -> None:
+        super().__init__(context, log=logging.getLogger("fedge.zap"))
+        self.allow_list = allow
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.allow_list.client_id(z85.encode(client_public_key)) or ""
+
+
 class RouterTransport:
-    """A bound ROUTER socket: poll for (peer identity, frame) pairs, send a frame to a peer."""
+    """A bound ROUTER socket: poll for (peer routing id, frame, identity) triples, send a frame to a peer. The
+    identity is the client id the connection's CurveZMQ key is allowed as, None with CurveZMQ off."""
 
     def __init__(self, bind: str, curve: CurveServerKeys | None = None, max_frame_bytes: int = 64 << 20) -> None:
         self.context = zmq.Context()
@@ -109,9 +139,10 @@ class RouterTransport:
         self.socket.setsockopt(zmq.LINGER, 2000)
         self.socket.setsockopt(zmq.SNDHWM, 100)
         if curve is not None:
-            self.authenticator = ThreadAuthenticator(self.context, log=logging.getLogger("fedge.zap"))
+            allow = AllowList(curve.allowed_dir)
+            self.authenticator = BindingAuthenticator(self.context, allow)
             self.authenticator.start()
-            self.authenticator.configure_curve_callback("*", credentials_provider=AllowList(curve.allowed_dir))
+            self.authenticator.configure_curve_callback("*", credentials_provider=allow)
             self.socket.curve_secretkey = curve.secret
             self.socket.curve_publickey = curve.public
             self.socket.curve_server = True
@@ -122,25 +153,27 @@ class RouterTransport:
         self.bytes_out = 0
         self.dropped_multipart = 0
 
-    def poll(self, timeout_ms: int, batch: int = 1000) -> list[tuple[bytes, bytes]]:
-        """What arrived within the timeout, at most ``batch`` messages, as (peer identity, frame); messages of
-        more than one frame are dropped (counted; logged at the first and every 1000th)."""
-        received: list[tuple[bytes, bytes]] = []
+    def poll(self, timeout_ms: int, batch: int = 1000) -> list[tuple[bytes, bytes, str | None]]:
+        """What arrived within the timeout, at most ``batch`` messages, as (peer routing id, frame, identity);
+        messages of more than one frame are dropped (counted; logged at the first and every 1000th)."""
+        received: list[tuple[bytes, bytes, str | None]] = []
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
             return received
         while len(received) < batch:
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return received
             if len(frames) != 2:
                 self.dropped_multipart += 1
                 if self.dropped_multipart % 1000 == 1:
                     log.warning("dropped a message of %d frames from %r (expected one frame; %d so far)",
-                                len(frames) - 1, frames[0] if frames else b"?", self.dropped_multipart)
+                                len(frames) - 1, frames[0].bytes if frames else b"?", self.dropped_multipart)
                 continue
-            self.bytes_in += len(frames[1])
-            received.append((frames[0], frames[1]))
+            frame = frames[1].bytes
+            self.bytes_in += len(frame)
+            identity = frames[1].get("User-Id") if self.curve else None
+            received.append((frames[0].bytes, frame, identity if isinstance(identity, str) else None))
         return received
 
     def send(self, peer: bytes, frame: bytes) -> bool:

@@ -156,7 +156,7 @@ for path, mode in [
     ("var/lib/fedge-agent/keys/agent.key", 0o644),
     ("var/lib/fedge-coordinator/keys/coordinator.key_secret", 0o600),
     ("var/lib/fedge-coordinator/keys/coordinator.key", 0o644),
-    ("var/lib/fedge-coordinator/keys/allowed/ci-agent.key", 0o644),
+    ("var/lib/fedge-coordinator/keys/allowed/ci-device-7.key", 0o644),
 ]:
     st = (root / path).stat() if (root / path).exists() else None
     check(st is not None and stat.S_IMODE(st.st_mode) == mode and st.st_uid == fedge_uid,
@@ -164,9 +164,10 @@ for path, mode in [
 check((root / "etc/fedge/coordinator.key").read_bytes()
       == (root / "var/lib/fedge-coordinator/keys/coordinator.key").read_bytes(),
       "the agent holds the coordinator's public key")
-check((root / "var/lib/fedge-coordinator/keys/allowed/ci-agent.key").read_bytes()
-      == (root / "var/lib/fedge-agent/keys/agent.key").read_bytes(),
-      "the coordinator allows the agent's public key")
+check((root / "var/lib/fedge-coordinator/keys/allowed/ci-device-7.key").read_bytes()
+      == (root / "var/lib/fedge-agent/keys/agent.key").read_bytes()
+      and not (root / "var/lib/fedge-coordinator/keys/allowed/ci-agent.key").exists(),
+      "the coordinator allows the agent's public key as its client id (allowed/CLIENT_ID.key)")
 agent = tomllib.loads((root / "etc/fedge/agent.toml").read_text())
 check(agent["agent"]["coordinator"] == "tcp://ci-coordinator:5555" and agent["security"]["curve"] == "on"
       and agent["security"]["keys_dir"] == str(root / "var/lib/fedge-agent/keys"), "agent.toml as templated")

@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from fedge.plumbing.keys import AGENT_KEY, generate_keys
 
             public, secret = generate_keys(args.keys_dir, AGENT_KEY, force=args.force)
-            print(f"wrote {public} (public: give it to the coordinator's allow-list) and {secret} (keep private)")
+            print(f"wrote {public} (public: the coordinator's allow-list takes it as allowed/CLIENT_ID.key, named after this agent's client id) and {secret} (keep private)")
             return 0
         if args.command == "predict":
             return run_predict(args)

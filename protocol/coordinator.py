@@ -1,8 +1,8 @@
 """The coordinator's side of the round protocol, with no I/O: frames and the current time in, events out.
 
 ``CoordinatorProtocol`` holds the agent registry, the round in progress as named states (its ``RoundPhase`` and
-each selected client's ``ClientOutcome``, ``protocol.round``) and the rules that guard it: hello first, the sender
-must be the connection's id, a full session, protocol and model mismatches, a re-hello mid-round (the task is sent
+each selected client's ``ClientOutcome``, ``protocol.round``) and the rules that guard it: the connection's id must
+be the one its key is allowed as (CurveZMQ on), hello first, the sender must be the connection's id, a full session, protocol and model mismatches, a re-hello mid-round (the task is sent
 again only when the agent's hello says it holds none for this round), stale, duplicate, not-selected and invalid
 updates, commits only for aggregated updates and only after the checkpoint, byes and failures in every state, and
 agents that decline a session at their welcome (one that declined is not selected or counted again until a heartbeat
@@ -86,7 +86,12 @@ class CoordinatorProtocol:
         self.server = server
 
     # ------------------------------------------------------------------------------------------ receiving
-    def receive(self, peer: bytes, frame: bytes, now: float) -> list[CoordinatorEvent]:
+    def receive(self, peer: bytes, frame: bytes, now: float, identity: str | None = None) -> list[CoordinatorEvent]:
+        """One frame from ``peer`` (its routing id). ``identity``: the client id the connection's CurveZMQ key is
+        allowed as (None with CurveZMQ off): a peer claiming another id is refused before its frame is read."""
+        if identity is not None and identity != peer.decode(errors="replace"):
+            return self.refuse(peer, words.IDENTITY_MISMATCH, f"this connection's key is allowed as client "
+                               f"{identity!r}, not as {peer.decode(errors='replace')!r}", now)
         try:
             message = codec.decode(frame)
         except codec.UnsupportedVersion as exc:

@@ -136,7 +136,8 @@ def command_keygen(args: argparse.Namespace) -> int:
     public, secret = generate_keys(args.keys_dir, COORDINATOR_KEY, force=args.force)
     (Path(args.keys_dir) / ALLOWED_DIR).mkdir(exist_ok=True)
     print(f"wrote {public} (give it to every agent) and {secret} (keep private); "
-          f"put agents' public keys in {Path(args.keys_dir) / ALLOWED_DIR}/")
+          f"put each agent's public key in {Path(args.keys_dir) / ALLOWED_DIR}/CLIENT_ID.key (the client id the "
+          "key is allowed as)")
     return 0
 
 

@@ -42,7 +42,7 @@ def test_identical_clients_aggregate_to_each_local_model() -> None:
     assert same_arrays(global_arrays(fleet), state_to_arrays(fleet.models[0]))
 
 
-def test_aggregation_is_the_sample_weighted_mean_and_integers_take_the_max() -> None:
+def test_aggregation_is_the_sample_weighted_mean_and_integers_take_the_median() -> None:
     model = build(TINY_MLP)
     initial = state_to_arrays(model)
     context = ServerContext(num_clients=3, layout=ModelLayout.of(model))
@@ -60,7 +60,14 @@ def test_aggregation_is_the_sample_weighted_mean_and_integers_take_the_max() -> 
     assert weights.sum() == pytest.approx(1.0) and list(weights) == [0.1, 0.3, 0.6]
     assert list(weights_of(updates, "uniform")) == [1 / 3] * 3
     ints = fedavg.average({"n": np.array(0)}, [{"n": np.array(4)}, {"n": np.array(9)}], weights[:2], False)
-    assert int(ints["n"]) == 9 and ints["n"].dtype == np.array(0).dtype
+    assert int(ints["n"]) == 4 and ints["n"].dtype == np.array(0).dtype  # the lower median
+    # one device's counter of 2^62 does not set the global one (it did when integers took the maximum)
+    counted = {"counter": np.array(0, dtype=np.int64)}
+    streamed = fedavg.Server(fedavg.Config(), {**initial, **counted}, context)
+    claims = [np.array(5, dtype=np.int64), np.array(2**62, dtype=np.int64), np.array(7, dtype=np.int64)]
+    aggregate_round(streamed, 1, [ClientUpdate(f"c{i}", i, 10, Payload(groups={"model": TensorGroup(
+        dense={**uploads[i], "counter": claim})})) for i, claim in enumerate(claims)])
+    assert int(streamed.model["counter"]) == 7
 
 
 def test_uploading_models_or_deltas_gives_the_same_global_model() -> None:

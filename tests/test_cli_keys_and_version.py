@@ -77,3 +77,21 @@ def test_the_allow_list_is_read_once_until_its_directory_changes(tmp_path: Path)
     assert allow.callback("*", key_b) and allow.reads == 2
     (allowed / "a.key").unlink()
     assert not allow.callback("*", key_a) and allow.reads == 3
+
+
+def test_a_key_is_allowed_as_the_client_its_file_names_and_one_key_in_two_files_as_none(tmp_path: Path) -> None:
+    from fedge.coordinator.transport import AllowList
+    from fedge.plumbing.keys import generate_keys
+
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    first, _ = generate_keys(tmp_path / "a", "agent")
+    second, _ = generate_keys(tmp_path / "b", "agent")
+    (allowed / "pi-07.key").write_bytes(first.read_bytes())
+    (allowed / "pi-08.key").write_bytes(second.read_bytes())
+    (allowed / "pi-09.key").write_bytes(second.read_bytes())  # pi-08's key copied again under another id
+    allow = AllowList(allowed)
+    key_a = zmq.auth.load_certificate(first)[0]
+    key_b = zmq.auth.load_certificate(second)[0]
+    assert allow.client_id(key_a) == "pi-07" and allow.callback("*", key_a)
+    assert allow.client_id(key_b) is None and not allow.callback("*", key_b)

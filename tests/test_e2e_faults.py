@@ -96,7 +96,8 @@ def test_a_hostile_peer_is_answered_with_reasons_and_the_session_goes_on(procs: 
     assert "rejected a message from b'rogue'" in (run_dir / "coordinator.log").read_text()
 
 
-def test_an_agent_without_an_allowed_key_is_refused(procs: Processes, tmp_path: Path) -> None:
+def test_an_agent_without_an_allowed_key_or_claiming_another_devices_id_is_refused(procs: Processes,
+                                                                                  tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     coordinator = procs.coordinator("--rounds", "3", "--local-fleet", "2", "--run-dir", str(run_dir),
                                     "--set", "security.curve=on", "--set", "round.min_clients=2", *FAST)
@@ -109,14 +110,26 @@ def test_an_agent_without_an_allowed_key_is_refused(procs: Processes, tmp_path: 
                            str(run_dir / "data" / "client-000.npz"), "--state-dir", str(tmp_path / "intruder"),
                            "--curve", "on", "--keys-dir", str(keys),
                            "--coordinator-key", str(run_dir / "keys" / "coordinator.key"), name="intruder")
+    # a device whose key is allowed, as "impostor", that claims to be agent-00
+    impostor_keys = tmp_path / "impostor-keys"
+    subprocess.run([sys.executable, "-m", "fedge.edge_agent", "keygen", "--keys-dir", str(impostor_keys)], check=True,
+                   capture_output=True, timeout=60)
+    (run_dir / "keys" / "allowed" / "impostor.key").write_bytes((impostor_keys / "agent.key").read_bytes())
+    impostor = procs.agent("--coordinator", address, "--client-id", "agent-00", "--data",
+                           str(run_dir / "data" / "client-001.npz"), "--state-dir", str(tmp_path / "impostor"),
+                           "--curve", "on", "--keys-dir", str(impostor_keys),
+                           "--coordinator-key", str(run_dir / "keys" / "coordinator.key"), name="impostor")
     wait_for(lambda: "refused" in procs.output("intruder"), 60, "the intruder to be told it is refused")
+    wait_for(lambda: "identity-mismatch" in procs.output("impostor"), 60, "the impostor to be told it is refused")
     assert finished(coordinator, 240) == 0, procs.output("coordinator")
     log = (run_dir / "coordinator.log").read_text()
     assert "not in the allow-list" in log
+    assert "allowed as client 'impostor', not as 'agent-00'" in log, log
     assert all(r["selected"] == 2 for r in metrics(run_dir))
     assert "intruder" not in (run_dir / "clients.jsonl").read_text()
-    intruder.send_signal(signal.SIGTERM)
-    assert intruder.wait(30) == 0
+    for process in (intruder, impostor):
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
 
 
 def test_agents_wait_through_a_coordinator_sigterm_and_finish_with_the_resumed_run(procs: Processes,

@@ -230,6 +230,18 @@ def test_a_failed_round_and_a_declined_session() -> None:
     assert p.registry.get("c").index == 1  # type: ignore[union-attr]
 
 
+def test_with_curve_a_connection_is_only_the_client_its_key_is_allowed_as() -> None:
+    p = protocol(capacity=3)
+    impostor = p.receive(b"a", hello("a"), 0.0, identity="b")  # b's key, claiming a's id
+    assert codes(impostor) == ["identity-mismatch"] and p.registry.get("a") is None
+    assert "allowed as client 'b', not as 'a'" in sent(impostor)[0].reason  # type: ignore[attr-defined]
+    assert isinstance(sent(p.receive(b"b", hello("b"), 0.0, identity="b"))[0], codec.Welcome)
+    beat = frame(codec.Heartbeat(run_id="run-1", round=0, sender="b"))
+    assert codes(p.receive(b"b", beat, 1.0, identity="c")) == ["identity-mismatch"]
+    assert codes(p.receive(b"b", beat, 1.0, identity="b")) == []
+    assert isinstance(sent(p.receive(b"a", hello("a"), 0.0))[0], codec.Welcome)  # CurveZMQ off: no identity
+
+
 def test_an_agent_that_declined_is_not_selected_again_until_a_heartbeat_shows_it_joined() -> None:
     p = protocol(capacity=2)
     joined(p, "a")

@@ -43,7 +43,7 @@ def test_a_capable_agent_gets_two_frames_and_an_older_one_gets_one_and_both_deco
         seen = set()
         until = time.monotonic() + 10
         while len(seen) < 2 and time.monotonic() < until:
-            seen |= {peer for peer, _ in router.poll(100)}
+            seen |= {peer for peer, _, _ in router.poll(100)}
         session = Session.__new__(Session)
         registry = AgentRegistry(2, 10.0)
         for name, capabilities in (("new", [words.TASK_PARTS]), ("old", ["f16"])):
