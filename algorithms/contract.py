@@ -72,6 +72,12 @@ class BaseServer:
     def pruned_evaluation_arrays(self) -> Arrays | None:
         return None
 
+    def change_reference(self, round_number: int, client_index: int) -> Arrays | None:
+        return None
+
+    def influence_phase(self, round_number: int) -> str:
+        return ""
+
 
 class BaseClient:
     """The defaults of ``ClientHalf``'s optional hooks."""
@@ -179,6 +185,12 @@ class WrappedServer(BaseServer):
 
     def pruned_evaluation_arrays(self) -> Arrays | None:
         return self.base.pruned_evaluation_arrays()
+
+    def change_reference(self, round_number: int, client_index: int) -> Arrays | None:
+        return self.base.change_reference(round_number, client_index)
+
+    def influence_phase(self, round_number: int) -> str:
+        return self.base.influence_phase(round_number)
 
 
 class WrappedClient(BaseClient):

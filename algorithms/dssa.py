@@ -217,6 +217,9 @@ class Server(WrappedServer):
                 "dssa_prunable": self.layout.size, "dssa_complement_norm": float(np.linalg.norm(scaled))}
 
 
+    def influence_phase(self, round_number: int) -> str:
+        return "sparse" if self.is_sparse(round_number) else "dense"  # a sparse round's updates differ in scale
+
     def pruned_evaluation_arrays(self) -> Arrays | None:
         """w~ of the current global model (what the next sparse round transmits); None while warm-up continues."""
         if not self.is_sparse(self.last_round + 1):

@@ -9,6 +9,7 @@ every key; a test keeps the two in step. Must not import transports, torch or al
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -116,6 +117,16 @@ class SecuritySection:
 
 
 @dataclass(frozen=True)
+class RobustSection:
+    """Bounded influence (protocol.influence; docs/robustness.md)."""
+
+    max_samples: int = 0
+    cap_factor: float = 3.0
+    norm_factor: float = 3.0
+    norm_bound: float = 0.0
+
+
+@dataclass(frozen=True)
 class EvalSection:
     every: int = 1
     personal_every: int = 0
@@ -132,6 +143,7 @@ class Config:
     algorithm: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_ALGORITHM))
     security: SecuritySection = field(default_factory=SecuritySection)
     eval: EvalSection = field(default_factory=EvalSection)
+    robust: RobustSection = field(default_factory=RobustSection)
 
     @property
     def algorithm_name(self) -> str:
@@ -148,6 +160,7 @@ class Config:
 SECTION_CLASSES: dict[str, type] = {
     "run": RunSection, "fleet": FleetSection, "data": DataSection, "model": ModelSection,
     "train": TrainSection, "round": RoundSection, "security": SecuritySection, "eval": EvalSection,
+    "robust": RobustSection,
 }
 
 
@@ -293,6 +306,15 @@ def validate(config: Config) -> None:
         raise ConfigError("train.device must be auto, cpu or cuda")
     if config.eval.every < 0 or config.eval.personal_every < 0:
         raise ConfigError("eval.every and eval.personal_every must be >= 0")
+    robust = config.robust
+    if robust.max_samples < 0:
+        raise ConfigError("robust.max_samples must be >= 0 (0: the largest shard, or derived from round 1's claims)")
+    if robust.cap_factor != 0 and robust.cap_factor < 1:
+        raise ConfigError("robust.cap_factor must be >= 1 (0: no cap derived from round 1's claims)")
+    if robust.norm_factor < 0 or robust.norm_bound < 0:
+        raise ConfigError("robust.norm_factor and robust.norm_bound must be >= 0 (0: off)")
+    if not all(math.isfinite(v) for v in (robust.cap_factor, robust.norm_factor, robust.norm_bound)):
+        raise ConfigError("robust.cap_factor, robust.norm_factor and robust.norm_bound must be finite")
     if any(not isinstance(d, int) or d < 1 for d in config.model.input_shape):
         raise ConfigError(f"model.input_shape must be positive integers, got {config.model.input_shape}")
     if config.model.outputs < 0:

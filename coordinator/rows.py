@@ -122,16 +122,19 @@ def round_row(number: int, algorithm: str, current: RoundState, missing: Sequenc
 
 
 def client_rows(number: int, current: RoundState, client_ids: Mapping[int, str], records: list[dict[str, Any]],
-                shares: Sequence[float | None]) -> list[dict[str, Any]]:
+                shares: Sequence[float | None],
+                bounds: Mapping[int, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
     """clients.jsonl's rows of a closed round: one per accepted update (in client order), then one per client that
-    declined the round by its availability rules."""
+    declined the round by its availability rules. ``bounds``: what bounded influence did to each update
+    (``protocol.influence.Bounded.record``: the claim, the counted samples, norms, clipping)."""
     rows = []
     for (index, (update, size)), record, share in zip(sorted(current.updates.items()), records, shares, strict=True):
         rows.append({**record, "round": number, "client_id": client_ids[index], "client_index": index,
                      "available": True, "num_samples": update.num_samples,
                      "bytes_down": current.bytes_down.get(index, 0), "bytes_up": size,
                      "bytes_up_tensors": current.body_up.get(index, 0), "train_loss": finite(update.train_loss),
-                     "train_s": finite(update.train_s), "energy_j_share": share, **client_evaluation(update)})
+                     "train_s": finite(update.train_s), "energy_j_share": share, **client_evaluation(update),
+                     **(bounds or {}).get(index, {})})
     for index, reason in sorted(current.unavailable.items()):
         rows.append({"round": number, "client_id": client_ids[index], "client_index": index, "available": False,
                      "unavailable_reason": reason, "bytes_down": current.bytes_down.get(index, 0)})

@@ -11,6 +11,7 @@ algorithm by name.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -37,6 +38,7 @@ from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays
 from fedge.protocol.coordinator import CoordinatorProtocol
 from fedge.protocol.events import Accepted, Checkpoint, CoordinatorEvent, Noted, Rejected, Send, SendFrame
+from fedge.protocol.influence import Influence, InfluenceLimits
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.round import RoundState
 from fedge.protocol.selection import choose, selection_count
@@ -63,7 +65,7 @@ class Session:
                  run_id: str, reserved_ids: list[str] | None = None,
                  on_round: Callable[[dict[str, Any]], None] | None = None,
                  initial: dict[str, np.ndarray] | None = None,
-                 welcome_extra: dict[str, Any] | None = None) -> None:
+                 welcome_extra: dict[str, Any] | None = None, weight_cap: int = 0) -> None:
         self.config = config
         self.run_dir = run_dir
         self.transport = transport
@@ -91,6 +93,12 @@ class Session:
         self.started = time.monotonic()
         self.status = StatusBoard(run_dir, config.run.rounds, config.algorithm_name)  # status.json and friends
         self.round_walls: list[float] = []
+        robust = config.robust
+        # bounded influence (protocol.influence): the weight cap (``weight_cap``: a local or simulated fleet's
+        # largest shard) and the norm bound; its state is checkpointed
+        self.influence = Influence(InfluenceLimits(robust.max_samples, robust.cap_factor, robust.norm_factor,
+                                                   robust.norm_bound), cap=robust.max_samples or weight_cap)
+        self.bound_counts: dict[str, dict[str, int]] = {}  # client id -> {"capped": n, "clipped": n}
         self.aggregation = Aggregation(self.server, 0)  # the round in progress's, on the one aggregation path
         self.checkpoint_s = 0.0  # the time the last checkpoint took to write
         self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
@@ -116,12 +124,15 @@ class Session:
         save_checkpoint(self.run_dir.checkpoint, arrays, {
             "round": self.round, "run_id": self.run_id, "algorithm": self.config.algorithm_name,
             "model_hash": self.model_hash, "server": server_meta, **self.registry.state(),
+            "influence": self.influence.state(), "bound_counts": self.bound_counts,
             "pending_row": None if self.rows.held is None else plain(self.rows.held.row)})
 
     def load_checkpoint(self) -> None:
         arrays, meta = load_checkpoint(self.run_dir.checkpoint, self.model_hash, self.config.algorithm_name)
         self.server.load_state_dict(arrays, meta["server"])
         self.registry.load_state(meta)
+        self.influence.load_state(meta.get("influence", {}))
+        self.bound_counts = {str(k): {n: int(c) for n, c in v.items()} for k, v in meta.get("bound_counts", {}).items()}
         self.protocol.resume(str(meta["run_id"]), int(meta["round"]))
         for name in ("metrics.jsonl", "clients.jsonl"):
             self.run_dir.truncate_jsonl(name, self.round)
@@ -230,7 +241,7 @@ class Session:
         started = time.monotonic()
         self.drain()
         available = self.registry.live_indices(time.monotonic())
-        self.aggregation = Aggregation(self.server, number)
+        self.aggregation = Aggregation(self.server, number, self.influence)
         self.act(self.protocol.open_round(number, self.select(number, available), started,
                                           self.config.round.deadline_s, self.config.round.target))
         while not self.protocol.complete(time.monotonic()):
@@ -256,8 +267,11 @@ class Session:
             log.warning("round %d: no update from client(s) %s before the deadline", number, missing)
             self.server.missed(number, missing)
         ordered = sorted(current.updates.items())
-        received = [(self.registry.by_index(i).client_id, u) for i, (u, _) in ordered]
-        extra = self.aggregation.close()  # folded as they arrived
+        extra = self.aggregation.close()  # folded as they arrived (or held until now, and bounded)
+        bounds = self.note_bounded(number)
+        received = [(self.registry.by_index(i).client_id,
+                     dataclasses.replace(u, num_samples=bounds[i]["num_samples"]) if i in bounds else u)
+                    for i, (u, _) in ordered]  # the counted sample counts weigh the round's figures, not the claims
         crash_point("aggregated", number)
         records = [agent_record(dict(update.record), size, self.transport.curve) for _, (update, size) in ordered]
         row = round_row(number, self.config.algorithm_name, current, missing, received, extra, records)
@@ -265,7 +279,7 @@ class Session:
             row.update(agents_metrics([u for _, u in received]))
         ids = {i: self.registry.by_index(i).client_id for i in [*current.updates, *current.unavailable]}
         self.run_dir.append_jsonl("clients.jsonl", *client_rows(number, current, ids, records,
-                                                                attribute_energy(records)))
+                                                                attribute_energy(records), bounds))
         row["wall_s"] = time.monotonic() - started
         crash_point("clients", number)
         held = self.hold_row(row, number)  # written when its evaluation is done, beside the next round
@@ -281,6 +295,26 @@ class Session:
             self.rows.flush()
         self.round_walls.append(row["wall_s"])
         return row
+
+    def note_bounded(self, number: int) -> dict[int, dict[str, Any]]:
+        """What the bounds did this round: clients.jsonl's fields by client index, each device's counters, and one
+        warning line naming (at most 10 of) the devices capped or clipped."""
+        bounds: dict[int, dict[str, Any]] = {}
+        touched: list[str] = []
+        for record in self.aggregation.bounded:
+            bounds[record.index] = record.record()
+            if record.capped or record.clipped:
+                counts = self.bound_counts.setdefault(record.client_id, {"capped": 0, "clipped": 0})
+                counts["capped"] += int(record.capped)
+                counts["clipped"] += int(record.clipped)
+                what = [f"claimed {record.claimed_samples} samples, counted {record.counted_samples}"] * \
+                    record.capped + [f"clipped ({', '.join(f'{g} x{s:.3g}' for g, s in record.scales.items() if s < 1)})"
+                                     ] * record.clipped
+                touched.append(f"{record.client_id}: {'; '.join(what)}")
+        if touched:
+            log.warning("round %d: bounded %d update(s): %s%s", number, len(touched), " | ".join(touched[:10]),
+                        f" | and {len(touched) - 10} more" if len(touched) > 10 else "")
+        return bounds
 
     def hold_row(self, row: dict[str, Any], number: int) -> DeferredRow:
         return self.rows.hold(row, number, self.server.evaluation_arrays, self.server.pruned_evaluation_arrays)

@@ -1,6 +1,7 @@
 """What the runtime calls on an algorithm's server half (``ServerHalf``; ``GlobalModelServer`` for a half that
 keeps one global model a wrapper may replace), and the one aggregation path every driver and test takes
-(``Aggregation``: fold each accepted update as it arrives, then close the round). Torch-free: the protocol objects
+(``Aggregation``: fold each accepted update as it arrives, bounded by ``protocol.influence`` when a session bounds
+influence, then close the round). Torch-free: the protocol objects
 call a server half through this contract without importing an algorithm. The defaults of the optional hooks and
 the streaming and batch bases are in ``algorithms.contract``.
 """
@@ -12,14 +13,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fedge.protocol.influence import Bounded, Influence, raw_norms
 from fedge.protocol.payload import Arrays, ClientUpdate, Payload
 
 
 class ServerHalf(Protocol):
     """What the coordinator calls on an algorithm's server half. ``algorithms.contract.BaseServer`` gives every
     optional hook its default (``select``: the runtime's own selection; ``check_update``: nothing to add;
-    ``missed``, ``forget``: nothing to do; ``pruned_evaluation_arrays``: none); an algorithm overrides what it
-    needs. Aggregation streams: ``fold`` each accepted update, then ``close_round``."""
+    ``missed``, ``forget``: nothing to do; ``pruned_evaluation_arrays``, ``change_reference``: none;
+    ``influence_phase``: one phase); an algorithm overrides what it needs. Aggregation streams: ``fold`` each accepted update, then ``close_round``."""
 
     def select(self, round_number: int, available: Sequence[int], rng: np.random.Generator) -> list[int] | None:
         """The clients of this round among ``available``, or None for the runtime's fraction/count rule."""
@@ -36,6 +38,12 @@ class ServerHalf(Protocol):
         """Selected clients that sent nothing before the round closed."""
     def forget(self, client_index: int) -> None:
         """Drop what the server half assumes of a device's state (it failed a round, or left the session)."""
+    def change_reference(self, round_number: int, client_index: int) -> Arrays | None:
+        """What a client's "model" group is a change from (the model it was sent this round), or None when that
+        group's values are changes already; the norm bound measures the difference."""
+    def influence_phase(self, round_number: int) -> str:
+        """A name for the scale of this round's updates (DSSA: "dense" or "sparse"): the norm bound's median is
+        measured again when it changes."""
     def evaluation_arrays(self) -> Arrays | None:
         """The global model to evaluate, or None when the algorithm keeps none."""
     def pruned_evaluation_arrays(self) -> Arrays | None:
@@ -59,24 +67,66 @@ class GlobalModelServer(ServerHalf, Protocol):
 class Aggregation:
     """One round's aggregation on a server half: the one path every driver (a session, the in-process driver) and
     every test takes. ``fold`` each accepted update as it arrives, then ``close``, which calls the half's
-    ``close_round`` only when something was folded (a round with no update leaves the server state as it was)."""
+    ``close_round`` only when something was folded (a round with no update leaves the server state as it was).
 
-    def __init__(self, server: ServerHalf, round_number: int) -> None:
+    With ``influence`` (``protocol.influence``), each update is bounded before the half folds it; a round that
+    cannot be bounded as its updates arrive (the cap or this phase's median not known yet) holds them and folds
+    them, bounded, in client order at ``close``. ``bounded`` lists what the bounds did to each update."""
+
+    def __init__(self, server: ServerHalf, round_number: int, influence: Influence | None = None) -> None:
         self.server = server
         self.round = round_number
         self.folded = 0
+        self.influence = influence
+        self.phase = server.influence_phase(round_number) if influence is not None else ""
+        self.holding = influence is not None and influence.holds(self.phase)
+        self.thresholds = {} if influence is None or self.holding else influence.thresholds(influence.medians)
+        self.held: list[ClientUpdate] = []
+        self.norms: dict[str, list[float]] = {}
+        self.bounded: list[Bounded] = []
 
     def fold(self, update: ClientUpdate) -> None:
-        self.server.fold(self.round, update)
         self.folded += 1
+        if self.influence is None:
+            self.server.fold(self.round, update)
+        elif self.holding:
+            self.held.append(update)
+        else:
+            self.fold_bounded(self.influence, update)
+
+    def fold_bounded(self, influence: Influence, update: ClientUpdate) -> None:
+        reference = self.server.change_reference(self.round, update.index)
+        bounded, record = influence.bound(update, reference, self.thresholds)
+        for name, norm in record.norms.items():
+            self.norms.setdefault(name, []).append(norm)
+        self.bounded.append(record)
+        self.server.fold(self.round, bounded)
 
     def close(self) -> dict[str, Any]:
-        return dict(self.server.close_round(self.round)) if self.folded else {}
+        influence = self.influence
+        if influence is not None and self.held:
+            held, self.held = sorted(self.held, key=lambda u: u.index), []
+            influence.fix_cap([u.num_samples for u in held])
+            own: dict[str, list[float]] = {}
+            for update in held:
+                for name, norm in raw_norms(update, self.server.change_reference(self.round, update.index)).items():
+                    own.setdefault(name, []).append(norm)
+            self.thresholds = influence.thresholds({name: float(np.median(v)) for name, v in own.items()})
+            for update in held:
+                self.fold_bounded(influence, update)
+        if influence is not None:
+            influence.remember(self.phase, self.norms)
+        metrics = dict(self.server.close_round(self.round)) if self.folded else {}
+        if influence is not None and self.folded:
+            metrics["robust_capped"] = sum(record.capped for record in self.bounded)
+            metrics["robust_clipped"] = sum(record.clipped for record in self.bounded)
+        return metrics
 
 
-def aggregate_round(server: ServerHalf, round_number: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+def aggregate_round(server: ServerHalf, round_number: int, updates: Sequence[ClientUpdate],
+                    influence: Influence | None = None) -> dict[str, Any]:
     """``updates`` folded in the order given and the round closed (``Aggregation``); the round's metrics."""
-    aggregation = Aggregation(server, round_number)
+    aggregation = Aggregation(server, round_number, influence)
     for update in updates:
         aggregation.fold(update)
     return aggregation.close()

@@ -114,6 +114,16 @@ def simulated_fleet(plan: SessionPlan, agents: list[AgentSpec], backend: Any = N
                           [int(len(shard.train_y)) for shard in plan.shards], rule, owns_backend=owned)
 
 
+def largest_shard(plan: SessionPlan) -> int:
+    """The most training samples any local agent can claim: the weight cap of a local or simulated fleet (0 for
+    a bound fleet: its cap is ``robust.max_samples`` or derived from round 1's claims)."""
+    if not plan.shards:
+        return 0
+    largest = max(int(len(shard.train_y)) for shard in plan.shards)
+    limit = plan.config.data.train_limit
+    return min(largest, limit) if limit > 0 else largest
+
+
 def curve_keys(config: Config, run_dir: RunDir, bind: str, agents: list[AgentSpec]) -> tuple[
         CurveServerKeys | None, list[AgentSpec]]:
     mode = config.security.curve
@@ -192,6 +202,10 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
         "files": files,
         "onnx_max_abs_difference": onnx_parity,
         "rejections": session.rejections(),
+        "weight_cap": session.influence.cap or None,
+        "robust": {"capped": sum(c["capped"] for c in session.bound_counts.values()),
+                   "clipped": sum(c["clipped"] for c in session.bound_counts.values()),
+                   "by_agent": session.bound_counts, "norm_medians": session.influence.medians},
     }
     run_dir.write_json("report.json", report)
     return report
@@ -246,7 +260,7 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
     session = Session(config, run_dir, transport, spec, num_clients, evaluator,
                       run_id=uuid.uuid4().hex[:12], reserved_ids=[a.client_id for a in agents],
                       on_round=progress_printer(config, quiet), initial=plan.initial,
-                      welcome_extra=plan.welcome_extra())
+                      welcome_extra=plan.welcome_extra(), weight_cap=largest_shard(plan))
     if resuming:
         session.load_checkpoint()
     else:

@@ -80,8 +80,9 @@ class SimulatedFleet:
         """A message of several frames (a Task's header and body): the packet is their concatenation."""
         return self.send(peer, b"".join(parts))
 
-    def poll(self, timeout_ms: int, batch: int = 1000) -> list[tuple[bytes, bytes]]:
-        """What the clients sent: finished updates (or failures), heartbeats, hellos, byes."""
+    def poll(self, timeout_ms: int, batch: int = 1000) -> list[tuple[bytes, bytes, str | None]]:
+        """What the clients sent: finished updates (or failures), heartbeats, hellos, byes; as the router's poll
+        gives them, with no key identity (no CurveZMQ: the clients are this process's own)."""
         wait_s = 0.0 if self.outbox else timeout_ms / 1000
         for outcome in self.backend.results(wait_s):
             protocol = self.protocols[outcome.client_id]
@@ -90,11 +91,11 @@ class SimulatedFleet:
         for client_id, protocol in self.protocols.items():
             if client_id not in self.stopped:
                 self.act(client_id, protocol.tick(now))
-        arrived: list[tuple[bytes, bytes]] = []
+        arrived: list[tuple[bytes, bytes, str | None]] = []
         while self.outbox and len(arrived) < batch:
             peer, frame = self.outbox.popleft()
             self.bytes_in += len(frame)
-            arrived.append((peer, frame))
+            arrived.append((peer, frame, None))
         return arrived
 
     def close(self) -> None:

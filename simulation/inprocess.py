@@ -8,7 +8,8 @@ handed over as bytes and decoded by the other side's protocol object, each clien
 client-round function (``client.round.play_task``: the client half loaded from the committed device state,
 on_receive, THE loop, the update, the pending state), the coordinator protocol validates the Update (a refusal
 fails the round, with the reason), each accepted update is folded as it arrives and the round closed on the one
-aggregation path (``algorithms.contract.Aggregation``, as a session does), and the Commits make each client promote
+aggregation path (``protocol.server_half.Aggregation``, as a session does; bounded by ``protocol.influence`` when
+``make_fleet`` is given ``bounds``), and the Commits make each client promote
 its pending state. So an algorithm's tests exercise the production path, not a thinner copy. Device state is
 written without fsync (``plumbing.without_fsync``); it is otherwise the agent's own.
 
@@ -53,6 +54,7 @@ from fedge.protocol.events import (
     SendFrame,
     Train,
 )
+from fedge.protocol.influence import Influence, InfluenceLimits
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.server_half import Aggregation
 from fedge.simulation.client import LogicalClient, simulated_facts
@@ -79,6 +81,7 @@ class Fleet:
     bytes_up: list[int] = field(default_factory=list)
     clock: float = 0.0
     aggregation: Aggregation | None = None  # the round in progress's
+    influence: Influence | None = None  # bounded influence (make_fleet's ``bounds``), as a session has it
     keep: Any = None  # the temporary directory, when the fleet made its own
 
     @property
@@ -101,9 +104,12 @@ def client_id(index: int) -> str:
 
 
 def make_fleet(name: str, options: Mapping[str, Any], spec: ModelSpec, clients: int, seed: int = 0,
-               state_dir: str | Path | None = None) -> Fleet:
+               state_dir: str | Path | None = None, bounds: InfluenceLimits | None = None,
+               weight_cap: int = 0) -> Fleet:
     """A fleet of ``clients`` agents of algorithm ``name``, each registered and joined; every model starts from
-    the same weights. ``state_dir``: where the device states go (default: a temporary directory the fleet keeps)."""
+    the same weights. ``state_dir``: where the device states go (default: a temporary directory the fleet keeps).
+    ``bounds``: bound each update's influence as a session does (``weight_cap``: the cap fixed before round 1;
+    0: ``bounds.max_samples`` or derived from round 1's claims); None: unbounded."""
     torch.manual_seed(seed)
     models = [build(spec) for _ in range(clients)]
     for model in models[1:]:
@@ -128,7 +134,8 @@ def make_fleet(name: str, options: Mapping[str, Any], spec: ModelSpec, clients: 
     logical = [LogicalClient(client_id(i), str(root / client_id(i)), simulated_facts(0), stay=True)
                for i in range(clients)]
     fleet = Fleet(server=server, clients=[], models=models, coordinator=coordinator, logical=logical,
-                  state_root=root, keep=keep, initial=arrays)
+                  state_root=root, keep=keep, initial=arrays,
+                  influence=None if bounds is None else Influence(bounds, cap=bounds.max_samples or weight_cap))
     for index, client in enumerate(logical):
         for _, action, frame in deliver(fleet, coordinator.receive(client.peer, client.hello_frame(), fleet.clock)):
             if isinstance(action, Join):
@@ -196,7 +203,7 @@ def run_round(fleet: Fleet, round_number: int, data: Sequence[tuple[torch.Tensor
     coordinator.replace_server(fleet.server)  # a test may have swapped the server half for a restored one
     chosen = list(range(len(fleet.clients))) if participants is None else list(participants)
     fleet.clock += 1.0
-    fleet.aggregation = Aggregation(fleet.server, round_number)
+    fleet.aggregation = Aggregation(fleet.server, round_number, fleet.influence)
     with without_fsync():
         for index, action, _ in deliver(fleet, coordinator.open_round(round_number, chosen, fleet.clock, FOREVER_S)):
             if not isinstance(action, Train):
