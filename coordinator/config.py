@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from fedge.protocol.influence import InfluenceLimits
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -118,12 +120,12 @@ class SecuritySection:
 
 @dataclass(frozen=True)
 class RobustSection:
-    """Bounded influence (protocol.influence; docs/robustness.md)."""
+    """Bounded influence (protocol.influence; docs/robustness.md); the defaults are the protocol's."""
 
-    max_samples: int = 0
-    cap_factor: float = 3.0
-    norm_factor: float = 3.0
-    norm_bound: float = 0.0
+    max_samples: int = InfluenceLimits.max_samples
+    cap_factor: float = InfluenceLimits.cap_factor
+    norm_factor: float = InfluenceLimits.norm_factor
+    norm_bound: float = InfluenceLimits.norm_bound
 
 
 @dataclass(frozen=True)

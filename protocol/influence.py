@@ -37,7 +37,8 @@ class InfluenceLimits:
 
     max_samples: int = 0      # the weight cap; 0: the fleet's largest shard, or derived from round 1's claims
     cap_factor: float = 3.0   # a derived cap: this times the median claim of round 1
-    norm_factor: float = 3.0  # the norm bound: this times the previous round's median raw norm; 0: off
+    norm_factor: float = 1.5  # the norm bound: this times the previous round's median raw norm; 0: off (chosen by
+    # measurement: docs/results/robustness.md)
     norm_bound: float = 0.0   # an absolute norm bound instead (> 0)
 
     @property

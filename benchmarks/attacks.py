@@ -1,0 +1,109 @@
+"""The attack harness: compromised devices against Fedge's defences, on the simulated fleet (inline backend), each
+attacked run paired with the clean run of the same seed and defence.
+
+    .venv/bin/python benchmarks/attacks.py                                   # the headline cell, seeds 0-2
+    .venv/bin/python benchmarks/attacks.py --attacks inflate-flip,sign-flip --defences bounds,none \\
+        --norm-factors 1.5,3 --seeds 0,1 --out runs/attacks.jsonl            # resumable: done cells are skipped
+
+Setup: ``--clients`` devices (10) at full participation, fmnist-demo, Dirichlet 0.3, mlp, FedAvg, ``--rounds``
+(10); the first ``--attackers`` devices are compromised (tests/attackers.py wraps the client-round function: the
+shipped agent holds no attack). Defences: ``bounds`` (the default bounded influence, with ``--norm-factors``) and
+``none`` (``norm_factor = 0``, a cap above any claim). Prints one JSON line per cell and a table with the paired
+gap (clean minus attacked, in points) and how many honest updates the bounds clipped or capped in the clean run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fedge.api import run_session, session_config  # noqa: E402
+from tests.attackers import ATTACKS, compromised  # noqa: E402
+
+OFF = {"norm_factor": 0.0, "max_samples": 10**12}
+
+
+def session(seed: int, clients: int, rounds: int, robust: dict[str, Any]) -> Any:
+    return session_config(run={"rounds": rounds, "seed": seed, "export_onnx": False},
+                          data={"dataset": "fmnist-demo", "partition": "dirichlet", "alpha": 0.3, "clients": clients},
+                          fleet={"mode": "simulated", "backend": "inline"}, model={"name": "mlp"},
+                          algorithm={"name": "fedavg"}, robust=robust)
+
+
+def run(seed: int, clients: int, rounds: int, robust: dict[str, Any], attack: str, attackers: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="fedge-attack-") as tmp:
+        config = session(seed, clients, rounds, robust)
+        if attack == "clean":
+            report = run_session(config, Path(tmp) / "run")
+        else:
+            with compromised({f"agent-{i:02d}" for i in range(attackers)}, ATTACKS[attack]()):
+                report = run_session(config, Path(tmp) / "run")
+    return {"accuracy": report["final_test_accuracy"], "capped": report["robust"]["capped"],
+            "clipped": report["robust"]["clipped"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--attacks", default="inflate-flip", help=f"comma-separated: {', '.join(ATTACKS)}")
+    parser.add_argument("--defences", default="bounds,none")
+    parser.add_argument("--norm-factors", default="3", help="robust.norm_factor values for the bounds defence")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--attackers", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--out", default="", help="append each cell here as JSON and skip the cells it holds")
+    args = parser.parse_args(argv)
+    done: dict[str, dict[str, Any]] = {}
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists():
+        for line in out.read_text().splitlines():
+            cell = json.loads(line)
+            done[cell["key"]] = cell
+    cells = []
+    for attack in args.attacks.split(","):
+        if attack not in ATTACKS:
+            parser.error(f"unknown attack {attack!r}: {', '.join(ATTACKS)}")
+        for defence in args.defences.split(","):
+            factors = [float(f) for f in args.norm_factors.split(",")] if defence == "bounds" else [0.0]
+            for factor in factors:
+                robust = OFF if defence == "none" else {"norm_factor": factor}
+                for seed in (int(s) for s in args.seeds.split(",")):
+                    key = f"{attack}|{defence}|{factor}|{seed}|{args.clients}|{args.attackers}|{args.rounds}"
+                    if key not in done:
+                        clean = run(seed, args.clients, args.rounds, robust, "clean", 0)
+                        attacked = run(seed, args.clients, args.rounds, robust, attack, args.attackers)
+                        done[key] = {"key": key, "attack": attack, "defence": defence, "norm_factor": factor,
+                                     "seed": seed, "clean": clean["accuracy"], "attacked": attacked["accuracy"],
+                                     "gap_points": 100 * (clean["accuracy"] - attacked["accuracy"]),
+                                     "honest_clipped": clean["clipped"], "honest_capped": clean["capped"],
+                                     "honest_updates": args.clients * args.rounds}
+                        print(json.dumps(done[key]), flush=True)
+                        if out is not None:
+                            with out.open("a") as f:
+                                f.write(json.dumps(done[key]) + "\n")
+                    cells.append(done[key])
+    print("\n| attack | defence | norm_factor | seeds | clean | attacked | gap, points (mean; max) | honest clipped |")
+    print("|---|---|---|---|---|---|---|---|")
+    groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for cell in cells:
+        groups.setdefault((cell["attack"], cell["defence"], cell["norm_factor"]), []).append(cell)
+    for (attack, defence, factor), group in groups.items():
+        def mean(name: str, group: list[dict[str, Any]] = group) -> float:
+            return sum(c[name] for c in group) / len(group)
+        clipped = sum(c["honest_clipped"] for c in group)
+        total = sum(c["honest_updates"] for c in group)
+        print(f"| {attack} | {defence} | {factor if defence == 'bounds' else '-'} | "
+              f"{','.join(str(c['seed']) for c in group)} | {100 * mean('clean'):.1f} % | {100 * mean('attacked'):.1f} % "
+              f"| {mean('gap_points'):+.1f}; {max(c['gap_points'] for c in group):+.1f} | {clipped}/{total} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""Bounded influence (protocol.influence) on the one aggregation path: the weight cap, the norm bound on every
+group, the held first round, order independence, the checkpointed state, and a run where nothing is bounded being
+the unbounded run bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedge.algorithms import fedavg
+from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
+from fedge.codec import SparseSection, TensorGroup
+from fedge.models import build, state_to_arrays
+from fedge.protocol.influence import Influence, InfluenceLimits, change_norm
+from fedge.protocol.server_half import aggregate_round
+from fedge.simulation.inprocess import global_arrays, make_fleet, run_round
+from tests.algo_helpers import SGD, TINY_MLP, client_data, same_arrays
+
+
+def server_and_uploads(honest: int = 5, seed: int = 0) -> tuple[fedavg.Server, dict[str, np.ndarray],
+                                                              list[ClientUpdate]]:
+    model = build(TINY_MLP, seed=seed)
+    initial = state_to_arrays(model)
+    server = fedavg.Server(fedavg.Config(), initial, ServerContext(num_clients=honest + 1,
+                                                                  layout=ModelLayout.of(model)))
+    rng = np.random.default_rng(seed)
+    updates = []
+    for i in range(honest):
+        moved = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in initial.items()}
+        updates.append(ClientUpdate(f"c{i}", i, 100 + 10 * i, Payload(groups={"model": TensorGroup(dense=moved)})))
+    return server, initial, updates
+
+
+def attacker(initial: dict[str, np.ndarray], index: int) -> ClientUpdate:
+    flipped = {k: (-20 * v).astype(np.float32) for k, v in initial.items()}
+    return ClientUpdate("evil", index, 10**9, Payload(groups={"model": TensorGroup(dense=flipped)}))
+
+
+def distance(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    return float(np.sqrt(sum(np.sum((a[k].astype(np.float64) - b[k]) ** 2) for k in a)))
+
+
+def test_one_inflated_flipped_update_is_capped_and_clipped_and_the_model_stays_near_the_honest_mean() -> None:
+    server, initial, honest = server_and_uploads()
+    evil = attacker(initial, 5)
+    clean, _, _ = server_and_uploads()
+    aggregate_round(clean, 1, honest)
+    unbounded, _, _ = server_and_uploads()
+    aggregate_round(unbounded, 1, [*honest, evil])
+    influence = Influence(InfluenceLimits())
+    metrics = aggregate_round(server, 1, [evil, *honest], influence)  # round 1: held, then bounded
+    claims = [u.num_samples for u in [*honest, evil]]
+    assert influence.cap == int(np.ceil(3.0 * np.median(claims)))
+    assert metrics["robust_capped"] == 1 and metrics["robust_clipped"] == 1
+    honest_norms = [change_norm(u.payload.groups["model"], initial) for u in honest]
+    median = float(np.median([*honest_norms, change_norm(evil.payload.groups["model"], initial)]))
+    assert influence.medians["model"] == median
+    # bounded: the attacker moves the honest mean by at most its capped weight times (its clipped change, 3
+    # medians, plus the honest mean change, at most 1 median here); unbounded, by about 20 models
+    weight = influence.cap / (influence.cap + sum(u.num_samples for u in honest))
+    assert distance(server.model, clean.model) <= weight * (3 + 1) * median * 1.01
+    assert distance(unbounded.model, clean.model) > 50 * distance(server.model, clean.model)
+
+
+def test_a_held_round_is_the_same_whatever_the_arrival_order_and_the_next_one_streams() -> None:
+    results = []
+    for order in (1, -1):
+        server, initial, honest = server_and_uploads()
+        influence = Influence(InfluenceLimits())
+        updates = [*honest, attacker(initial, 5)][::order]
+        aggregate_round(server, 1, updates, influence)
+        second = [ClientUpdate(u.client_id, u.index, u.num_samples, Payload(groups={"model": TensorGroup(
+            dense={k: (server.model[k] + 0.5 * (v - initial[k])).astype(np.float32)
+                   for k, v in u.payload.groups["model"].dense.items()})})) for u in updates]
+        assert not influence.holds("")  # round 2 is bounded by round 1's median as its updates arrive
+        aggregate_round(server, 2, second, influence)
+        results.append(server.model)
+    same_arrays(results[0], results[1])
+
+
+def test_every_group_is_bounded_on_its_own_and_sparse_values_count_as_changes() -> None:
+    influence = Influence(InfluenceLimits(max_samples=50))
+    names, shapes = ("w",), ((6,),)
+    sparse = SparseSection.with_indices(names, shapes, np.array([1, 4]), np.array([30.0, 40.0], np.float32))
+    update = ClientUpdate("a", 0, 80, Payload(groups={
+        "delta": TensorGroup(dense={"b": np.array([0.3, 0.4], np.float32)}),
+        "control": TensorGroup(sparse=sparse)}))
+    bounded, record = influence.bound(update, None, influence.thresholds({"delta": 1.0, "control": 1.0}))
+    assert record.counted_samples == 50 and record.capped
+    assert record.norms == pytest.approx({"delta": 0.5, "control": 50.0}) and record.scales["delta"] == 1.0
+    assert np.allclose(bounded.payload.groups["control"].sparse.values, [1.8, 2.4])  # norm 3 = 3 x median 1
+    assert bounded.payload.groups["delta"] is update.payload.groups["delta"]
+
+
+def test_the_bounds_state_survives_a_checkpoint() -> None:
+    server, initial, honest = server_and_uploads()
+    influence = Influence(InfluenceLimits())
+    aggregate_round(server, 1, [*honest, attacker(initial, 5)], influence)
+    resumed = Influence(InfluenceLimits())
+    resumed.load_state(influence.state())
+    assert resumed.state() == influence.state() and not resumed.holds("")
+    assert Influence(InfluenceLimits()).holds("")  # a fresh one would hold round 2 again
+
+
+def test_a_run_the_bounds_never_touch_is_the_unbounded_run_bit_for_bit() -> None:
+    data = client_data(TINY_MLP, 4, samples=48)
+    models = []
+    for bounds in (None, InfluenceLimits()):
+        fleet = make_fleet("fedavg", {}, TINY_MLP, clients=4, seed=3, bounds=bounds, weight_cap=48)
+        touched = 0
+        for round_number in (1, 2, 3):
+            metrics = run_round(fleet, round_number, data, SGD, seed=3)
+            touched += metrics.get("robust_clipped", 0) + metrics.get("robust_capped", 0)
+        assert touched == 0
+        models.append(global_arrays(fleet))
+    same_arrays(models[0], models[1])
