@@ -20,6 +20,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from fedge.protocol.robust_rules import lower_median
+
 SLICE_BITS = 32
 MAX_TERMS = 1 << 21  # accumulators hold integers below 2^53: 2^21 terms of at most 32 bits each
 
@@ -75,13 +77,6 @@ class ExactSum:
         for k in sorted(self.slices):
             total += np.ldexp(self.slices[k], SLICE_BITS * k)
         return total
-
-
-def lower_median(arrays: list[np.ndarray]) -> np.ndarray:
-    """The element-wise lower median of integer arrays of one shape (the middle value, the lower of the two middle
-    ones for an even count): one of the values given, whatever their order."""
-    stacked = np.sort(np.stack(arrays), axis=0, kind="stable")
-    return stacked[(len(arrays) - 1) // 2]
 
 
 class IntegerMedian:

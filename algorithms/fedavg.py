@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from fedge.algorithms.accumulate import WeightedSum, lower_median
+from fedge.algorithms.accumulate import WeightedSum
 from fedge.algorithms.base import (
     DELTA_GROUP,
     MODEL_GROUP,
@@ -36,6 +36,7 @@ from fedge.algorithms.base import (
 )
 from fedge.algorithms.contract import BaseClient, BaseServer
 from fedge.codec import TensorGroup
+from fedge.protocol.robust_rules import lower_median
 
 UPLOADS = (MODEL_GROUP, DELTA_GROUP)
 

@@ -7,8 +7,9 @@ attacked run paired with the clean run of the same seed and defence.
 
 Setup: ``--clients`` devices (10) at full participation, fmnist-demo, Dirichlet 0.3, mlp, FedAvg, ``--rounds``
 (10); the first ``--attackers`` devices are compromised (tests/attackers.py wraps the client-round function: the
-shipped agent holds no attack). Defences: ``bounds`` (the default bounded influence, with ``--norm-factors``) and
-``none`` (``norm_factor = 0``, a cap above any claim). Prints one JSON line per cell and a table with the paired
+shipped agent holds no attack). Defences: ``bounds`` (the default bounded influence, with ``--norm-factors``),
+``none`` (``norm_factor = 0``, a cap above any claim), and each robust aggregator (``trimmed-mean``, ``median``,
+``multi-krum``, ``centered-clip``) over the default bounds, with ``byzantine`` = the number of attackers. Prints one JSON line per cell and a table with the paired
 gap (clean minus attacked, in points) and how many honest updates the bounds clipped or capped in the clean run.
 """
 
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         for defence in args.defences.split(","):
             factors = [float(f) for f in args.norm_factors.split(",")] if defence == "bounds" else [0.0]
             for factor in factors:
-                robust = OFF if defence == "none" else {"norm_factor": factor}
+                robust = OFF if defence == "none" else {"norm_factor": factor} if defence == "bounds" else \
+                    {"aggregator": defence, "byzantine": args.attackers}
                 for seed in (int(s) for s in args.seeds.split(",")):
                     key = f"{attack}|{defence}|{factor}|{seed}|{args.clients}|{args.attackers}|{args.rounds}"
                     if key not in done:

@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from fedge.protocol.influence import InfluenceLimits
+from fedge.protocol.robust_rules import AGGREGATORS, RobustRule
+
+# The algorithms a robust aggregator applies to: their updates are dense model or delta uploads averaged with no
+# other server state (docs/robustness.md says why the others are refused).
+ROBUST_ALGORITHMS = ("fedavg", "fedprox")
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -126,6 +131,11 @@ class RobustSection:
     cap_factor: float = InfluenceLimits.cap_factor
     norm_factor: float = InfluenceLimits.norm_factor
     norm_bound: float = InfluenceLimits.norm_bound
+    aggregator: str = RobustRule.aggregator
+    trim: float = RobustRule.trim
+    byzantine: int = RobustRule.byzantine
+    cc_tau: float = RobustRule.cc_tau
+    cc_iters: int = RobustRule.cc_iters
 
 
 @dataclass(frozen=True)
@@ -317,6 +327,16 @@ def validate(config: Config) -> None:
         raise ConfigError("robust.norm_factor and robust.norm_bound must be >= 0 (0: off)")
     if not all(math.isfinite(v) for v in (robust.cap_factor, robust.norm_factor, robust.norm_bound)):
         raise ConfigError("robust.cap_factor, robust.norm_factor and robust.norm_bound must be finite")
+    if robust.aggregator not in AGGREGATORS:
+        raise ConfigError(f"robust.aggregator must be one of {', '.join(AGGREGATORS)}, got {robust.aggregator!r}")
+    if robust.aggregator != "mean" and config.algorithm_name not in ROBUST_ALGORITHMS:
+        raise ConfigError(f"robust.aggregator = {robust.aggregator!r} cannot apply to algorithm "
+                          f"{config.algorithm_name!r}: robust aggregators combine the dense updates of "
+                          f"{' and '.join(ROBUST_ALGORITHMS)} only (the bounds apply to every algorithm)")
+    if not 0 <= robust.trim < 0.5 or robust.byzantine < 0:
+        raise ConfigError("robust.trim must be in [0, 0.5) and robust.byzantine >= 0")
+    if not (math.isfinite(robust.cc_tau) and robust.cc_tau > 0) or robust.cc_iters < 1:
+        raise ConfigError("robust.cc_tau must be > 0 and robust.cc_iters >= 1")
     if any(not isinstance(d, int) or d < 1 for d in config.model.input_shape):
         raise ConfigError(f"model.input_shape must be positive integers, got {config.model.input_shape}")
     if config.model.outputs < 0:

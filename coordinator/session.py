@@ -40,6 +40,7 @@ from fedge.protocol.coordinator import CoordinatorProtocol
 from fedge.protocol.events import Accepted, Checkpoint, CoordinatorEvent, Noted, Rejected, Send, SendFrame
 from fedge.protocol.influence import Influence, InfluenceLimits
 from fedge.protocol.registry import AgentRegistry
+from fedge.protocol.robust_rules import RobustRule
 from fedge.protocol.round import RoundState
 from fedge.protocol.selection import choose, selection_count
 from fedge.protocol.server_half import Aggregation
@@ -99,6 +100,7 @@ class Session:
         self.influence = Influence(InfluenceLimits(robust.max_samples, robust.cap_factor, robust.norm_factor,
                                                    robust.norm_bound), cap=robust.max_samples or weight_cap)
         self.bound_counts: dict[str, dict[str, int]] = {}  # client id -> {"capped": n, "clipped": n}
+        self.rule = RobustRule(robust.aggregator, robust.trim, robust.byzantine, robust.cc_tau, robust.cc_iters)
         self.aggregation = Aggregation(self.server, 0)  # the round in progress's, on the one aggregation path
         self.checkpoint_s = 0.0  # the time the last checkpoint took to write
         self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
@@ -241,7 +243,7 @@ class Session:
         started = time.monotonic()
         self.drain()
         available = self.registry.live_indices(time.monotonic())
-        self.aggregation = Aggregation(self.server, number, self.influence)
+        self.aggregation = Aggregation(self.server, number, self.influence, self.rule)
         self.act(self.protocol.open_round(number, self.select(number, available), started,
                                           self.config.round.deadline_s, self.config.round.target))
         while not self.protocol.complete(time.monotonic()):

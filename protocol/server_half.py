@@ -13,8 +13,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedge.protocol.influence import Bounded, Influence, raw_norms
+from fedge.codec import TensorGroup
+from fedge.protocol.influence import Bounded, Influence, group_references, raw_norms
 from fedge.protocol.payload import Arrays, ClientUpdate, Payload
+from fedge.protocol.robust_rules import RobustRule, combine, lower_median
 
 
 class ServerHalf(Protocol):
@@ -71,9 +73,14 @@ class Aggregation:
 
     With ``influence`` (``protocol.influence``), each update is bounded before the half folds it; a round that
     cannot be bounded as its updates arrive (the cap or this phase's median not known yet) holds them and folds
-    them, bounded, in client order at ``close``. ``bounded`` lists what the bounds did to each update."""
+    them, bounded, in client order at ``close``. ``bounded`` lists what the bounds did to each update.
 
-    def __init__(self, server: ServerHalf, round_number: int, influence: Influence | None = None) -> None:
+    With a robust ``rule`` (``protocol.robust_rules``), the bounded updates are held and, at ``close``, combined by
+    the rule into one update, the only one the half folds: its mean is the rule's result (the rules are
+    unweighted). Only for halves whose updates are dense tensors (the configuration refuses the others)."""
+
+    def __init__(self, server: ServerHalf, round_number: int, influence: Influence | None = None,
+                 rule: RobustRule | None = None) -> None:
         self.server = server
         self.round = round_number
         self.folded = 0
@@ -84,11 +91,13 @@ class Aggregation:
         self.held: list[ClientUpdate] = []
         self.norms: dict[str, list[float]] = {}
         self.bounded: list[Bounded] = []
+        self.rule = rule if rule is not None and rule.robust else None
+        self.for_rule: list[ClientUpdate] = []
 
     def fold(self, update: ClientUpdate) -> None:
         self.folded += 1
         if self.influence is None:
-            self.server.fold(self.round, update)
+            self.give(update)
         elif self.holding:
             self.held.append(update)
         else:
@@ -100,7 +109,45 @@ class Aggregation:
         for name, norm in record.norms.items():
             self.norms.setdefault(name, []).append(norm)
         self.bounded.append(record)
-        self.server.fold(self.round, bounded)
+        self.give(bounded)
+
+    def give(self, update: ClientUpdate) -> None:
+        """Fold into the half, or keep for the robust rule."""
+        if self.rule is None:
+            self.server.fold(self.round, update)
+        else:
+            self.for_rule.append(update)
+
+    def combined(self, rule: RobustRule) -> ClientUpdate:
+        """The rule's one update over the held ones (in client order): each group's float tensors combined as one
+        change vector, its integer tensors by their lower median."""
+        updates = sorted(self.for_rule, key=lambda u: u.index)
+        first = updates[0].payload
+        groups: dict[str, TensorGroup] = {}
+        for name, group in first.groups.items():
+            if group.sparse is not None or any(u.payload.groups[name].sparse is not None for u in updates):
+                raise ValueError(f"group {name!r} is sparse: a robust aggregator needs dense updates")
+            floats = [t for t, a in group.dense.items() if a.dtype.kind == "f"]
+            references = [group_references(u, self.server.change_reference(self.round, u.index))[name]
+                          for u in updates]
+            rows = [np.concatenate([np.asarray(u.payload.groups[name].dense[t], np.float64).ravel()
+                                    - (np.asarray(ref[t], np.float64).ravel() if ref is not None and t in ref else 0.0)
+                                    for t in floats]) if floats else np.zeros(0)
+                    for u, ref in zip(updates, references, strict=True)]
+            change = combine(rule, rows) if floats else np.zeros(0)
+            dense: dict[str, np.ndarray] = {}
+            at, reference = 0, references[0]
+            for t, array in group.dense.items():
+                if array.dtype.kind != "f":
+                    dense[t] = lower_median([np.asarray(u.payload.groups[name].dense[t]) for u in updates])
+                    continue
+                part = change[at:at + array.size].reshape(array.shape)
+                at += array.size
+                base = np.asarray(reference[t], np.float64) if reference is not None and t in reference else 0.0
+                dense[t] = (base + part).astype(np.float32)
+            groups[name] = TensorGroup(dense=dense)
+        return ClientUpdate(client_id=f"robust:{rule.aggregator}", index=updates[0].index, num_samples=1,
+                            payload=Payload(groups=groups, meta=first.meta))
 
     def close(self) -> dict[str, Any]:
         influence = self.influence
@@ -116,17 +163,22 @@ class Aggregation:
                 self.fold_bounded(influence, update)
         if influence is not None:
             influence.remember(self.phase, self.norms)
+        if self.rule is not None and self.for_rule:
+            self.server.fold(self.round, self.combined(self.rule))
+            self.for_rule = []
         metrics = dict(self.server.close_round(self.round)) if self.folded else {}
         if influence is not None and self.folded:
             metrics["robust_capped"] = sum(record.capped for record in self.bounded)
             metrics["robust_clipped"] = sum(record.clipped for record in self.bounded)
+        if self.rule is not None and self.folded:
+            metrics["robust_aggregator"] = self.rule.aggregator
         return metrics
 
 
 def aggregate_round(server: ServerHalf, round_number: int, updates: Sequence[ClientUpdate],
-                    influence: Influence | None = None) -> dict[str, Any]:
+                    influence: Influence | None = None, rule: RobustRule | None = None) -> dict[str, Any]:
     """``updates`` folded in the order given and the round closed (``Aggregation``); the round's metrics."""
-    aggregation = Aggregation(server, round_number, influence)
+    aggregation = Aggregation(server, round_number, influence, rule)
     for update in updates:
         aggregation.fold(update)
     return aggregation.close()

@@ -56,6 +56,7 @@ from fedge.protocol.events import (
 )
 from fedge.protocol.influence import Influence, InfluenceLimits
 from fedge.protocol.registry import AgentRegistry
+from fedge.protocol.robust_rules import RobustRule
 from fedge.protocol.server_half import Aggregation
 from fedge.simulation.client import LogicalClient, simulated_facts
 
@@ -82,6 +83,7 @@ class Fleet:
     clock: float = 0.0
     aggregation: Aggregation | None = None  # the round in progress's
     influence: Influence | None = None  # bounded influence (make_fleet's ``bounds``), as a session has it
+    rule: RobustRule | None = None  # a robust aggregation rule (make_fleet's ``rule``)
     keep: Any = None  # the temporary directory, when the fleet made its own
 
     @property
@@ -105,11 +107,12 @@ def client_id(index: int) -> str:
 
 def make_fleet(name: str, options: Mapping[str, Any], spec: ModelSpec, clients: int, seed: int = 0,
                state_dir: str | Path | None = None, bounds: InfluenceLimits | None = None,
-               weight_cap: int = 0) -> Fleet:
+               weight_cap: int = 0, rule: RobustRule | None = None) -> Fleet:
     """A fleet of ``clients`` agents of algorithm ``name``, each registered and joined; every model starts from
     the same weights. ``state_dir``: where the device states go (default: a temporary directory the fleet keeps).
     ``bounds``: bound each update's influence as a session does (``weight_cap``: the cap fixed before round 1;
-    0: ``bounds.max_samples`` or derived from round 1's claims); None: unbounded."""
+    0: ``bounds.max_samples`` or derived from round 1's claims); None: unbounded. ``rule``: a robust aggregation
+    rule in place of the mean (``protocol.robust_rules``)."""
     torch.manual_seed(seed)
     models = [build(spec) for _ in range(clients)]
     for model in models[1:]:
@@ -135,7 +138,8 @@ def make_fleet(name: str, options: Mapping[str, Any], spec: ModelSpec, clients: 
                for i in range(clients)]
     fleet = Fleet(server=server, clients=[], models=models, coordinator=coordinator, logical=logical,
                   state_root=root, keep=keep, initial=arrays,
-                  influence=None if bounds is None else Influence(bounds, cap=bounds.max_samples or weight_cap))
+                  influence=None if bounds is None else Influence(bounds, cap=bounds.max_samples or weight_cap),
+                  rule=rule)
     for index, client in enumerate(logical):
         for _, action, frame in deliver(fleet, coordinator.receive(client.peer, client.hello_frame(), fleet.clock)):
             if isinstance(action, Join):
@@ -203,7 +207,7 @@ def run_round(fleet: Fleet, round_number: int, data: Sequence[tuple[torch.Tensor
     coordinator.replace_server(fleet.server)  # a test may have swapped the server half for a restored one
     chosen = list(range(len(fleet.clients))) if participants is None else list(participants)
     fleet.clock += 1.0
-    fleet.aggregation = Aggregation(fleet.server, round_number, fleet.influence)
+    fleet.aggregation = Aggregation(fleet.server, round_number, fleet.influence, fleet.rule)
     with without_fsync():
         for index, action, _ in deliver(fleet, coordinator.open_round(round_number, chosen, fleet.clock, FOREVER_S)):
             if not isinstance(action, Train):
