@@ -136,6 +136,7 @@ class RobustSection:
     byzantine: int = RobustRule.byzantine
     cc_tau: float = RobustRule.cc_tau
     cc_iters: int = RobustRule.cc_iters
+    quarantine_after: int = 0
 
 
 @dataclass(frozen=True)
@@ -335,6 +336,8 @@ def validate(config: Config) -> None:
                           f"{' and '.join(ROBUST_ALGORITHMS)} only (the bounds apply to every algorithm)")
     if not 0 <= robust.trim < 0.5 or robust.byzantine < 0:
         raise ConfigError("robust.trim must be in [0, 0.5) and robust.byzantine >= 0")
+    if robust.quarantine_after < 0:
+        raise ConfigError("robust.quarantine_after must be >= 0 (0: no quarantine)")
     if not (math.isfinite(robust.cc_tau) and robust.cc_tau > 0) or robust.cc_iters < 1:
         raise ConfigError("robust.cc_tau must be > 0 and robust.cc_iters >= 1")
     if any(not isinstance(d, int) or d < 1 for d in config.model.input_shape):

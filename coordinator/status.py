@@ -9,7 +9,7 @@ Knows no algorithm and no transport.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from fedge.protocol.registry import AgentRegistry
 
 STATUS_AGENTS = 100   # status.json lists the agents heard from most recently, at most this many
 AGENTS_EVERY_S = 10.0  # agents.json (every agent) is written this often, and at every round's end
+BOUNDED_KINDS = ("capped", "clipped", "rejected")  # per-agent counts of bounded or refused updates
 
 
 class StatusBoard:
@@ -33,7 +34,11 @@ class StatusBoard:
         self.show: Callable[[str], None] = lambda _status: None  # the service's status line
 
     def write(self, phase: str, force: bool, *, run_id: str, round_number: int, registry: AgentRegistry,
-              rejections: dict[str, int], bytes_total: dict[str, int], round_walls: Sequence[float]) -> None:
+              rejections: dict[str, int], bytes_total: dict[str, int], round_walls: Sequence[float],
+              bounded: Mapping[str, Mapping[str, int]] | None = None,
+              quarantined: Collection[str] = ()) -> None:
+        """``bounded``: client id -> its updates capped, clipped and rejected so far; ``quarantined``: the devices
+        no longer selected (docs/robustness.md)."""
         now = time.monotonic()
         if not force and now - self.status_written < 1.0:
             return
@@ -43,7 +48,9 @@ class StatusBoard:
         agents: list[dict[str, Any]] = [
             {"client_id": a.client_id, "index": a.index, "connected": registry.alive(a, now),
              "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None,
-             "round_s": round(a.round_s, 3) if a.round_s is not None else None}
+             "round_s": round(a.round_s, 3) if a.round_s is not None else None,
+             **{kind: int((bounded or {}).get(a.client_id, {}).get(kind, 0)) for kind in BOUNDED_KINDS},
+             "quarantined": a.client_id in quarantined}
             for a in registry.agents.values()]
         connected = sum(1 for a in agents if a["connected"])
         recent = sorted(agents, key=lambda a: (a["seconds_since_seen"] is None, a["seconds_since_seen"] or 0.0))
@@ -77,6 +84,11 @@ def fleet_gauges(run_id: str, round_number: int, rounds: int, agents: list[dict[
           for a in agents if a["seconds_since_seen"] is not None),
         *(("fedge_rejections", "Messages refused per peer (the 100 largest counts).", {**run, "peer": peer}, n)
           for peer, n in rejections.items()),
+        *(("fedge_agent_bounded", "Each agent's updates capped, clipped or rejected so far.",
+           {**run, "client": str(a["client_id"]), "kind": kind}, a[kind])
+          for a in agents for kind in BOUNDED_KINDS if a.get(kind)),
+        *(("fedge_agent_quarantined", "1 for an agent no longer selected (robust.quarantine_after).",
+           {**run, "client": str(a["client_id"])}, 1) for a in agents if a.get("quarantined")),
     ]
     if eta_s is not None:
         gauges.append(("fedge_eta_seconds", "Estimated seconds until the last round.", run, eta_s))

@@ -186,3 +186,43 @@ class Influence:
         self.medians = {str(k): float(v) for k, v in dict(state.get("medians", {})).items()}
         phase = state.get("phase")
         self.phase = None if phase is None else str(phase)
+
+
+class Quarantine:
+    """Devices no longer selected: one whose update was clipped or refused ``after`` rounds in a row (0: never),
+    until an operator clears it. Keyed by client id, which CurveZMQ binds to the device's key, so a device cannot
+    leave by renaming itself. Checkpointed with the session."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.streaks: dict[str, int] = {}
+        self.quarantined: dict[str, dict[str, Any]] = {}  # client id -> {"round": r, "reason": why}
+
+    def note_round(self, number: int, reported: Sequence[str], bounded: Sequence[str],
+                   refused: Sequence[str]) -> list[str]:
+        """A closed round: devices whose update was clipped (``bounded``) or refused (``refused``) extend their
+        streak, the others that reported end it. Returns the devices quarantined by this round."""
+        if self.after <= 0:
+            return []
+        hit = set(bounded) | set(refused)
+        for client_id in set(reported) - hit:
+            self.streaks.pop(client_id, None)
+        newly = []
+        for client_id in sorted(hit):
+            self.streaks[client_id] = self.streaks.get(client_id, 0) + 1
+            if self.streaks[client_id] >= self.after and client_id not in self.quarantined:
+                self.quarantined[client_id] = {
+                    "round": number, "reason": f"{self.streaks[client_id]} rounds in a row clipped or refused"}
+                newly.append(client_id)
+        return newly
+
+    def clear(self, client_id: str) -> bool:
+        self.streaks.pop(client_id, None)
+        return self.quarantined.pop(client_id, None) is not None
+
+    def state(self) -> dict[str, Any]:
+        return {"streaks": dict(self.streaks), "quarantined": {k: dict(v) for k, v in self.quarantined.items()}}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self.streaks = {str(k): int(v) for k, v in dict(state.get("streaks", {})).items()}
+        self.quarantined = {str(k): dict(v) for k, v in dict(state.get("quarantined", {})).items()}

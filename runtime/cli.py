@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
     status.add_argument("--agents", action="store_true",
                         help="every agent of the session (agents.json), not only the 100 heard from last")
+    quarantine = sub.add_parser("quarantine", help="list a session's quarantined devices, or let one back")
+    quarantine.add_argument("run_dir")
+    what = quarantine.add_mutually_exclusive_group()
+    what.add_argument("--list", action="store_true", help="the quarantined devices and every device's streak "
+                      "(the default)")
+    what.add_argument("--clear", metavar="CLIENT_ID", help="let this device back at the session's next round start")
     keygen = sub.add_parser("keygen", help="write the coordinator's CurveZMQ key pair and an empty allow-list")
     keygen.add_argument("--keys-dir", required=True)
     keygen.add_argument("--force", action="store_true", help="replace an existing key pair")
@@ -123,10 +129,32 @@ def command_status(args: argparse.Namespace) -> int:
           "connected" + (f"; the {len(agents)} heard from last (all: --agents)" if len(agents) < total else ""))
     for agent in agents:
         seen, took = agent.get("seconds_since_seen"), agent.get("round_s")
+        bounded = ", ".join(f"{agent[k]} {k}" for k in ("capped", "clipped", "rejected") if agent.get(k))
         print(f"  {agent['client_id']:<20} client {agent['index']:<3} "
               f"{'connected' if agent['connected'] else 'gone':<10}"
               + (f" last heard {seen:.0f} s before the update" if seen is not None else "")
-              + (f"; rounds take about {took:.1f} s" if took is not None else ""))
+              + (f"; rounds take about {took:.1f} s" if took is not None else "")
+              + (f"; updates {bounded}" if bounded else "") + ("; QUARANTINED" if agent.get("quarantined") else ""))
+    return 0
+
+
+def command_quarantine(args: argparse.Namespace) -> int:
+    from fedge.coordinator.quarantine import read_quarantine, request_clear
+
+    if not (Path(args.run_dir) / "provenance.json").exists():
+        raise FileNotFoundError(f"{args.run_dir} is not a run directory (no provenance.json)")
+    if args.clear:
+        path = request_clear(args.run_dir, args.clear)
+        print(f"asked the session to let {args.clear} back at its next round start ({path})")
+        return 0
+    state = read_quarantine(args.run_dir)
+    quarantined = state.get("quarantined", {})
+    print(f"{len(quarantined)} device(s) quarantined (robust.quarantine_after = {state.get('after', 0)})")
+    for client_id, why in sorted(quarantined.items()):
+        print(f"  {client_id:<20} since round {why.get('round')}: {why.get('reason')}")
+    streaks = {k: v for k, v in state.get("streaks", {}).items() if k not in quarantined}
+    for client_id, streak in sorted(streaks.items()):
+        print(f"  {client_id:<20} {streak} round(s) in a row clipped or refused")
     return 0
 
 
@@ -166,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return command_status(args)
         if args.command == "keygen":
             return command_keygen(args)
+        if args.command == "quarantine":
+            return command_quarantine(args)
         if args.command == "models":
             return command_models(args)
         if args.command == "report":

@@ -47,3 +47,49 @@ def test_one_compromised_device_of_ten_cannot_take_over_the_model(tmp_path: Path
     warned = [r.getMessage() for r in caplog.records if "bounded" in r.getMessage()]
     assert len(warned) == ROUNDS and all("bounded 1 update(s): agent-00: claimed 1000000000 samples, counted "
                                              f"{attacked['weight_cap']}; clipped (model x" in m for m in warned)
+
+
+def test_a_device_clipped_rounds_in_a_row_is_quarantined_across_a_resume_until_an_operator_lets_it_back(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from fedge.coordinator.quarantine import read_quarantine
+
+    config = session_config(run={"rounds": 3, "seed": 1, "export_onnx": False},
+                            data={"dataset": "fmnist-demo", "partition": "dirichlet", "alpha": 0.3, "clients": 4,
+                                  "train_limit": 200},
+                            fleet={"mode": "simulated", "backend": "inline"}, model={"name": "mlp"},
+                            algorithm={"name": "fedavg"}, robust={"quarantine_after": 2})
+    run = tmp_path / "run"
+
+    def resume_to(rounds: int) -> None:
+        toml = run / "config.toml"
+        toml.write_text(toml.read_text().replace(f"rounds = {rounds - 1}", f"rounds = {rounds}"))
+        with compromised({"agent-00"}, inflate_and_flip()):
+            run_session(config, run, resume=True)
+
+    def rounds_of(client_id: str) -> list[int]:
+        rows = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
+        return [r["round"] for r in rows if r["client_id"] == client_id]
+
+    with compromised({"agent-00"}, inflate_and_flip()):
+        run_session(config, run)
+    assert rounds_of("agent-00") == [1, 2] and rounds_of("agent-01") == [1, 2, 3]
+    state = read_quarantine(run)
+    assert state["quarantined"]["agent-00"]["round"] == 2 and "2 rounds in a row" in state["quarantined"]["agent-00"][
+        "reason"]
+    agents = {a["client_id"]: a for a in json.loads((run / "agents.json").read_text())["agents"]}
+    assert agents["agent-00"]["quarantined"] and agents["agent-00"]["clipped"] == 2 and not agents["agent-01"]["quarantined"]
+    assert 'fedge_agent_quarantined{run="' in (run / "fedge.prom").read_text()
+    resume_to(4)  # the quarantine survives the resume
+    assert rounds_of("agent-00") == [1, 2]
+    cli = [sys.executable, "-m", "fedge.runtime.cli", "quarantine", str(run)]
+    listed = subprocess.run([*cli, "--list"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "agent-00" in listed.stdout and "since round 2" in listed.stdout, listed
+    cleared = subprocess.run([*cli, "--clear", "agent-00"], capture_output=True, text=True, timeout=60)
+    assert cleared.returncode == 0, cleared.stderr
+    bad = subprocess.run([*cli, "--clear", "../x"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "is not a client id" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    resume_to(5)  # let back at the next round start
+    assert rounds_of("agent-00") == [1, 2, 5] and "agent-00" not in read_quarantine(run)["quarantined"]
