@@ -9,7 +9,10 @@ Setup: ``--clients`` devices (10) at full participation, fmnist-demo, Dirichlet 
 (10); the first ``--attackers`` devices are compromised (tests/attackers.py wraps the client-round function: the
 shipped agent holds no attack). Defences: ``bounds`` (the default bounded influence, with ``--norm-factors``),
 ``none`` (``norm_factor = 0``, a cap above any claim), and each robust aggregator (``trimmed-mean``, ``median``,
-``multi-krum``, ``centered-clip``) over the default bounds, with ``byzantine`` = the number of attackers. Prints one JSON line per cell and a table with the paired
+``multi-krum``, ``centered-clip``) over the default bounds, with ``byzantine`` = the attackers expected per cohort
+(``--attackers`` times ``--fraction``; with 100 clients at 10 % the count per cohort is binomial, and
+``rounds_over_byzantine`` counts the rounds where it was higher). Attacks: the update rewriters of
+tests/attackers.py, ``label-flip`` and ``alie`` (the colluders' own honest updates give its mean and std). Prints one JSON line per cell and a table with the paired
 gap (clean minus attacked, in points) and how many honest updates the bounds clipped or capped in the clean run.
 """
 
@@ -26,39 +29,56 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fedge.api import run_session, session_config  # noqa: E402
-from tests.attackers import ATTACKS, compromised  # noqa: E402
+from tests.attackers import ATTACKS, alie, compromised, label_flip  # noqa: E402
+
+ATTACK_NAMES = (*ATTACKS, "label-flip", "alie")
 
 OFF = {"norm_factor": 0.0, "max_samples": 10**12}
 
 
-def session(seed: int, clients: int, rounds: int, robust: dict[str, Any]) -> Any:
+def session(seed: int, clients: int, rounds: int, robust: dict[str, Any], fraction: float) -> Any:
     return session_config(run={"rounds": rounds, "seed": seed, "export_onnx": False},
                           data={"dataset": "fmnist-demo", "partition": "dirichlet", "alpha": 0.3, "clients": clients},
                           fleet={"mode": "simulated", "backend": "inline"}, model={"name": "mlp"},
-                          algorithm={"name": "fedavg"}, robust=robust)
+                          round={"fraction": fraction}, algorithm={"name": "fedavg"}, robust=robust)
 
 
-def run(seed: int, clients: int, rounds: int, robust: dict[str, Any], attack: str, attackers: int) -> dict[str, Any]:
+def attacked(attack: str, ids: set[str], workdir: Path, cohort: int) -> Any:
+    """The context in which the devices ``ids`` run ``attack``."""
+    if attack == "label-flip":
+        return label_flip(ids, workdir)
+    if attack == "alie":
+        return alie(ids, cohort)
+    return compromised(ids, ATTACKS[attack]())
+
+
+def run(seed: int, clients: int, rounds: int, robust: dict[str, Any], attack: str, attackers: int,
+        fraction: float = 1.0) -> dict[str, Any]:
+    ids = {f"agent-{i:02d}" if clients <= 100 else f"agent-{i:03d}" for i in range(attackers)}
     with tempfile.TemporaryDirectory(prefix="fedge-attack-") as tmp:
-        config = session(seed, clients, rounds, robust)
+        config = session(seed, clients, rounds, robust, fraction)
         if attack == "clean":
             report = run_session(config, Path(tmp) / "run")
         else:
-            with compromised({f"agent-{i:02d}" for i in range(attackers)}, ATTACKS[attack]()):
+            with attacked(attack, ids, Path(tmp), max(1, round(clients * fraction))):
                 report = run_session(config, Path(tmp) / "run")
+        rows = [json.loads(line) for line in (Path(tmp) / "run" / "clients.jsonl").read_text().splitlines()]
+    per_round = [sum(1 for r in rows if r["round"] == n and r["client_id"] in ids) for n in range(1, rounds + 1)]
     return {"accuracy": report["final_test_accuracy"], "capped": report["robust"]["capped"],
-            "clipped": report["robust"]["clipped"]}
+            "clipped": report["robust"]["clipped"], "attackers_per_round": per_round,
+            "updates": sum(1 for r in rows if r.get("available", True))}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--attacks", default="inflate-flip", help=f"comma-separated: {', '.join(ATTACKS)}")
+    parser.add_argument("--attacks", default="inflate-flip", help=f"comma-separated: {', '.join(ATTACK_NAMES)}")
     parser.add_argument("--defences", default="bounds,none")
     parser.add_argument("--norm-factors", default="3", help="robust.norm_factor values for the bounds defence")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--attackers", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--fraction", type=float, default=1.0, help="round.fraction (0.1 with --clients 100)")
     parser.add_argument("--out", default="", help="append each cell here as JSON and skip the cells it holds")
     args = parser.parse_args(argv)
     done: dict[str, dict[str, Any]] = {}
@@ -68,24 +88,35 @@ def main(argv: list[str] | None = None) -> int:
             cell = json.loads(line)
             done[cell["key"]] = cell
     cells = []
+    cleans: dict[str, dict[str, Any]] = {}
     for attack in args.attacks.split(","):
-        if attack not in ATTACKS:
-            parser.error(f"unknown attack {attack!r}: {', '.join(ATTACKS)}")
+        if attack not in ATTACK_NAMES:
+            parser.error(f"unknown attack {attack!r}: {', '.join(ATTACK_NAMES)}")
         for defence in args.defences.split(","):
             factors = [float(f) for f in args.norm_factors.split(",")] if defence == "bounds" else [0.0]
             for factor in factors:
                 robust = OFF if defence == "none" else {"norm_factor": factor} if defence == "bounds" else \
-                    {"aggregator": defence, "byzantine": args.attackers}
+                    {"aggregator": defence, "byzantine": max(1, round(args.attackers * args.fraction))}
                 for seed in (int(s) for s in args.seeds.split(",")):
-                    key = f"{attack}|{defence}|{factor}|{seed}|{args.clients}|{args.attackers}|{args.rounds}"
+                    key = f"{attack}|{defence}|{factor}|{seed}|{args.clients}|{args.attackers}|{args.rounds}|" \
+                          f"{args.fraction}"
                     if key not in done:
-                        clean = run(seed, args.clients, args.rounds, robust, "clean", 0)
-                        attacked = run(seed, args.clients, args.rounds, robust, attack, args.attackers)
+                        clean_key = f"{defence}|{factor}|{seed}|{args.clients}|{args.rounds}|{args.attackers}|" \
+                                    f"{args.fraction}"
+                        if clean_key not in cleans:  # the clean run of a defence and seed serves every attack
+                            cleans[clean_key] = run(seed, args.clients, args.rounds, robust, "clean", 0,
+                                                    args.fraction)
+                        clean = cleans[clean_key]
+                        hit = run(seed, args.clients, args.rounds, robust, attack, args.attackers, args.fraction)
                         done[key] = {"key": key, "attack": attack, "defence": defence, "norm_factor": factor,
-                                     "seed": seed, "clean": clean["accuracy"], "attacked": attacked["accuracy"],
-                                     "gap_points": 100 * (clean["accuracy"] - attacked["accuracy"]),
+                                     "seed": seed, "clean": clean["accuracy"], "attacked": hit["accuracy"],
+                                     "gap_points": 100 * (clean["accuracy"] - hit["accuracy"]),
                                      "honest_clipped": clean["clipped"], "honest_capped": clean["capped"],
-                                     "honest_updates": args.clients * args.rounds}
+                                     "honest_updates": clean["updates"],
+                                     "attackers_per_round": hit["attackers_per_round"],
+                                     "rounds_over_byzantine": sum(
+                                         1 for a in hit["attackers_per_round"]
+                                         if a > max(1, round(args.attackers * args.fraction)))}
                         print(json.dumps(done[key]), flush=True)
                         if out is not None:
                             with out.open("a") as f:
