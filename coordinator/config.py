@@ -19,8 +19,9 @@ from fedge.protocol.influence import InfluenceLimits
 from fedge.protocol.robust_rules import AGGREGATORS, RobustRule
 
 # The algorithms a robust aggregator applies to: their updates are dense model or delta uploads averaged with no
-# other server state (docs/robustness.md says why the others are refused).
-ROBUST_ALGORITHMS = ("fedavg", "fedprox")
+# other server state, or (DSSA over those) sparse on the round's shared support (docs/robustness.md says why the
+# others are refused).
+ROBUST_ALGORITHMS = ("fedavg", "fedprox", "dssa-fedavg", "dssa-fedprox")
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -333,7 +334,10 @@ def validate(config: Config) -> None:
     if robust.aggregator != "mean" and config.algorithm_name not in ROBUST_ALGORITHMS:
         raise ConfigError(f"robust.aggregator = {robust.aggregator!r} cannot apply to algorithm "
                           f"{config.algorithm_name!r}: robust aggregators combine the dense updates of "
-                          f"{' and '.join(ROBUST_ALGORITHMS)} only (the bounds apply to every algorithm)")
+                          f"{', '.join(ROBUST_ALGORITHMS)} only (the bounds apply to every algorithm)")
+    if robust.aggregator != "mean" and float(config.algorithm_options.get("uplink_keep", 1.0)) < 1.0:
+        raise ConfigError(f"robust.aggregator = {robust.aggregator!r} cannot apply with algorithm.uplink_keep < 1: "
+                          "each device then sends its own top coordinates, not values on the round's shared support")
     if not 0 <= robust.trim < 0.5 or robust.byzantine < 0:
         raise ConfigError("robust.trim must be in [0, 0.5) and robust.byzantine >= 0")
     if robust.quarantine_after < 0:

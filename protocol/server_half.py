@@ -8,12 +8,13 @@ the streaming and batch bases are in ``algorithms.contract``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from fedge.codec import TensorGroup
+from fedge.codec import SparseSection, TensorGroup
 from fedge.protocol.influence import Bounded, Influence, group_references, raw_norms
 from fedge.protocol.payload import Arrays, ClientUpdate, Payload
 from fedge.protocol.robust_rules import RobustRule, combine, lower_median
@@ -66,6 +67,21 @@ class GlobalModelServer(ServerHalf, Protocol):
         """Replace the global model x."""
 
 
+def shared_support(first: SparseSection | None, other: SparseSection | None) -> bool:
+    """Whether two sparse sections carry their values at the same positions (or neither has one)."""
+    if first is None or other is None:
+        return first is None and other is None
+    if (first.kind, first.names, first.shapes, first.counts, first.mask_crc, first.select) != \
+            (other.kind, other.names, other.shapes, other.counts, other.mask_crc, other.select):
+        return False
+    if first.indices is not None or other.indices is not None:
+        return first.indices is not None and other.indices is not None and \
+            np.array_equal(first.indices, other.indices)
+    if first.mask is not None or other.mask is not None:
+        return first.mask is not None and other.mask is not None and np.array_equal(first.mask, other.mask)
+    return True  # "masked-values": bound to the same mask by its CRC
+
+
 class Aggregation:
     """One round's aggregation on a server half: the one path every driver (a session, the in-process driver) and
     every test takes. ``fold`` each accepted update as it arrives, then ``close``, which calls the half's
@@ -77,7 +93,8 @@ class Aggregation:
 
     With a robust ``rule`` (``protocol.robust_rules``), the bounded updates are held and, at ``close``, combined by
     the rule into one update, the only one the half folds: its mean is the rule's result (the rules are
-    unweighted). Only for halves whose updates are dense tensors (the configuration refuses the others)."""
+    unweighted). Only for halves whose updates are dense, or sparse on one shared support (the configuration refuses
+    the others)."""
 
     def __init__(self, server: ServerHalf, round_number: int, influence: Influence | None = None,
                  rule: RobustRule | None = None) -> None:
@@ -119,22 +136,27 @@ class Aggregation:
             self.for_rule.append(update)
 
     def combined(self, rule: RobustRule) -> ClientUpdate:
-        """The rule's one update over the held ones (in client order): each group's float tensors combined as one
-        change vector, its integer tensors by their lower median."""
+        """The rule's one update over the held ones (in client order): each group's float values (its dense float
+        tensors' changes, then its sparse values, which must lie on one support shared by every update: DSSA's
+        complement) combined as one change vector, its integer tensors by their lower median."""
         updates = sorted(self.for_rule, key=lambda u: u.index)
         first = updates[0].payload
         groups: dict[str, TensorGroup] = {}
         for name, group in first.groups.items():
-            if group.sparse is not None or any(u.payload.groups[name].sparse is not None for u in updates):
-                raise ValueError(f"group {name!r} is sparse: a robust aggregator needs dense updates")
+            sections = [u.payload.groups[name].sparse for u in updates]
+            if any(not shared_support(group.sparse, section) for section in sections):
+                raise ValueError(f"group {name!r}: the updates' sparse values lie on different supports; a robust "
+                                 "aggregator needs one shared support")
             floats = [t for t, a in group.dense.items() if a.dtype.kind == "f"]
             references = [group_references(u, self.server.change_reference(self.round, u.index))[name]
                           for u in updates]
             rows = [np.concatenate([np.asarray(u.payload.groups[name].dense[t], np.float64).ravel()
                                     - (np.asarray(ref[t], np.float64).ravel() if ref is not None and t in ref else 0.0)
-                                    for t in floats]) if floats else np.zeros(0)
-                    for u, ref in zip(updates, references, strict=True)]
-            change = combine(rule, rows) if floats else np.zeros(0)
+                                    for t in floats]
+                                   + ([np.asarray(section.values, np.float64)] if section is not None else [])
+                                   + [np.zeros(0)])
+                    for u, ref, section in zip(updates, references, sections, strict=True)]
+            change = combine(rule, rows)
             dense: dict[str, np.ndarray] = {}
             at, reference = 0, references[0]
             for t, array in group.dense.items():
@@ -145,7 +167,9 @@ class Aggregation:
                 at += array.size
                 base = np.asarray(reference[t], np.float64) if reference is not None and t in reference else 0.0
                 dense[t] = (base + part).astype(np.float32)
-            groups[name] = TensorGroup(dense=dense)
+            sparse = None if group.sparse is None else \
+                dataclasses.replace(group.sparse, values=change[at:].astype(np.float32))
+            groups[name] = dataclasses.replace(group, dense=dense, sparse=sparse)
         return ClientUpdate(client_id=f"robust:{rule.aggregator}", index=updates[0].index, num_samples=1,
                             payload=Payload(groups=groups, meta=first.meta))
 

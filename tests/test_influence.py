@@ -77,7 +77,7 @@ def test_a_held_round_is_the_same_whatever_the_arrival_order_and_the_next_one_st
         assert not influence.holds("")  # round 2 is bounded by round 1's median as its updates arrive
         aggregate_round(server, 2, second, influence)
         results.append(server.model)
-    same_arrays(results[0], results[1])
+    assert same_arrays(results[0], results[1])
 
 
 def test_every_group_is_bounded_on_its_own_and_sparse_values_count_as_changes() -> None:
@@ -115,7 +115,7 @@ def test_a_run_the_bounds_never_touch_is_the_unbounded_run_bit_for_bit() -> None
             touched += metrics.get("robust_clipped", 0) + metrics.get("robust_capped", 0)
         assert touched == 0
         models.append(global_arrays(fleet))
-    same_arrays(models[0], models[1])
+    assert same_arrays(models[0], models[1])
 
 
 def test_robust_rules_ignore_a_minority_of_outliers_and_the_mean_does_not() -> None:
@@ -148,16 +148,35 @@ def test_a_robust_rule_on_the_aggregation_path_is_unweighted_and_the_same_in_any
         models.append(server.model)
     clean, _, honest = server_and_uploads(honest=8)
     clean_uniform = {k: np.mean([u.payload.groups["model"].dense[k] for u in honest], axis=0) for k in clean.model}
-    same_arrays(models[0], models[1])
+    assert same_arrays(models[0], models[1])
     assert distance(models[0], clean_uniform) < 1e-5  # Krum kept the 8 honest updates and averaged them uniformly
 
 
 def test_a_robust_aggregator_that_cannot_apply_is_refused_before_anything_is_written() -> None:
     from fedge.coordinator.config import ConfigError, load_config, validate
 
-    for algorithm in ("ef-fedprox", "scaffold", "dssa-fedavg", "pfedla", "fedbn"):
+    for algorithm in ("ef-fedprox", "scaffold", "dssa-scaffold", "pfedla", "fedbn"):
         with pytest.raises(ConfigError, match=f"cannot apply to algorithm '{algorithm}'"):
             validate(load_config(None, [f'algorithm.name="{algorithm}"', 'robust.aggregator="median"']))
     with pytest.raises(ConfigError, match="robust.aggregator must be one of"):
         validate(load_config(None, ['robust.aggregator="krum"']))
+    with pytest.raises(ConfigError, match="uplink_keep < 1"):
+        validate(load_config(None, ['algorithm.name="dssa-fedavg"', "algorithm.uplink_keep=0.5",
+                                    'robust.aggregator="median"']))
     validate(load_config(None, ['algorithm.name="fedprox"', 'robust.aggregator="trimmed-mean"']))
+    validate(load_config(None, ['algorithm.name="dssa-fedprox"', 'robust.aggregator="multi-krum"']))
+
+
+def test_a_robust_rule_combines_dssa_sparse_rounds_on_their_shared_support() -> None:
+    from fedge.protocol.robust_rules import RobustRule
+
+    data = client_data(TINY_MLP, 4, samples=32)
+    models = {}
+    for name, rule in (("mean", None), ("median", RobustRule("median"))):
+        fleet = make_fleet("dssa-fedavg", {"sparsity": 0.5, "warmup_rounds": 1}, TINY_MLP, clients=4, seed=2,
+                           bounds=InfluenceLimits(), weight_cap=32, rule=rule)
+        for round_number in (1, 2, 3):
+            metrics = run_round(fleet, round_number, data, SGD, seed=2)
+        assert metrics["dssa_sparse"] == 1 and metrics.get("robust_aggregator") == (rule and rule.aggregator)
+        models[name] = global_arrays(fleet)
+    assert not same_arrays(models["mean"], models["median"])
