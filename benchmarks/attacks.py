@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--fraction", type=float, default=1.0, help="round.fraction (0.1 with --clients 100)")
     parser.add_argument("--out", default="", help="append each cell here as JSON and skip the cells it holds")
+    parser.add_argument("--figure", default="", help="write a bar chart of the attacked accuracy here (matplotlib)")
     args = parser.parse_args(argv)
     done: dict[str, dict[str, Any]] = {}
     out = Path(args.out) if args.out else None
@@ -135,7 +136,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {attack} | {defence} | {factor if defence == 'bounds' else '-'} | "
               f"{','.join(str(c['seed']) for c in group)} | {100 * mean('clean'):.1f} % | {100 * mean('attacked'):.1f} % "
               f"| {mean('gap_points'):+.1f}; {max(c['gap_points'] for c in group):+.1f} | {clipped}/{total} |")
+    if args.figure:
+        figure(groups, Path(args.figure))
     return 0
+
+
+def figure(groups: dict[tuple[str, str, float], list[dict[str, Any]]], path: Path) -> None:
+    """Attacked accuracy per attack (x) and defence (bars), with the clean runs' mean as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    attacks = list(dict.fromkeys(a for a, _, _ in groups))
+    defences = list(dict.fromkeys((d, f) for _, d, f in groups))
+    width = 0.8 / max(len(defences), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(attacks)), 3.6))
+    for k, (defence, factor) in enumerate(defences):
+        values = [100 * sum(c["attacked"] for c in groups.get((a, defence, factor), [])) /
+                  max(len(groups.get((a, defence, factor), [])), 1) for a in attacks]
+        ax.bar([i + k * width for i in range(len(attacks))], values, width,
+               label=defence + (f" {factor:g}" if defence == "bounds" else ""))
+    clean = [c["clean"] for group in groups.values() for c in group]
+    ax.axhline(100 * sum(clean) / len(clean), color="black", linewidth=0.8, linestyle="--", label="clean (mean)")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(attacks))], attacks)
+    ax.set_ylabel("final test accuracy, %")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, ncol=4, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
