@@ -4,13 +4,16 @@ Items, in order: the torch build and the training device; the energy source the 
 were passed over; this device's data (samples, classes or targets, sample shape); with CurveZMQ, the key files and
 the secret key's permissions; then the coordinator: a TCP connection, the ZMTP (CurveZMQ) handshake with the
 configured keys, and a protocol answer. For the last, the check sends a Heartbeat from an identity that is not
-registered (``check-CLIENT_ID``); the coordinator answers ``hello-first`` and enrols nothing, takes no client index.
+registered (``check-CLIENT_ID``); the coordinator answers ``hello-first`` (with CurveZMQ, ``identity-mismatch``,
+naming the id the key is allowed as, which the ``identity`` item compares with this agent's) and enrols nothing,
+takes no client index.
 Nothing here trains, writes device state or holds the state directory's lock, so it can run beside a running agent.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 import time
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedge import codec
+from fedge.codec import vocabulary as words
 from fedge.edge_agent.config import AgentSettings
 
 
@@ -97,6 +101,19 @@ def check_tcp(settings: AgentSettings, timeout_s: float) -> Item:
     return Item("coordinator", True, f"{peer[0]}:{peer[1]} accepts TCP connections")
 
 
+def identity_item(reason: str, client_id: str) -> Item:
+    """Whether the coordinator allows this device's key as its own client id (an ``identity-mismatch`` answer
+    to the check's ``check-CLIENT_ID`` names the id the key is allowed as)."""
+    allowed = re.search(r"allowed as client '([^']*)'", reason)
+    if allowed is None:
+        return Item("identity", False, f"the coordinator's answer names no client id: {reason}")
+    if allowed.group(1) != client_id:
+        return Item("identity", False, f"the coordinator allows this device's key as client {allowed.group(1)!r}, "
+                                       f"but its client_id is {client_id!r}: set client_id = {allowed.group(1)!r}, or "
+                                       f"rename allowed/{allowed.group(1)}.key to {client_id}.key on the coordinator")
+    return Item("identity", True, f"the coordinator allows this device's key as client {client_id!r}")
+
+
 def check_protocol(settings: AgentSettings, timeout_s: float) -> list[Item]:
     """The handshake with the configured keys, then a hello-first answer to an unregistered heartbeat."""
     from fedge.edge_agent.transport import CurveClientKeys, DealerTransport
@@ -133,9 +150,12 @@ def check_protocol(settings: AgentSettings, timeout_s: float) -> list[Item]:
                 except codec.CodecError as exc:
                     return [*items, Item("protocol", False, f"the coordinator's answer does not decode: {exc}")]
                 if isinstance(answer, codec.ErrorMessage):
-                    return [*items, Item("protocol", True, f"the coordinator answers in wire-format version "
-                                                           f"{codec.PROTOCOL_VERSION} ({answer.code}: nothing was "
-                                                           "enrolled)")]
+                    items.append(Item("protocol", True, f"the coordinator answers in wire-format version "
+                                                        f"{codec.PROTOCOL_VERSION} ({answer.code}: nothing was "
+                                                        "enrolled)"))
+                    if answer.code == words.IDENTITY_MISMATCH:  # CurveZMQ on: the answer names the key's id
+                        items.append(identity_item(answer.reason, settings.client_id))
+                    return items
         return [*items, Item("protocol", False, f"no answer within {timeout_s:.0f} s")]
     finally:
         transport.close()

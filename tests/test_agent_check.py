@@ -1,5 +1,6 @@
 """`edge-agent check` against a real CurveZMQ coordinator: ready, unreachable, a wrong coordinator key, a key not in
-the allow-list, a secret key readable by others, an unreadable shard; one line each, exit 1 on a failure."""
+the allow-list, a key allowed as another client id, a secret key readable by others, an unreadable shard; one line
+each, exit 1 on a failure."""
 
 from __future__ import annotations
 
@@ -49,8 +50,16 @@ def test_edge_agent_check_says_what_would_stop_a_session(procs: Processes, tmp_p
     code, lines = check(*curve, "--keys-dir", str(agent_keys), "--data", shard)
     assert code == 0, lines
     assert [item.split(":")[0] for item in lines] == ["ok   torch", "ok   energy", "ok   data", "ok   keys",
-                                                      "ok   coordinator", "ok   handshake", "ok   protocol"]
-    assert "50 training and 10 test samples, 3 classes" in line(lines, "data") and "hello-first: nothing was enrolled" in line(lines, "protocol")
+                                                      "ok   coordinator", "ok   handshake", "ok   protocol",
+                                                      "ok   identity"]
+    assert "50 training and 10 test samples, 3 classes" in line(lines, "data")
+    assert "identity-mismatch: nothing was enrolled" in line(lines, "protocol")
+    assert "allows this device's key as client 'dev-0'" in line(lines, "identity")
+
+    out = subprocess.run([sys.executable, "-m", "fedge.edge_agent", "check", "--client-id", "dev-9", "--timeout", "3",
+                          *curve, "--keys-dir", str(agent_keys), "--data", shard], capture_output=True, text=True,
+                         timeout=120)  # the key is allowed as dev-0: a session would refuse dev-9
+    assert out.returncode == 1 and "as client 'dev-0', but its client_id is 'dev-9'" in out.stdout, out.stdout
 
     code, lines = check("--coordinator", "tcp://127.0.0.1:9", "--data", shard)  # nothing listens on port 9
     assert code == 1 and line(lines, "coordinator").startswith("FAIL coordinator: cannot reach 127.0.0.1:9"), lines
