@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                 robust = OFF if defence == "none" else {"norm_factor": factor} if defence == "bounds" else \
                     {"aggregator": defence, "byzantine": max(1, round(args.attackers * args.fraction))}
                 for seed in (int(s) for s in args.seeds.split(",")):
-                    key = f"{attack}|{defence}|{factor}|{seed}|{args.clients}|{args.attackers}|{args.rounds}|" \
-                          f"{args.fraction}"
+                    key = f"{attack}|{defence}|{factor}|{seed}|{args.clients}|{args.attackers}|{args.rounds}" + \
+                        (f"|{args.fraction}" if args.fraction != 1.0 else "")
                     if key not in done:
                         clean_key = f"{defence}|{factor}|{seed}|{args.clients}|{args.rounds}|{args.attackers}|" \
                                     f"{args.fraction}"
@@ -162,7 +162,7 @@ def figure(groups: dict[tuple[str, str, float], list[dict[str, Any]]], path: Pat
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(attacks))], attacks)
     ax.set_ylabel("final test accuracy, %")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize=7, ncol=4, loc="lower left")
+    ax.legend(fontsize=7, ncol=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
