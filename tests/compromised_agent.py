@@ -6,12 +6,12 @@ packet rewritten by one of tests/attackers.py's attacks after its honest trainin
 
 from __future__ import annotations
 
+import runpy
 import sys
 from typing import Any
 
 from fedge import codec
 from fedge.edge_agent import agent as stock
-from fedge.edge_agent.cli import main as agent_main
 from tests.attackers import ATTACKS
 
 
@@ -25,7 +25,9 @@ def main(argv: list[str]) -> int:
         return codec.encode(attack(update))
 
     stock.update_frame = update_frame  # type: ignore[assignment]
-    return agent_main(argv[1:])
+    sys.argv = ["edge-agent", *argv[1:]]
+    runpy.run_module("fedge.edge_agent", run_name="__main__")  # the agent's own entry point (it exits)
+    return 0
 
 
 if __name__ == "__main__":
