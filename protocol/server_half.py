@@ -194,8 +194,8 @@ class Aggregation:
         if influence is not None and self.folded:
             metrics["robust_capped"] = sum(record.capped for record in self.bounded)
             metrics["robust_clipped"] = sum(record.clipped for record in self.bounded)
-        if self.rule is not None and self.folded:
-            metrics["robust_aggregator"] = self.rule.aggregator
+        if (influence is not None or self.rule is not None) and self.folded:
+            metrics["robust_aggregator"] = self.rule.aggregator if self.rule is not None else "mean"
         return metrics
 
 

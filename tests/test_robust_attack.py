@@ -37,7 +37,7 @@ def test_one_compromised_device_of_ten_cannot_take_over_the_model(tmp_path: Path
     assert clean["robust"]["clipped"] == 0 and clean["robust"]["capped"] == 0  # honest devices untouched
     assert clean["final_test_accuracy"] - unbounded["final_test_accuracy"] > 0.3, unbounded  # the door they close
     assert clean["final_test_accuracy"] - attacked["final_test_accuracy"] <= 0.05, (clean, attacked)
-    assert attacked["robust"]["by_agent"] == {"agent-00": {"capped": ROUNDS, "clipped": ROUNDS}}
+    assert attacked["robust"]["by_agent"] == {"agent-00": {"capped": ROUNDS, "clipped": ROUNDS, "rejected": 0}}
     assert attacked["weight_cap"] == clean["weight_cap"] > 0
     rows = [json.loads(line) for line in (tmp_path / "attacked" / "clients.jsonl").read_text().splitlines()]
     evil = [r for r in rows if r["client_id"] == "agent-00"]
