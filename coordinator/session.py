@@ -28,20 +28,18 @@ from fedge.coordinator.checkpoint import load_checkpoint, save_checkpoint
 from fedge.coordinator.config import Config
 from fedge.coordinator.deferred import DeferredRow, PendingRow
 from fedge.coordinator.downlinks import DownlinkBodies
-from fedge.coordinator.quarantine import QUARANTINE_FILE, take_clear_requests
 from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
 from fedge.coordinator.rundir import RunDir, plain
 from fedge.coordinator.status import StatusBoard
 from fedge.coordinator.transport import RouterTransport
+from fedge.coordinator.trust import SessionTrust
 from fedge.coordinator.welcome import welcome_fields
 from fedge.exhaustive import assert_never
 from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays
 from fedge.protocol.coordinator import CoordinatorProtocol
 from fedge.protocol.events import Accepted, Checkpoint, CoordinatorEvent, Noted, Rejected, Send, SendFrame
-from fedge.protocol.influence import Influence, InfluenceLimits, Quarantine
 from fedge.protocol.registry import AgentRegistry
-from fedge.protocol.robust_rules import RobustRule
 from fedge.protocol.round import RoundState
 from fedge.protocol.selection import choose, selection_count
 from fedge.protocol.server_half import Aggregation
@@ -95,15 +93,9 @@ class Session:
         self.started = time.monotonic()
         self.status = StatusBoard(run_dir, config.run.rounds, config.algorithm_name)  # status.json and friends
         self.round_walls: list[float] = []
-        robust = config.robust
-        # bounded influence (protocol.influence): the weight cap (``weight_cap``: a local or simulated fleet's
-        # largest shard) and the norm bound; its state is checkpointed
-        self.influence = Influence(InfluenceLimits(robust.max_samples, robust.cap_factor, robust.norm_factor,
-                                                   robust.norm_bound), cap=robust.max_samples or weight_cap)
-        self.bound_counts: dict[str, dict[str, int]] = {}  # client id -> {"capped", "clipped", "rejected": n}
-        self.quarantine = Quarantine(robust.quarantine_after)
-        self.refused_round: set[str] = set()  # client ids whose update was refused (invalid) in the round
-        self.rule = RobustRule(robust.aggregator, robust.trim, robust.byzantine, robust.cc_tau, robust.cc_iters)
+        # bounded influence, the robust rule and the quarantine (``weight_cap``: a local or simulated fleet's
+        # largest shard); checkpointed
+        self.trust = SessionTrust(config.robust, weight_cap, run_dir)
         self.aggregation = Aggregation(self.server, 0)  # the round in progress's, on the one aggregation path
         self.checkpoint_s = 0.0  # the time the last checkpoint took to write
         self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
@@ -129,17 +121,14 @@ class Session:
         save_checkpoint(self.run_dir.checkpoint, arrays, {
             "round": self.round, "run_id": self.run_id, "algorithm": self.config.algorithm_name,
             "model_hash": self.model_hash, "server": server_meta, **self.registry.state(),
-            "influence": self.influence.state(), "bound_counts": self.bound_counts,
-            "quarantine": self.quarantine.state(),
+            **self.trust.state(),
             "pending_row": None if self.rows.held is None else plain(self.rows.held.row)})
 
     def load_checkpoint(self) -> None:
         arrays, meta = load_checkpoint(self.run_dir.checkpoint, self.model_hash, self.config.algorithm_name)
         self.server.load_state_dict(arrays, meta["server"])
         self.registry.load_state(meta)
-        self.influence.load_state(meta.get("influence", {}))
-        self.bound_counts = {str(k): {n: int(c) for n, c in v.items()} for k, v in meta.get("bound_counts", {}).items()}
-        self.quarantine.load_state(meta.get("quarantine", {}))
+        self.trust.load_state(meta)
         self.protocol.resume(str(meta["run_id"]), int(meta["round"]))
         for name in ("metrics.jsonl", "clients.jsonl"):
             self.run_dir.truncate_jsonl(name, self.round)
@@ -184,8 +173,7 @@ class Session:
                     log.warning("rejected a message from %r: %s (%s)", peer, reason, code)
                     client_id = peer.decode(errors="replace")
                     if code == words.INVALID_UPDATE and self.registry.get(client_id) is not None:
-                        self.refused_round.add(client_id)
-                        self.counts_of(client_id)["rejected"] += 1
+                        self.trust.refused(client_id)
                 case Noted(level=level, text=text):
                     log.log(level, "%s", text)
                 case _:
@@ -251,9 +239,9 @@ class Session:
         """One round; returns its metrics, or None when the session was asked to stop mid-round."""
         started = time.monotonic()
         self.drain()
-        available = self.selectable(self.registry.live_indices(time.monotonic()))
-        self.refused_round = set()
-        self.aggregation = Aggregation(self.server, number, self.influence, self.rule)
+        available = self.trust.selectable(self.registry.live_indices(time.monotonic()), self.registry,
+                                          max(self.config.round.min_clients, 1))
+        self.aggregation = Aggregation(self.server, number, self.trust.influence, self.trust.rule)
         self.act(self.protocol.open_round(number, self.select(number, available), started,
                                           self.config.round.deadline_s, self.config.round.target))
         while not self.protocol.complete(time.monotonic()):
@@ -280,7 +268,7 @@ class Session:
             self.server.missed(number, missing)
         ordered = sorted(current.updates.items())
         extra = self.aggregation.close()  # folded as they arrived (or held until now, and bounded)
-        bounds = self.note_bounded(number)
+        bounds = self.trust.note_round(number, self.aggregation.bounded)
         received = [(self.registry.by_index(i).client_id,
                      dataclasses.replace(u, num_samples=bounds[i]["num_samples"]) if i in bounds else u)
                     for i, (u, _) in ordered]  # the counted sample counts weigh the round's figures, not the claims
@@ -308,59 +296,6 @@ class Session:
         self.round_walls.append(row["wall_s"])
         return row
 
-    def note_bounded(self, number: int) -> dict[int, dict[str, Any]]:
-        """What the bounds did this round: clients.jsonl's fields by client index, each device's counters, and one
-        warning line naming (at most 10 of) the devices capped or clipped."""
-        bounds: dict[int, dict[str, Any]] = {}
-        touched: list[str] = []
-        for record in self.aggregation.bounded:
-            bounds[record.index] = record.record()
-            if record.capped or record.clipped:
-                counts = self.counts_of(record.client_id)
-                counts["capped"] += int(record.capped)
-                counts["clipped"] += int(record.clipped)
-                what = [f"claimed {record.claimed_samples} samples, counted {record.counted_samples}"] * \
-                    record.capped + [f"clipped ({', '.join(f'{g} x{s:.3g}' for g, s in record.scales.items() if s < 1)})"
-                                     ] * record.clipped
-                touched.append(f"{record.client_id}: {'; '.join(what)}")
-        if touched:
-            log.warning("round %d: bounded %d update(s): %s%s", number, len(touched), " | ".join(touched[:10]),
-                        f" | and {len(touched) - 10} more" if len(touched) > 10 else "")
-        reported = [r.client_id for r in self.aggregation.bounded]
-        clipped = [r.client_id for r in self.aggregation.bounded if r.clipped]
-        newly = self.quarantine.note_round(number, reported, clipped, sorted(self.refused_round))
-        for client_id in newly:
-            log.warning("round %d: agent %s quarantined (%s): it is no longer selected; `coordinator quarantine %s "
-                        "--clear %s` lets it back", number, client_id, self.quarantine.quarantined[client_id]["reason"],
-                        self.run_dir.path, client_id)
-        if newly or self.quarantine.after:
-            self.write_quarantine()
-        return bounds
-
-    def counts_of(self, client_id: str) -> dict[str, int]:
-        return self.bound_counts.setdefault(client_id, {"capped": 0, "clipped": 0, "rejected": 0})
-
-    def write_quarantine(self) -> None:
-        self.run_dir.write_json(QUARANTINE_FILE, {"after": self.quarantine.after, **self.quarantine.state()})
-
-    def selectable(self, live: list[int]) -> list[int]:
-        """The live clients a round may select: the quarantined left out, unless that leaves fewer than
-        ``round.min_clients`` (then the session says so and leaves them in). Clear requests are read first."""
-        for client_id in take_clear_requests(self.run_dir.path):
-            if self.quarantine.clear(client_id):
-                log.warning("agent %s released from quarantine by the operator", client_id)
-                self.write_quarantine()
-        if not self.quarantine.quarantined:
-            return live
-        held = {self.registry.agents[c].index for c in self.quarantine.quarantined if c in self.registry.agents}
-        kept = [i for i in live if i not in held]
-        minimum = max(self.config.round.min_clients, 1)
-        if len(kept) < minimum:
-            log.warning("quarantine would leave %d live client(s), below round.min_clients = %d: the quarantined "
-                        "are selected too this round", len(kept), minimum)
-            return live
-        return kept
-
     def hold_row(self, row: dict[str, Any], number: int) -> DeferredRow:
         return self.rows.hold(row, number, self.server.evaluation_arrays, self.server.pruned_evaluation_arrays)
 
@@ -373,7 +308,7 @@ class Session:
     def write_status(self, phase: str, force: bool = False) -> None:
         self.status.write(phase, force, run_id=self.run_id, round_number=self.round, registry=self.registry,
                           rejections=self.rejections(), bytes_total=self.bytes_total, round_walls=self.round_walls,
-                          bounded=self.bound_counts, quarantined=self.quarantine.quarantined)
+                          bounded=self.trust.counts, quarantined=self.trust.quarantine.quarantined)
 
     def rejections(self) -> dict[str, int]:
         """Messages refused per peer (routing id), the 100 largest counts."""

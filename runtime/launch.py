@@ -202,10 +202,7 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
         "files": files,
         "onnx_max_abs_difference": onnx_parity,
         "rejections": session.rejections(),
-        "weight_cap": session.influence.cap or None,
-        "robust": {"capped": sum(c["capped"] for c in session.bound_counts.values()),
-                   "clipped": sum(c["clipped"] for c in session.bound_counts.values()),
-                   "by_agent": session.bound_counts, "norm_medians": session.influence.medians},
+        **session.trust.report(),
     }
     run_dir.write_json("report.json", report)
     return report
