@@ -56,16 +56,21 @@ def test_keygen_refuses_to_overwrite_and_keeps_secrets_private(program: str, tmp
     assert not [p for p in os.listdir(keys) if p.endswith(".tmp")]
 
 
-def test_the_allow_list_is_read_once_until_its_directory_changes(tmp_path: Path) -> None:
-    import time
-
-    from fedge.coordinator.transport import AllowList
+def two_agent_keys(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """An empty allow-list directory and two agents' public key files."""
     from fedge.plumbing.keys import generate_keys
 
     allowed = tmp_path / "allowed"
     allowed.mkdir()
-    first, _ = generate_keys(tmp_path / "a", "agent")
-    second, _ = generate_keys(tmp_path / "b", "agent")
+    return allowed, generate_keys(tmp_path / "a", "agent")[0], generate_keys(tmp_path / "b", "agent")[0]
+
+
+def test_the_allow_list_is_read_once_until_its_directory_changes(tmp_path: Path) -> None:
+    import time
+
+    from fedge.coordinator.transport import AllowList
+
+    allowed, first, second = two_agent_keys(tmp_path)
     (allowed / "a.key").write_bytes(first.read_bytes())
     allow = AllowList(allowed)
     key_a = zmq.auth.load_certificate(first)[0]
@@ -81,12 +86,8 @@ def test_the_allow_list_is_read_once_until_its_directory_changes(tmp_path: Path)
 
 def test_a_key_is_allowed_as_the_client_its_file_names_and_one_key_in_two_files_as_none(tmp_path: Path) -> None:
     from fedge.coordinator.transport import AllowList
-    from fedge.plumbing.keys import generate_keys
 
-    allowed = tmp_path / "allowed"
-    allowed.mkdir()
-    first, _ = generate_keys(tmp_path / "a", "agent")
-    second, _ = generate_keys(tmp_path / "b", "agent")
+    allowed, first, second = two_agent_keys(tmp_path)
     (allowed / "pi-07.key").write_bytes(first.read_bytes())
     (allowed / "pi-08.key").write_bytes(second.read_bytes())
     (allowed / "pi-09.key").write_bytes(second.read_bytes())  # pi-08's key copied again under another id
