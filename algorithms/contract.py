@@ -78,6 +78,9 @@ class BaseServer:
     def influence_phase(self, round_number: int) -> str:
         return ""
 
+    def shared_form(self, round_number: int, update: ClientUpdate) -> ClientUpdate | None:
+        return update
+
 
 class BaseClient:
     """The defaults of ``ClientHalf``'s optional hooks."""
@@ -191,6 +194,9 @@ class WrappedServer(BaseServer):
 
     def influence_phase(self, round_number: int) -> str:
         return self.base.influence_phase(round_number)
+
+    def shared_form(self, round_number: int, update: ClientUpdate) -> ClientUpdate | None:
+        return self.base.shared_form(round_number, update)
 
 
 class WrappedClient(BaseClient):

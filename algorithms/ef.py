@@ -13,11 +13,13 @@ keep = 0.3 with ternary values (docs/ef.md, "Measured").
   (FedProx's anchor is P), uploads U_i = top-keep(y - P + e_i) and keeps e_i <- (y - P + e_i) - decode(U_i). Its
   first task carries no tensor: it rebuilds K_0 from the initial model it built at its welcome.
 Float buffers (BatchNorm running statistics) are treated like weights; integer buffers travel dense with every
-delta (the server takes the clients' maximum). Must not import a transport.
+delta (the server takes the clients' lower median). Under a robust rule (Multi-Krum, centred clipping) each update
+is combined on every coordinate (``shared_form``). Must not import a transport.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -43,7 +45,7 @@ from fedge.algorithms.contract import BaseServer, WrappedClient
 from fedge.algorithms.ef_meta import EfTask, EfUpdate
 from fedge.algorithms.keyframes import PublicModel, Replica, float_layout, start_model
 from fedge.algorithms.sparse import compress
-from fedge.codec import TensorGroup
+from fedge.codec import SparseSection, TensorGroup
 
 VALUE_DTYPES = ("f32", "f16", "bf16", "int8", "ternary")
 
@@ -145,6 +147,21 @@ class Server(BaseServer):
             raise ValueError("an ef update must carry the float tensors as one indexed sparse section")
         self.folding.add(group.sparse.values, group.sparse.positions(),
                          fedavg.fold_weight(update, self.config.base.weighting), group.dense)
+
+    def shared_form(self, round_number: int, update: ClientUpdate) -> ClientUpdate | None:
+        """For a robust rule: the update's values placed on every float coordinate (each device sends its own top
+        coordinates, zero elsewhere), or None for an update against an older public model (folded as it is: it
+        joins no sum)."""
+        if EfUpdate.from_meta(update.payload.meta).base != self.model.version:
+            return None
+        group = update.payload.groups["update"]
+        assert group.sparse is not None, "check_update admits only sparse ef updates"
+        values = np.zeros(self.layout.size, dtype=np.float32)
+        values[group.sparse.positions()] = group.sparse.values
+        everywhere = SparseSection.with_indices(self.layout.names, self.layout.shapes,
+                                                np.arange(self.layout.size, dtype=np.int64), values)
+        shared = dataclasses.replace(group, sparse=everywhere)
+        return dataclasses.replace(update, payload=Payload(groups={"update": shared}, meta=update.payload.meta))
 
     def close_round(self, round_number: int) -> dict[str, Any]:
         folding, self.folding = self.folding, None

@@ -20,8 +20,10 @@ from fedge.protocol.robust_rules import AGGREGATORS, RobustRule
 
 # The algorithms a robust aggregator applies to: their updates are dense model or delta uploads averaged with no
 # other server state, or (DSSA over those) sparse on the round's shared support (docs/robustness.md says why the
-# others are refused).
-ROBUST_ALGORITHMS = ("fedavg", "fedprox", "dssa-fedavg", "dssa-fedprox")
+# others are refused); and ef's per-device sparse updates, placed on every coordinate, for the rules that do not
+# work coordinate by coordinate (a median or trimmed mean would be zero wherever fewer than half sent a coordinate).
+ROBUST_ALGORITHMS = ("fedavg", "fedprox", "dssa-fedavg", "dssa-fedprox", "ef-fedavg", "ef-fedprox")
+COORDINATEWISE_RULES = ("median", "trimmed-mean")
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -335,6 +337,10 @@ def validate(config: Config) -> None:
         raise ConfigError(f"robust.aggregator = {robust.aggregator!r} cannot apply to algorithm "
                           f"{config.algorithm_name!r}: robust aggregators combine the dense updates of "
                           f"{', '.join(ROBUST_ALGORITHMS)} only (the bounds apply to every algorithm)")
+    if robust.aggregator in COORDINATEWISE_RULES and config.algorithm_name.startswith("ef-"):
+        raise ConfigError(f"robust.aggregator = {robust.aggregator!r} cannot apply to {config.algorithm_name}: each "
+                          "device sends its own top coordinates, so a coordinate-wise rule is zero wherever fewer than "
+                          "half of them sent it; use multi-krum or centered-clip")
     if robust.aggregator != "mean" and float(config.algorithm_options.get("uplink_keep", 1.0)) < 1.0:
         raise ConfigError(f"robust.aggregator = {robust.aggregator!r} cannot apply with algorithm.uplink_keep < 1: "
                           "each device then sends its own top coordinates, not values on the round's shared support")

@@ -24,7 +24,7 @@ class ServerHalf(Protocol):
     """What the coordinator calls on an algorithm's server half. ``algorithms.contract.BaseServer`` gives every
     optional hook its default (``select``: the runtime's own selection; ``check_update``: nothing to add;
     ``missed``, ``forget``: nothing to do; ``pruned_evaluation_arrays``, ``change_reference``: none;
-    ``influence_phase``: one phase); an algorithm overrides what it needs. Aggregation streams: ``fold`` each accepted update, then ``close_round``."""
+    ``influence_phase``: one phase; ``shared_form``: the update itself); an algorithm overrides what it needs. Aggregation streams: ``fold`` each accepted update, then ``close_round``."""
 
     def select(self, round_number: int, available: Sequence[int], rng: np.random.Generator) -> list[int] | None:
         """The clients of this round among ``available``, or None for the runtime's fraction/count rule."""
@@ -47,6 +47,10 @@ class ServerHalf(Protocol):
     def influence_phase(self, round_number: int) -> str:
         """A name for the scale of this round's updates (DSSA: "dense" or "sparse"): the norm bound's median is
         measured again when it changes."""
+    def shared_form(self, round_number: int, update: ClientUpdate) -> ClientUpdate | None:
+        """The update with its values on the support every update of the round shares, for a robust rule to
+        combine: the update itself, or (a half whose devices each send their own coordinates: ef) its values
+        placed on every coordinate; None when its values join no sum this round (it is then folded as it is)."""
     def evaluation_arrays(self) -> Arrays | None:
         """The global model to evaluate, or None when the algorithm keeps none."""
     def pruned_evaluation_arrays(self) -> Arrays | None:
@@ -91,10 +95,12 @@ class Aggregation:
     cannot be bounded as its updates arrive (the cap or this phase's median not known yet) holds them and folds
     them, bounded, in client order at ``close``. ``bounded`` lists what the bounds did to each update.
 
-    With a robust ``rule`` (``protocol.robust_rules``), the bounded updates are held and, at ``close``, combined by
-    the rule into one update, the only one the half folds: its mean is the rule's result (the rules are
-    unweighted). Only for halves whose updates are dense, or sparse on one shared support (the configuration refuses
-    the others)."""
+    With a robust ``rule`` (``protocol.robust_rules``), the bounded updates are held, each in its ``shared_form``,
+    and, at ``close``, combined by the rule into one change; the half then folds, for every held update, that change
+    under the update's own client, meta and a count of 1, so their mean is the rule's result (the rules are
+    unweighted) and whatever the half keeps per device (ef: the keyframe each holds) is kept as without a rule. Only
+    for halves whose updates are dense, or lie on one shared support in their shared form (the configuration
+    refuses the others)."""
 
     def __init__(self, server: ServerHalf, round_number: int, influence: Influence | None = None,
                  rule: RobustRule | None = None) -> None:
@@ -129,16 +135,18 @@ class Aggregation:
         self.give(bounded)
 
     def give(self, update: ClientUpdate) -> None:
-        """Fold into the half, or keep for the robust rule."""
-        if self.rule is None:
+        """Fold into the half, or keep for the robust rule (in its shared form, when its values join the sum)."""
+        form = None if self.rule is None else self.server.shared_form(self.round, update)
+        if form is None:
             self.server.fold(self.round, update)
         else:
-            self.for_rule.append(update)
+            self.for_rule.append(form)
 
-    def combined(self, rule: RobustRule) -> ClientUpdate:
-        """The rule's one update over the held ones (in client order): each group's float values (its dense float
-        tensors' changes, then its sparse values, which must lie on one support shared by every update: DSSA's
-        complement) combined as one change vector, its integer tensors by their lower median."""
+    def combined(self, rule: RobustRule) -> list[ClientUpdate]:
+        """The rule's change over the held updates, once per held update (in client order), each under its own
+        client, meta and a count of 1: each group's float values (its dense float tensors' changes, then its sparse
+        values, which must lie on one support shared by every update: DSSA's complement, ef's shared form) combined
+        as one change vector, its integer tensors by their lower median."""
         updates = sorted(self.for_rule, key=lambda u: u.index)
         first = updates[0].payload
         groups: dict[str, TensorGroup] = {}
@@ -170,8 +178,8 @@ class Aggregation:
             sparse = None if group.sparse is None else \
                 dataclasses.replace(group.sparse, values=change[at:].astype(np.float32))
             groups[name] = dataclasses.replace(group, dense=dense, sparse=sparse)
-        return ClientUpdate(client_id=f"robust:{rule.aggregator}", index=updates[0].index, num_samples=1,
-                            payload=Payload(groups=groups, meta=first.meta))
+        return [dataclasses.replace(u, num_samples=1, payload=Payload(groups=groups, meta=u.payload.meta))
+                for u in updates]
 
     def close(self) -> dict[str, Any]:
         influence = self.influence
@@ -188,7 +196,8 @@ class Aggregation:
         if influence is not None:
             influence.remember(self.phase, self.norms)
         if self.rule is not None and self.for_rule:
-            self.server.fold(self.round, self.combined(self.rule))
+            for update in self.combined(self.rule):
+                self.server.fold(self.round, update)
             self.for_rule = []
         metrics = dict(self.server.close_round(self.round)) if self.folded else {}
         if influence is not None and self.folded:

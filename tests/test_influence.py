@@ -155,7 +155,7 @@ def test_a_robust_rule_on_the_aggregation_path_is_unweighted_and_the_same_in_any
 def test_a_robust_aggregator_that_cannot_apply_is_refused_before_anything_is_written() -> None:
     from fedge.coordinator.config import ConfigError, load_config, validate
 
-    for algorithm in ("ef-fedprox", "scaffold", "dssa-scaffold", "pfedla", "fedbn"):
+    for algorithm in ("scaffold", "dssa-scaffold", "pfedla", "fedbn"):
         with pytest.raises(ConfigError, match=f"cannot apply to algorithm '{algorithm}'"):
             validate(load_config(None, [f'algorithm.name="{algorithm}"', 'robust.aggregator="median"']))
     with pytest.raises(ConfigError, match="robust.aggregator must be one of"):
@@ -165,6 +165,10 @@ def test_a_robust_aggregator_that_cannot_apply_is_refused_before_anything_is_wri
                                     'robust.aggregator="median"']))
     validate(load_config(None, ['algorithm.name="fedprox"', 'robust.aggregator="trimmed-mean"']))
     validate(load_config(None, ['algorithm.name="dssa-fedprox"', 'robust.aggregator="multi-krum"']))
+    for rule in ("median", "trimmed-mean"):
+        with pytest.raises(ConfigError, match="zero wherever fewer than half"):
+            validate(load_config(None, [f'robust.aggregator="{rule}"']))  # the default algorithm is ef-fedprox
+    validate(load_config(None, ['robust.aggregator="centered-clip"']))
 
 
 def test_a_robust_rule_combines_dssa_sparse_rounds_on_their_shared_support() -> None:
@@ -180,3 +184,44 @@ def test_a_robust_rule_combines_dssa_sparse_rounds_on_their_shared_support() -> 
         assert metrics["dssa_sparse"] == 1 and metrics["robust_aggregator"] == name
         models[name] = global_arrays(fleet)
     assert not same_arrays(models["mean"], models["median"])
+
+
+def ef_update(server: object, index: int, base: int, rng: np.random.Generator, scale: float) -> ClientUpdate:
+    """An ef update of the tiny MLP: the device's own top 30 % of coordinates, values of ``scale``."""
+    from fedge.algorithms.ef_meta import EfUpdate
+
+    layout = server.layout  # type: ignore[attr-defined]
+    chosen = np.sort(rng.choice(layout.size, size=int(0.3 * layout.size), replace=False))
+    values = (scale * rng.standard_normal(chosen.size)).astype(np.float32)
+    section = SparseSection.with_indices(layout.names, layout.shapes, chosen, values)
+    return ClientUpdate(f"c{index}", index, 100, Payload(groups={"update": TensorGroup(sparse=section)},
+                                                         meta=EfUpdate(base=base, keyframe=0).to_meta()))
+
+
+def test_multi_krum_combines_ef_updates_on_every_coordinate_and_keeps_what_each_device_holds() -> None:
+    from fedge.algorithms.registry import make_server
+    from fedge.protocol.robust_rules import RobustRule
+
+    model = build(TINY_MLP, seed=0)
+    initial = state_to_arrays(model)
+    context = ServerContext(num_clients=7, layout=ModelLayout.of(model))
+    rng = np.random.default_rng(3)
+    servers = [make_server("ef-fedavg", {"keep": 1.0, "value_dtype": "f32"}, initial, context) for _ in range(2)]
+    honest = [ef_update(servers[0], i, 0, rng, 0.01) for i in range(5)]
+    evil = ef_update(servers[0], 5, 0, rng, 50.0)
+    start = servers[0].layout.flat(servers[0].public)  # type: ignore[attr-defined]
+    for server, order in zip(servers, (1, -1), strict=True):
+        aggregate_round(server, 1, [*honest, evil][::order], rule=RobustRule("multi-krum", byzantine=1))
+    krum = [s.layout.flat(s.evaluation_arrays()) - start for s in servers]  # type: ignore[attr-defined]
+    dense = np.zeros((5, start.size))
+    for row, update in zip(dense, honest, strict=True):
+        row[update.payload.groups["update"].sparse.positions()] = update.payload.groups["update"].sparse.values
+    assert np.array_equal(krum[0], krum[1])  # the same in any order
+    assert np.max(np.abs(krum[0] - dense.mean(axis=0))) < 1e-6  # the honest five, each zero off its coordinates
+    assert all(servers[0].model.believed(i)[0].name == "HOLDS" for i in range(6))  # type: ignore[attr-defined]
+    # round 2: an update trained from the old public model joins no sum, and the rule still combines the others
+    stale = ef_update(servers[0], 6, 0, rng, 0.01)
+    metrics = aggregate_round(servers[0], 2, [*(ef_update(servers[0], i, 1, rng, 0.01) for i in range(6)), stale],
+                              rule=RobustRule("centered-clip"))
+    assert metrics["ef_stale_updates"] == 1 and metrics["ef_keyframe"] == 1  # six reported (one combined: none)
+    assert servers[0].model.believed(6)[0].name == "HOLDS"  # type: ignore[attr-defined]
