@@ -20,7 +20,7 @@ from fedge.protocol.server_half import ServerHalf
 
 class ClientHalf(Protocol):
     """What an agent (and THE loop) calls on an algorithm's client half. ``BaseClient`` gives every optional hook
-    its default (no use of the initial model, no extra loss, nothing before training or after a backward pass or a
+    its default (no use of the initial model or of the round's norm bounds, no extra loss, nothing before training or after a backward pass or a
     step, every weight trainable, nothing to freeze, predictions from the received model)."""
 
     @property
@@ -31,6 +31,10 @@ class ClientHalf(Protocol):
         when the half is made (ef rebuilds its first public model from it instead of receiving it)."""
     def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
         """Load what the round's task carries into the model (and the half's own state)."""
+    def on_bounds(self, round_number: int, norm_bounds: Mapping[str, float]) -> None:
+        """The L2 bound the coordinator applies to each update group's change this round (the task's
+        ``norm_bounds``, by group name, ``*`` for every group; empty when none is known yet), given after
+        ``on_receive``: a half that keeps what it does not send (ef's residual) clips what it sends to it."""
     def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                         settings: TrainSettings) -> None:
         """Called once before the first step of a round."""
@@ -90,6 +94,9 @@ class BaseClient:
         return False
 
     def initial_model(self, arrays: Arrays) -> None:
+        return None
+
+    def on_bounds(self, round_number: int, norm_bounds: Mapping[str, float]) -> None:
         return None
 
     def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
@@ -211,6 +218,9 @@ class WrappedClient(BaseClient):
 
     def initial_model(self, arrays: Arrays) -> None:
         self.base.initial_model(arrays)
+
+    def on_bounds(self, round_number: int, norm_bounds: Mapping[str, float]) -> None:
+        self.base.on_bounds(round_number, norm_bounds)
 
     def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                         settings: TrainSettings) -> None:

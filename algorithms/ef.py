@@ -10,7 +10,8 @@ keep = 0.3 with ternary values (docs/ef.md, "Measured").
   decode(C). S is evaluated. ``keyframes.PublicModel`` keeps K, C, the keyframe history and what each client holds.
 - Client: brings its copy of K to the packet's keyframe version (the keyframe deltas it lacks, or K dense), adds the
   catch-up, checks versions and CRCs (``keyframes.Replica``), trains from P through the base client's hooks
-  (FedProx's anchor is P), uploads U_i = top-keep(y - P + e_i) and keeps e_i <- (y - P + e_i) - decode(U_i). Its
+  (FedProx's anchor is P), uploads U_i = top-keep(y - P + e_i), scaled under the coordinator's norm bound when
+  the task names one (``on_bounds``), and keeps e_i <- (y - P + e_i) - decode(U_i). Its
   first task carries no tensor: it rebuilds K_0 from the initial model it built at its welcome.
 Float buffers (BatchNorm running statistics) are treated like weights; integer buffers travel dense with every
 delta (the server takes the clients' lower median). Under a robust rule (Multi-Krum, centred clipping) each update
@@ -206,6 +207,7 @@ class Client(WrappedClient):
         self.start: Arrays = {}  # the public model this round trains from (P)
         self.start_version = 0   # ... and its version
         self.residual: np.ndarray | None = None
+        self.clip = 0.0          # the coordinator's norm bound on this round's update (0: none known)
 
     def initial_model(self, arrays: Arrays) -> None:
         self.replica.initial = arrays
@@ -217,6 +219,12 @@ class Client(WrappedClient):
         model_group = {MODEL_GROUP: TensorGroup(dense=self.start)}
         self.base.on_receive(round_number, Payload(groups=model_group), model)
 
+    def on_bounds(self, round_number: int, norm_bounds: Mapping[str, float]) -> None:
+        """The coordinator's bound on this round's ``update`` group: what is sent is clipped to it and the residual
+        keeps the rest, so that an honest device's update is never scaled by the coordinator (and lost)."""
+        self.clip = float(norm_bounds.get("update", norm_bounds.get("*", 0.0)))
+        self.base.on_bounds(round_number, norm_bounds)
+
     def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
         payload: Payload = self.base.make_update(round_number, model, stats)
         is_model = MODEL_GROUP in payload.groups
@@ -226,7 +234,8 @@ class Client(WrappedClient):
         if self.residual is None or self.residual.size != layout.size:
             self.residual = np.zeros(layout.size, dtype=np.float32)
         integers = {name: value for name, value in trained.items() if name not in layout.names}
-        sent = compress(layout, delta + self.residual, self.config.keep, self.config.value_dtype, dense=integers)
+        sent = compress(layout, delta + self.residual, self.config.keep, self.config.value_dtype, dense=integers,
+                        clip=self.clip)
         self.residual = sent.residual
         assert self.replica.version is not None, "make_update before on_receive"
         origin = EfUpdate(base=self.start_version, keyframe=self.replica.version)

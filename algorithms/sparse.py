@@ -109,23 +109,38 @@ class Compressed:
     residual: np.ndarray
 
 
+CLIP_TRIES = 4
+CLIP_MARGIN = 1 - 2.0 ** -10
+
+
 def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dtype: str,
-             dense: Mapping[str, np.ndarray] | None = None, candidates: np.ndarray | None = None) -> Compressed:
+             dense: Mapping[str, np.ndarray] | None = None, candidates: np.ndarray | None = None,
+             clip: float = 0.0) -> Compressed:
     """Send the top ``keep`` fraction (by |value|) of ``update`` among ``candidates`` (default: all positions).
 
     ``update`` is the full flat vector (already including the old residual). The new residual is ``update``
     everywhere except at the sent positions, where it is what the receiver misses: update - decoded (zero when the
-    values travel as f32).
+    values travel as f32). ``clip`` (0: none): the values sent are scaled so that their decoded L2 norm is at most
+    ``clip``, and the residual keeps the rest.
     """
     pool = update if candidates is None else update[candidates]
     count = codec.retained_count(int(pool.size), keep=keep)
     chosen = np.flatnonzero(codec.topk_mask([pool], count))
     indices = (chosen if candidates is None else candidates[chosen]).astype(np.int64)
     values = np.ascontiguousarray(update[indices], dtype=np.float32)
-    wire_values = ternary(layout, indices, values) if value_dtype == "ternary" else values
-    section = SparseSection.with_indices(layout.names, layout.shapes, indices, wire_values)
-    group = TensorGroup(dense=dict(dense or {}), sparse=section, value_dtype=wire_dtype(value_dtype))
-    received = decoded_values(group)
+    scale = 1.0
+    for _ in range(CLIP_TRIES):
+        scaled = values if scale == 1.0 else (values * np.float32(scale)).astype(np.float32)
+        wire_values = ternary(layout, indices, scaled) if value_dtype == "ternary" else scaled
+        section = SparseSection.with_indices(layout.names, layout.shapes, indices, wire_values)
+        group = TensorGroup(dense=dict(dense or {}), sparse=section, value_dtype=wire_dtype(value_dtype))
+        received = decoded_values(group)
+        norm = float(np.linalg.norm(received.astype(np.float64)))
+        if clip <= 0 or norm <= clip:
+            break
+        scale *= clip / norm * CLIP_MARGIN  # below the bound after the value encoding's rounding
+    else:
+        raise ValueError(f"could not scale the update under its norm bound {clip} in {CLIP_TRIES} tries")
     residual = np.array(update, dtype=np.float32)
     residual[indices] = values - received
     return Compressed(group=group, indices=indices, decoded=received, residual=residual)

@@ -69,6 +69,7 @@ def play_task(session: JoinedSession, tensors: Tensors, state: DeviceState, task
         client.load_state_dict(state.committed(session.run_id))
         payload = Payload(groups=dict(task.groups), meta=dict(task.meta))
         client.on_receive(task.round, payload, model)
+        client.on_bounds(task.round, dict(task.norm_bounds))
         if received is not None:
             received(payload, model)
     inference = None if client.inference_after_training else model_arrays(model)

@@ -20,7 +20,7 @@ from fedge.codec.errors import (
     UnknownKind,
     UnsupportedVersion,
 )
-from fedge.codec.legacy import version2_error
+from fedge.codec.legacy import older_error, version2_error, version3_error
 from fedge.codec.masks import mask_crc, retained_count, topk_mask
 from fedge.codec.messages import (
     PROTOCOL_VERSION,
@@ -45,7 +45,7 @@ __all__ = [
     "PROTOCOL_VERSION", "SPOKEN_VERSIONS", "vocabulary",
     "Hello", "Welcome", "Task", "Update", "Commit", "Heartbeat", "ErrorMessage", "Bye", "Cancel", "Grant",
     "Message", "TensorGroup", "received", "SparseSection", "encode", "encode_body", "encode_header", "decode", "read_header", "packet_kind", "Header", "Limits",
-    "version2_error",
+    "older_error", "version2_error", "version3_error",
     "CodecError", "TooLarge", "Malformed", "UnsupportedVersion", "UnknownKind", "ChecksumError", "NonFinite",
     "ShapeMismatch", "MaskMismatch", "OutOfRange",
     "retained_count", "topk_mask", "mask_crc",

@@ -2,7 +2,7 @@
 
 Types: ``str`` (UTF-8, at most 64 KiB), ``code`` (``vocabulary.CODE_PATTERN``), ``int`` (0 ... 2^63 - 1),
 ``float``, ``optfloat``, ``bool``, ``strs`` / ``ints`` / ``floats`` (at most 1,024 items), ``hold`` (None or
-[run id, round]), ``map`` / ``meta`` (plain msgpack-native data, ``plain_data``) and ``groups`` (name to
+[run id, round]), ``bounds`` (at most 64 names to finite numbers above 0), ``map`` / ``meta`` (plain msgpack-native data, ``plain_data``) and ``groups`` (name to
 ``TensorGroup``). ``check_fields`` checks a map with exactly the keys of a table. Every failure is ``Malformed``.
 
 This module must not import torch, zmq or any other Fedge package.
@@ -10,6 +10,7 @@ This module must not import torch, zmq or any other Fedge package.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from fedge.codec.tensors import TensorGroup
 MAX_TEXT_BYTES = 65536
 MAX_LIST_ITEMS = 1024
 MAX_MAP_DEPTH = 32
+MAX_BOUNDS = 64
 
 
 def _check_text(value: Any, what: str) -> str:
@@ -105,6 +107,16 @@ def check_value(kind: str, value: Any, what: str) -> Any:
         if len(pair) != 2:
             raise Malformed(f"{what} must be nil or [run id, round], got {value!r:.80}")
         return (_check_text(pair[0], f"{what}'s run id"), _check_int(pair[1], f"{what}'s round"))
+    if kind == "bounds":
+        if not isinstance(value, Mapping) or len(value) > MAX_BOUNDS:
+            raise Malformed(f"{what} must be a map of at most {MAX_BOUNDS} group names to bounds, got {value!r:.80}")
+        bounds = {}
+        for name, bound in value.items():
+            checked = _check_float(bound, f"{what}[{name!r:.40}]")
+            if not math.isfinite(checked) or checked <= 0:
+                raise Malformed(f"{what}[{name!r:.40}] must be a finite number above 0, got {bound!r:.40}")
+            bounds[_check_text(name, f"a key of {what}")] = checked
+        return bounds
     if kind in ("map", "meta"):
         if not isinstance(value, Mapping):
             raise Malformed(f"{what} must be a map with string keys, got {type(value).__name__}")

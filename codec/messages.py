@@ -32,8 +32,8 @@ from fedge.codec.tensors import TensorGroup
 
 __all__ = ["MAX_LIST_ITEMS", "MAX_TEXT_BYTES", "PROTOCOL_VERSION", "plain_data"]
 
-PROTOCOL_VERSION = 3
-SPOKEN_VERSIONS = (3,)  # the wire-format versions this codec speaks (a Hello says them)
+PROTOCOL_VERSION = 4
+SPOKEN_VERSIONS = (4,)  # the wire-format versions this codec speaks (a Hello says them)
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,9 @@ class Task(MessageBase):
     """Coordinator -> agent: the round's downlink (the algorithm's groups and meta in the body) and the runtime's
     fields: the last committed round, the agent's last accepted round, the seconds left until the round's
     deadline, whether to evaluate the received model (``personal_eval``: for its personal accuracy; ``evaluate``:
-    the session has no test set of its own), and ``paced``: hold the update until a Grant for this round comes."""
+    the session has no test set of its own), ``paced``: hold the update until a Grant for this round comes, and
+    ``norm_bounds``: the L2 bound the coordinator applies to the change of each update group this round, by group
+    name (``*``: every group), empty when none is known before the round closes."""
 
     groups: Mapping[str, TensorGroup] = _empty()
     meta: Mapping[str, Any] = _empty()
@@ -138,6 +140,7 @@ class Task(MessageBase):
     personal_eval: bool = False
     evaluate: bool = False
     paced: bool = False
+    norm_bounds: Mapping[str, float] = _empty()
     kind: ClassVar[str] = "task"
     kind_code: ClassVar[int] = 3
 
@@ -241,7 +244,8 @@ HEADER_FIELDS: dict[type[MessageBase], tuple[tuple[str, str, str], ...]] = {
               ("liveness_s", "lv", "float"), ("train_limit", "lim", "int"), ("plugins", "plg", "map"),
               ("normalization", "nrm", "map")),
     Task: (("committed_round", "cr", "int"), ("last_accepted_round", "la", "int"), ("deadline_s", "dl", "float"),
-           ("personal_eval", "pe", "bool"), ("evaluate", "ev", "bool"), ("paced", "pace", "bool")),
+           ("personal_eval", "pe", "bool"), ("evaluate", "ev", "bool"), ("paced", "pace", "bool"),
+           ("norm_bounds", "nb", "bounds")),
     Update: (("num_samples", "n", "int"), ("steps", "st", "int"), ("train_loss", "tl", "float"),
              ("train_s", "ts", "float"), ("evaluation", "ev", "map"), ("eval_samples", "es", "int"),
              ("personal_accuracy", "pa", "optfloat"), ("record", "rec", "map")),

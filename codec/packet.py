@@ -101,12 +101,13 @@ def unpack_header(packed: bytes | memoryview, where: str = "the header") -> Any:
                         f"entries; {type(exc).__name__}: {exc})") from None
 
 
-def encode_header(message: Message) -> bytes:
-    """The prefix, header and CRC of `message`: a whole packet for kinds without a body."""
+def encode_header(message: Message, version: int = PROTOCOL_VERSION) -> bytes:
+    """The prefix, header and CRC of `message`: a whole packet for kinds without a body. `version`: the format
+    version byte and header `v` (another only for ``legacy``'s refusal in a layout an older side shares)."""
     cls = type(message)
     if cls not in HEADER_FIELDS:
         raise Malformed(f"encode() takes a codec message (Hello, Task, ...), got {cls.__name__}")
-    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "k": cls.kind_code, "run": message.run_id,
+    header: dict[str, Any] = {"v": version, "k": cls.kind_code, "run": message.run_id,
                               "r": message.round, "s": message.sender}
     for attr, key, _kind in HEADER_FIELDS[cls]:
         header[key] = getattr(message, attr)
@@ -120,7 +121,7 @@ def encode_header(message: Message) -> bytes:
         squeezed = frames.compress(packed, level=1, checksum=True)
         if len(squeezed) < len(packed):
             packed, flags = squeezed, HEADER_ZSTD
-    head = MAGIC + bytes((PROTOCOL_VERSION, cls.kind_code, flags, 0)) + struct.pack("<I", len(packed)) + packed
+    head = MAGIC + bytes((version, cls.kind_code, flags, 0)) + struct.pack("<I", len(packed)) + packed
     return head + struct.pack("<I", zlib.crc32(head))
 
 

@@ -145,11 +145,12 @@ class Session:
         return {**welcome_fields(self.config, self.spec, self.model_hash, index, self.registry.capacity),
                 **self.welcome_extra}
 
-    def task_flags(self, number: int) -> dict[str, bool]:
-        """The runtime's evaluation flags of a task in round ``number``."""
+    def task_flags(self, number: int) -> dict[str, Any]:
+        """The runtime's fields of a task in round ``number``: its evaluation flags and the round's norm bounds."""
         personal = self.config.eval.personal_every
         return {"personal_eval": bool(personal and number % personal == 0),
-                "evaluate": self.evaluator is None and self.rows.due(number)}
+                "evaluate": self.evaluator is None and self.rows.due(number),
+                "norm_bounds": self.aggregation.norm_bounds}
 
     # ----------------------------------------------------------------------------------------- driving the protocol
     def act(self, events: list[CoordinatorEvent]) -> None:

@@ -140,8 +140,9 @@ class AgentProtocol:
         try:
             message = codec.decode(frame)
         except codec.UnsupportedVersion as exc:
+            older = "coordinator" if exc.version < codec.PROTOCOL_VERSION else "agent"
             why = f"the coordinator speaks wire-format version {exc.version}, this agent {codec.PROTOCOL_VERSION}: " \
-                  "upgrade the coordinator"
+                  f"upgrade the {older}"
             return [Noted(logging.ERROR, why), *self.back_off(now, f"refused: {why}")]
         except codec.CodecError as exc:
             return self.on_malformed(frame, exc, now)

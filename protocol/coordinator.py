@@ -47,12 +47,12 @@ from fedge.protocol.validation import check_update
 
 class CoordinatorProtocol:
     """The rules of a session; see the module docstring. ``welcome_fields(index)`` is a welcome's settings (the
-    fields of ``codec.Welcome``), ``task_flags(round)`` the evaluation flags of a task (``personal_eval``,
-    ``evaluate``)."""
+    fields of ``codec.Welcome``), ``task_flags(round)`` the runtime's further fields of a task (``personal_eval``,
+    ``evaluate``, ``norm_bounds``)."""
 
     def __init__(self, run_id: str, model_hash: str, shapes: dict[str, tuple[int, ...]], registry: AgentRegistry,
                  server: ServerHalf, welcome_fields: Callable[[int], dict[str, Any]],
-                 task_flags: Callable[[int], dict[str, bool]] | None = None,
+                 task_flags: Callable[[int], dict[str, Any]] | None = None,
                  limiter: RejectionLimiter | None = None, max_uploads: int = 0) -> None:
         self.run_id = run_id
         self.model_hash = model_hash
@@ -95,9 +95,10 @@ class CoordinatorProtocol:
         try:
             message = codec.decode(frame)
         except codec.UnsupportedVersion as exc:
+            older = "agent" if exc.version < codec.PROTOCOL_VERSION else "coordinator"
             return self.refuse(peer, words.PROTOCOL_MISMATCH, f"the agent speaks wire-format version {exc.version}, "
-                               f"this coordinator {codec.PROTOCOL_VERSION}: upgrade the agent", now,
-                               older=exc.version == 2)
+                               f"this coordinator {codec.PROTOCOL_VERSION}: upgrade the {older}", now,
+                               older=exc.version)
         except codec.CodecError as exc:
             return self.refuse(peer, words.MALFORMED, f"{type(exc).__name__}: {exc}", now)
         client_id = peer.decode(errors="replace")
@@ -151,8 +152,9 @@ class CoordinatorProtocol:
             events += self.on_declined(client_id, index)
         return events
 
-    def refuse(self, peer: bytes, code: str, reason: str, now: float, older: bool = False) -> list[CoordinatorEvent]:
-        """Answer (and log) a refusal, at a bounded rate per peer; ``older``: answer in wire-format version 2."""
+    def refuse(self, peer: bytes, code: str, reason: str, now: float, older: int = 0) -> list[CoordinatorEvent]:
+        """Answer (and log) a refusal, at a bounded rate per peer; ``older``: the wire-format version of the packet
+        refused, to answer in it where the codec still writes one (``codec.legacy``)."""
         admitted, suppressed = self.limiter.admit(peer, now)
         events: list[CoordinatorEvent] = []
         if suppressed:
@@ -160,8 +162,9 @@ class CoordinatorProtocol:
                                                  "or logged in the last window"))
         if admitted:
             events.append(Rejected(peer, code, reason))
-            if older:
-                events.append(SendFrame(peer=peer, frame=codec.version2_error(self.run_id, COORDINATOR, code, reason)))
+            frame = codec.older_error(older, self.run_id, COORDINATOR, code, reason) if older else None
+            if frame is not None:
+                events.append(SendFrame(peer=peer, frame=frame))
             else:
                 events.append(Send(peer=peer, message=codec.ErrorMessage(run_id=self.run_id, round=self.round, sender=COORDINATOR,
                                                             code=code, reason=reason)))

@@ -117,6 +117,12 @@ class Aggregation:
         self.rule = rule if rule is not None and rule.robust else None
         self.for_rule: list[ClientUpdate] = []
 
+    @property
+    def norm_bounds(self) -> dict[str, float]:
+        """The bounds this round applies as its updates arrive, by group (``*``: every group), for its tasks to
+        announce (``codec.Task.norm_bounds``); empty when the round holds (its bounds are known only at close)."""
+        return {} if self.holding else {name: bound for name, bound in self.thresholds.items() if bound > 0}
+
     def fold(self, update: ClientUpdate) -> None:
         self.folded += 1
         if self.influence is None:

@@ -132,14 +132,21 @@ def make_fleet(name: str, options: Mapping[str, Any], spec: ModelSpec, clients: 
                "heartbeat_s": FOREVER_S, "liveness_s": FOREVER_S}
     registry = AgentRegistry(clients, FOREVER_S)
     registry.reserve([client_id(i) for i in range(clients)])
+    made: list[Fleet] = []  # the fleet, once made: its round's aggregation announces the norm bounds in each task
+
+    def task_fields(_round: int) -> dict[str, Any]:
+        aggregation = made[0].aggregation if made else None
+        return {"norm_bounds": aggregation.norm_bounds if aggregation is not None else {}}
+
     coordinator = CoordinatorProtocol(RUN_ID, model_hash, {k: tuple(v.shape) for k, v in arrays.items()}, registry,
-                                      server, lambda index: {**welcome, "client_index": index})
+                                      server, lambda index: {**welcome, "client_index": index}, task_fields)
     logical = [LogicalClient(client_id(i), str(root / client_id(i)), simulated_facts(0), stay=True)
                for i in range(clients)]
     fleet = Fleet(server=server, clients=[], models=models, coordinator=coordinator, logical=logical,
                   state_root=root, keep=keep, initial=arrays,
                   influence=None if bounds is None else Influence(bounds, cap=bounds.max_samples or weight_cap),
                   rule=rule)
+    made.append(fleet)
     for index, client in enumerate(logical):
         for _, action, frame in deliver(fleet, coordinator.receive(client.peer, client.hello_frame(), fleet.clock)):
             if isinstance(action, Join):

@@ -9,11 +9,12 @@ from typing import Any
 
 import msgpack
 
+from fedge.codec import PROTOCOL_VERSION
 from fedge.codec.frames import compress, decompress
 from fedge.codec.packet import read_header
 
 
-def head(kind: int, header: bytes, version: int = 3) -> bytes:
+def head(kind: int, header: bytes, version: int = PROTOCOL_VERSION) -> bytes:
     """The prefix, `header` bytes and their CRC, for a packet of `kind`."""
     start = b"FEDG" + bytes((version, kind, 0, 0)) + struct.pack("<I", len(header)) + header
     return start + struct.pack("<I", zlib.crc32(start))

@@ -4,6 +4,8 @@ once gives the same packet; an older agent gets a refusal it can read."""
 
 from __future__ import annotations
 
+import struct
+import zlib
 from typing import Any
 
 import msgpack
@@ -32,6 +34,7 @@ from fedge.codec import (
     encode_body,
     read_header,
     version2_error,
+    version3_error,
     vocabulary,
 )
 from fedge.codec.frames import decompress
@@ -58,7 +61,7 @@ MESSAGES = [
           "cuda", (1, 28, 28), 10, ("run-1", 4)),
     welcome(),
     Task("run-1", 4, "coordinator", {}, {"lr": 0.01}, committed_round=3, last_accepted_round=2, deadline_s=30.0,
-         personal_eval=True, evaluate=False, paced=True),
+         personal_eval=True, evaluate=False, paced=True, norm_bounds={"update": 2.5, "*": 1}),
     Update("run-1", 4, "agent-07", {}, {"ef_base": 3}, num_samples=600, steps=10, train_loss=0.42, train_s=1.5,
            evaluation={"accuracy": 0.9, "loss": None}, eval_samples=100, personal_accuracy=0.91,
            record={"cpu_s": 1.25, "energy_source": "rapl"}),
@@ -242,6 +245,28 @@ def test_an_older_agent_gets_a_version_2_refusal() -> None:
                     "why": "upgrade the agent"}
     with pytest.raises(UnsupportedVersion):  # and this side reads no version-2 packet
         decode(packet)
+
+
+def test_a_version_3_agent_gets_a_refusal_in_version_3() -> None:
+    packet = version3_error("run-1", "coordinator", vocabulary.PROTOCOL_MISMATCH, "upgrade the agent")
+    header = msgpack.unpackb(packet[12:-4])
+    assert packet[:6] == b"FEDG\x03\x07" and header["v"] == 3 and header["code"] == "protocol-mismatch"
+    assert zlib.crc32(packet[:-4]) == struct.unpack("<I", packet[-4:])[0]
+    with pytest.raises(UnsupportedVersion):
+        decode(packet)
+
+
+@pytest.mark.parametrize("bounds", [{"update": -1.0}, {"update": 0.0}, {"update": float("nan")},
+                                    {"update": float("inf")}, {"update": "big"}, {"update": True},
+                                    {f"g{i}": 1.0 for i in range(65)}])
+def test_a_task_norm_bound_that_is_not_a_finite_positive_number_is_malformed(bounds: dict[str, Any]) -> None:
+    packet = encode(MESSAGES[2])
+    tree = parts(packet)
+    tree["header"]["nb"] = bounds
+    with pytest.raises(Malformed, match="norm_bounds"):
+        decode(rebuild(packet, tree))
+    with pytest.raises(Malformed):
+        Task("r", 1, "c", norm_bounds=bounds)
 
 
 def test_codes_in_the_vocabulary_are_well_formed() -> None:

@@ -18,6 +18,7 @@ from fedge.codec import (
     encode,
     read_header,
     version2_error,
+    version3_error,
 )
 from fedge.codec.frames import decompress
 
@@ -93,5 +94,7 @@ def test_uplink_example_header_and_section() -> None:
     assert np.array_equal(dense.reshape(-1), [0.125, 0, -0.5, 1.0, 0.0, 2.0, 0, -1.0])
 
 
-def test_the_older_version_refusal_example() -> None:
+def test_the_older_version_refusal_examples() -> None:
     assert version2_error("r1", "coordinator", "protocol-mismatch", "upgrade the agent").hex() in code_blocks()
+    version3 = version3_error("r1", "coordinator", "protocol-mismatch", "upgrade the agent")
+    assert version3.hex() in code_blocks() and version3[4] == 3 and version3[5] == 7

@@ -225,3 +225,34 @@ def test_multi_krum_combines_ef_updates_on_every_coordinate_and_keeps_what_each_
                               rule=RobustRule("centered-clip"))
     assert metrics["ef_stale_updates"] == 1 and metrics["ef_keyframe"] == 1  # six reported (one combined: none)
     assert servers[0].model.believed(6)[0].name == "HOLDS"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("value_dtype", ["f32", "f16", "bf16", "int8", "ternary"])
+def test_compress_with_a_clip_sends_at_most_the_bound_and_the_residual_keeps_the_rest(value_dtype: str) -> None:
+    from fedge.algorithms.sparse import FlatLayout, compress
+
+    layout = FlatLayout(("w", "b"), ((40, 30), (30,)))
+    update = np.random.default_rng(1).standard_normal(layout.size).astype(np.float32)
+    free = compress(layout, update, 0.3, value_dtype)
+    norm = float(np.linalg.norm(free.decoded.astype(np.float64)))
+    loose = compress(layout, update, 0.3, value_dtype, clip=2 * norm)
+    assert np.array_equal(loose.decoded, free.decoded) and np.array_equal(loose.residual, free.residual)
+    clipped = compress(layout, update, 0.3, value_dtype, clip=norm / 4)
+    sent = float(np.linalg.norm(clipped.decoded.astype(np.float64)))
+    assert norm / 4 * 0.99 < sent <= norm / 4  # under the bound, and not far under it
+    assert np.array_equal(clipped.indices, free.indices)
+    kept = clipped.residual.copy()
+    kept[clipped.indices] += clipped.decoded
+    assert np.allclose(kept, update, atol=1e-6)  # what was not sent stays in the residual
+
+
+def test_ef_devices_clip_to_the_bound_their_tasks_announce_so_the_coordinator_clips_none_of_them() -> None:
+    data = client_data(TINY_MLP, 4, samples=32)
+    clipped = []
+    fleet = make_fleet("ef-fedavg", {"keep": 0.3, "value_dtype": "f16"}, TINY_MLP, clients=4, seed=1,
+                       bounds=InfluenceLimits(norm_factor=0.5), weight_cap=32)
+    for round_number in (1, 2, 3):
+        metrics = run_round(fleet, round_number, data, SGD, seed=1)
+        clipped.append(metrics["robust_clipped"])
+        assert (fleet.clients[0].clip > 0) == (round_number > 1)  # round 1 holds: no bound to announce
+    assert clipped[0] >= 2 and clipped[1:] == [0, 0]  # half the devices are above 0.5 x the median

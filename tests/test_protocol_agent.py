@@ -93,6 +93,12 @@ def test_a_packet_of_an_older_wire_format_backs_off_with_the_reason() -> None:
     notes = [a.text for a in actions if type(a).__name__ == "Noted"]
     assert any("version 2" in n and "upgrade the coordinator" in n for n in notes)
     assert p.refusals == 1 and p.hello_after == 3.0
+    newer = bytearray(codec.encode(codec.ErrorMessage(run_id="r1", round=0, sender="coordinator",
+                                                      code="protocol-mismatch", reason="upgrade")))
+    newer[4] = codec.PROTOCOL_VERSION + 1  # a newer coordinator: this agent is the one to upgrade
+    notes = [a.text for a in AgentProtocol("pi", 3.0, facts=FACTS).receive(bytes(newer), 0.0)
+             if type(a).__name__ == "Noted"]
+    assert any("upgrade the agent" in n for n in notes)
 
 
 def test_session_level_refusals_back_off_exponentially_up_to_fifteen_minutes() -> None:

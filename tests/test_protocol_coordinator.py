@@ -93,6 +93,11 @@ def test_a_full_session_and_mismatched_protocols_and_models_are_refused() -> Non
     (answer,) = [e for e in p.receive(b"e", bytes(older), 0.0) if isinstance(e, SendFrame)]
     assert answer.peer == b"e" and answer.frame[:8] == b"FEDG\x02\x07\x00\x00" and b"protocol-mismatch" in \
         codec.frames.decompress(answer.frame[8:], max_size=1 << 16, where="t", need_checksum=True)
+    older[4] = 3  # a version-3 agent: answered in version 3
+    (answer,) = [e for e in p.receive(b"f", bytes(older), 0.0) if isinstance(e, SendFrame)]
+    assert answer.frame == codec.version3_error("run-1", "coordinator", "protocol-mismatch",
+                                                "the agent speaks wire-format version 3, this coordinator 4: "
+                                                "upgrade the agent")
     assert codes(p.receive(b"d", hello("d", model_hash="0" * 16), 0.0)) == ["model-mismatch"]
     assert sorted(p.registry.agents) == ["a"]
 
