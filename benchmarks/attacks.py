@@ -4,9 +4,11 @@ attacked run paired with the clean run of the same seed and defence.
     .venv/bin/python benchmarks/attacks.py                                   # the headline cell, seeds 0-2
     .venv/bin/python benchmarks/attacks.py --attacks inflate-flip,sign-flip --defences bounds,none \\
         --norm-factors 1.5,3 --seeds 0,1 --out runs/attacks.jsonl            # resumable: done cells are skipped
+    for k in 0 1 2; do .venv/bin/python benchmarks/attacks.py ... --out runs/a.jsonl --shard $k/3 & done; wait
+    .venv/bin/python benchmarks/attacks.py ... --out runs/a.jsonl           # the shards' table (nothing left to run)
 
-Setup: ``--clients`` devices (10) at full participation, fmnist-demo, Dirichlet 0.3, mlp, FedAvg, ``--rounds``
-(10); the first ``--attackers`` devices are compromised (tests/attackers.py wraps the client-round function: the
+Setup: ``--clients`` devices (10) at full participation, fmnist-demo, Dirichlet 0.3 (``--partition iid`` for
+the IID column), mlp, FedAvg (``--algorithm``), ``--rounds`` (10); the first ``--attackers`` devices are compromised (tests/attackers.py wraps the client-round function: the
 shipped agent holds no attack). Defences: ``bounds`` (the default bounded influence, with ``--norm-factors``),
 ``none`` (``norm_factor = 0``, a cap above any claim), and each robust aggregator (``trimmed-mean``, ``median``,
 ``multi-krum``, ``centered-clip``) over the default bounds, with ``byzantine`` = the attackers expected per cohort
@@ -36,11 +38,12 @@ ATTACK_NAMES = (*ATTACKS, "label-flip", "alie")
 OFF = {"norm_factor": 0.0, "max_samples": 10**12}
 
 
-def session(seed: int, clients: int, rounds: int, robust: dict[str, Any], fraction: float) -> Any:
+def session(seed: int, clients: int, rounds: int, robust: dict[str, Any], fraction: float,
+            partition: str = "dirichlet", algorithm: str = "fedavg") -> Any:
     return session_config(run={"rounds": rounds, "seed": seed, "export_onnx": False},
-                          data={"dataset": "fmnist-demo", "partition": "dirichlet", "alpha": 0.3, "clients": clients},
+                          data={"dataset": "fmnist-demo", "partition": partition, "alpha": 0.3, "clients": clients},
                           fleet={"mode": "simulated", "backend": "inline"}, model={"name": "mlp"},
-                          round={"fraction": fraction}, algorithm={"name": "fedavg"}, robust=robust)
+                          round={"fraction": fraction}, algorithm={"name": algorithm}, robust=robust)
 
 
 def attacked(attack: str, ids: set[str], workdir: Path, cohort: int) -> Any:
@@ -53,10 +56,10 @@ def attacked(attack: str, ids: set[str], workdir: Path, cohort: int) -> Any:
 
 
 def run(seed: int, clients: int, rounds: int, robust: dict[str, Any], attack: str, attackers: int,
-        fraction: float = 1.0) -> dict[str, Any]:
+        fraction: float = 1.0, partition: str = "dirichlet", algorithm: str = "fedavg") -> dict[str, Any]:
     ids = {f"agent-{i:02d}" if clients <= 100 else f"agent-{i:03d}" for i in range(attackers)}
     with tempfile.TemporaryDirectory(prefix="fedge-attack-") as tmp:
-        config = session(seed, clients, rounds, robust, fraction)
+        config = session(seed, clients, rounds, robust, fraction, partition, algorithm)
         if attack == "clean":
             report = run_session(config, Path(tmp) / "run")
         else:
@@ -79,9 +82,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attackers", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--fraction", type=float, default=1.0, help="round.fraction (0.1 with --clients 100)")
+    parser.add_argument("--partition", default="dirichlet", choices=("dirichlet", "iid"))
+    parser.add_argument("--algorithm", default="fedavg", help="fedavg, fedprox, ef-fedavg, ef-fedprox, ...")
+    parser.add_argument("--shard", default="", help="K/N: run only the clean runs numbered K modulo N and the "
+                        "attacked cells paired with them (with --out; "
+                        "start N processes, then once more without --shard for the table)")
     parser.add_argument("--out", default="", help="append each cell here as JSON and skip the cells it holds")
     parser.add_argument("--figure", default="", help="write a bar chart of the attacked accuracy here (matplotlib)")
     args = parser.parse_args(argv)
+    shard, shards = 0, 1
+    if args.shard:
+        try:
+            shard, shards = (int(part) for part in args.shard.split("/"))
+        except ValueError:
+            parser.error(f"--shard takes K/N, got {args.shard!r}")
+        if not 0 <= shard < shards or not args.out:
+            parser.error("--shard K/N needs 0 <= K < N and --out (the shards share the file)")
+    variant = (f"|{args.partition}" if args.partition != "dirichlet" else "") + \
+        (f"|{args.algorithm}" if args.algorithm != "fedavg" else "")
     done: dict[str, dict[str, Any]] = {}
     out = Path(args.out) if args.out else None
     if out is not None and out.exists():
@@ -90,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             done[cell["key"]] = cell
     cells = []
     cleans: dict[str, dict[str, Any]] = {}
+    groups_seen: dict[str, int] = {}  # a shard takes whole clean runs: every cell paired with one clean run
     for attack in args.attacks.split(","):
         if attack not in ATTACK_NAMES:
             parser.error(f"unknown attack {attack!r}: {', '.join(ATTACK_NAMES)}")
@@ -100,16 +119,21 @@ def main(argv: list[str] | None = None) -> int:
                     {"aggregator": defence, "byzantine": max(1, round(args.attackers * args.fraction))}
                 for seed in (int(s) for s in args.seeds.split(",")):
                     key = f"{attack}|{defence}|{factor}|{seed}|{args.clients}|{args.attackers}|{args.rounds}" + \
-                        (f"|{args.fraction}" if args.fraction != 1.0 else "")
+                        (f"|{args.fraction}" if args.fraction != 1.0 else "") + variant
+                    clean_key = f"{defence}|{factor}|{seed}|{args.clients}|{args.rounds}|{args.attackers}|" \
+                                f"{args.fraction}{variant}"
+                    number = groups_seen.setdefault(clean_key, len(groups_seen))
+                    if key not in done and number % shards != shard:
+                        continue  # another shard's cell
                     if key not in done:
-                        clean_key = f"{defence}|{factor}|{seed}|{args.clients}|{args.rounds}|{args.attackers}|" \
-                                    f"{args.fraction}"
                         if clean_key not in cleans:  # the clean run of a defence and seed serves every attack
                             cleans[clean_key] = run(seed, args.clients, args.rounds, robust, "clean", 0,
-                                                    args.fraction)
+                                                    args.fraction, args.partition, args.algorithm)
                         clean = cleans[clean_key]
-                        hit = run(seed, args.clients, args.rounds, robust, attack, args.attackers, args.fraction)
+                        hit = run(seed, args.clients, args.rounds, robust, attack, args.attackers, args.fraction,
+                                  args.partition, args.algorithm)
                         done[key] = {"key": key, "attack": attack, "defence": defence, "norm_factor": factor,
+                                     "partition": args.partition, "algorithm": args.algorithm,
                                      "seed": seed, "clean": clean["accuracy"], "attacked": hit["accuracy"],
                                      "gap_points": 100 * (clean["accuracy"] - hit["accuracy"]),
                                      "honest_clipped": clean["clipped"], "honest_capped": clean["capped"],
@@ -123,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                             with out.open("a") as f:
                                 f.write(json.dumps(done[key]) + "\n")
                     cells.append(done[key])
+    if shards > 1:
+        return 0  # the table comes from a run without --shard over the shared --out
     print("\n| attack | defence | norm_factor | seeds | clean | attacked | gap, points (mean; max) | honest clipped |")
     print("|---|---|---|---|---|---|---|---|")
     groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}

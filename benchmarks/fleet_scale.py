@@ -1,7 +1,7 @@
 """The coordinator at fleet scale: the real coordinator against N light agents on real sockets.
 
     python benchmarks/fleet_scale.py [--agents 10,100,1000] [--algorithms fedavg,ef-fedprox] [--curve off,on]
-        [--rounds 4] [--per-process 250] [--max-uploads 16] [--profile PREFIX]
+        [--rounds 4] [--per-process 250] [--max-uploads 16] [--bounds derived,preset] [--profile PREFIX]
 
 Starts ``coordinator start --bind tcp://127.0.0.1:0`` (the paper CNN at 3x32x32, 1,147,466 parameters, no data on
 the coordinator, no evaluation) and N light agents in processes of ``--per-process`` agents each. A light agent is
@@ -13,7 +13,9 @@ configuration, over rounds 2 to R: the coordinator's CPU seconds per round (the 
 light agents compete for the CPU), its wall time per round (the light agents compute nothing, so this is all
 beyond the slowest agent's compute), its peak RSS, and the bytes each way; and, measured in the same run, the
 transport floor: the same frames (one task down to each agent, one update back) through ZeroMQ alone. Uploads are
-paced (``fleet.max_uploads``, ``--max-uploads``; 0: unpaced). ``--profile PREFIX`` runs each coordinator under
+paced (``fleet.max_uploads``, ``--max-uploads``; 0: unpaced). ``--bounds``: ``derived`` (the defaults: a bound
+fleet derives its weight cap and norm bound from round 1's claims and norms, so round 1 holds every update until
+it closes), ``preset`` (``robust.max_samples`` and ``robust.norm_bound`` set: no round holds) or ``off``. ``--profile PREFIX`` runs each coordinator under
 cProfile. Figures only: no thresholds (docs/scale.md has the table).
 """
 
@@ -217,16 +219,21 @@ def transport_floor(task: bytes, update: bytes, agents: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ one configuration
+BOUNDS = {"derived": [], "preset": ["--set", "robust.max_samples=100000", "--set", "robust.norm_bound=1e6"],
+          "off": ["--set", "robust.max_samples=1000000000000", "--set", "robust.norm_factor=0"]}
+
+
 def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int, max_uploads: int,
-        workdir: Path, profile: str = "") -> dict[str, Any]:
-    run_dir = workdir / f"{algorithm}-{agents}-{'curve' if curve else 'plain'}"
+        workdir: Path, profile: str = "", bounds: str = "derived") -> dict[str, Any]:
+    run_dir = workdir / f"{algorithm}-{agents}-{'curve' if curve else 'plain'}-{bounds}"
     keys = workdir / f"keys-{agents}-{algorithm}"
     profiler = ["-m", "cProfile", "-o", f"{profile}-{run_dir.name}.prof"] if profile else []
     args = [sys.executable, *profiler, "-m", "fedge.runtime.cli", "start", "--bind", "tcp://127.0.0.1:0", "--expect",
             str(agents), "--rounds", str(rounds), "--run-dir", str(run_dir), "--algorithm", algorithm, *MODEL,
             "--set", f"data.clients={agents}", "--set", "eval.every=0", "--set", "run.export_onnx=false",
             "--set", "fleet.heartbeat_s=5", "--set", "fleet.liveness_s=300", "--set", "round.deadline_s=900",
-            "--set", "fleet.join_timeout_s=600", "--set", f"security.curve={'on' if curve else 'off'}", "--quiet"]
+            "--set", "fleet.join_timeout_s=600", "--set", f"security.curve={'on' if curve else 'off'}", "--quiet",
+            *BOUNDS[bounds]]
     if curve:
         subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "keygen", "--keys-dir", str(keys)],
                        check=True, capture_output=True)
@@ -265,7 +272,7 @@ def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int,
     rows = read_rows(run_dir)
     cpu = [b - a for (_, a), (_, b) in zip(samples, samples[1:], strict=False)]
     later = rows[1:] or rows
-    return {"algorithm": algorithm, "agents": agents, "curve": curve, "rounds": len(rows),
+    return {"algorithm": algorithm, "agents": agents, "curve": curve, "bounds": bounds, "rounds": len(rows),
             "cpu_s": statistics.median(cpu) if cpu else None,
             "wall_s": statistics.median(r["wall_s"] for r in later) if later else None,
             "rss_mb": peak_rss / 2**20, "down_mb": statistics.median(r["bytes_down"] for r in later) / 1e6,
@@ -298,6 +305,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--per-process", type=int, default=250)
     parser.add_argument("--max-uploads", type=int, default=16, help="paced uploads (fleet.max_uploads); 0: unpaced")
+    parser.add_argument("--bounds", default="derived", help=f"comma-separated: {', '.join(BOUNDS)}")
     parser.add_argument("--profile", default="", help="write cProfile data of each coordinator to PREFIX-RUN.prof")
     parser.add_argument("--serve-agents", nargs=2, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -309,22 +317,25 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="fedge-fleet-"))
     write_layout(workdir / "layout.json")
     print(f"# fleet_scale: {os.cpu_count()} CPUs; runs under {workdir}")
-    print("| algorithm | agents | CurveZMQ | coordinator CPU s / round | wall s / round | floor s | wall / floor | "
-          "peak RSS MB | down MB / round | up MB / round |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| algorithm | agents | CurveZMQ | bounds | coordinator CPU s / round | wall s / round | floor s | "
+          "wall / floor | peak RSS MB | down MB / round | up MB / round |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for algorithm in args.algorithms.split(","):
         for agents in (int(n) for n in args.agents.split(",")):
-            for curve in (c == "on" for c in args.curve.split(",")):
+            for curve, bounds in ((c == "on", b) for c in args.curve.split(",") for b in args.bounds.split(",")):
+                if bounds not in BOUNDS:
+                    parser.error(f"--bounds: {bounds!r} is not one of {', '.join(BOUNDS)}")
                 result = run(algorithm, agents, curve, args.rounds, args.per_process, args.max_uploads, workdir,
-                             args.profile)
+                             args.profile, bounds)
                 down = int(result["down_mb"] * 1e6 / max(agents, 1))
                 up = int(result["up_mb"] * 1e6 / max(agents, 1))
                 floor = transport_floor(b"t" * max(down, 1), b"u" * max(up, 1), agents)
                 result["floor_s"] = floor
                 results.append(result)
                 ratio = result["wall_s"] / floor if result["wall_s"] else float("nan")
-                print(f"| {algorithm} | {agents} | {'on' if curve else 'off'} | {result['cpu_s'] or float('nan'):.2f} "
+                print(f"| {algorithm} | {agents} | {'on' if curve else 'off'} | {bounds} | "
+                      f"{result['cpu_s'] or float('nan'):.2f} "
                       f"| {result['wall_s'] or float('nan'):.2f} | {floor:.3f} | {ratio:.1f} | {result['rss_mb']:.0f} | "
                       f"{result['down_mb']:.1f} | {result['up_mb']:.1f} |" +
                       ("" if result["exit"] == 0 else f" (exit {result['exit']}: {result['run_dir']})"), flush=True)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedge.codec import SparseSection, TensorGroup
-from fedge.protocol.influence import Bounded, Influence, group_references, raw_norms
+from fedge.protocol.influence import Bounded, Influence, group_references, raw_norms, scale_change
 from fedge.protocol.payload import Arrays, ClientUpdate, Payload
 from fedge.protocol.robust_rules import RobustRule, combine, lower_median
 
@@ -100,7 +100,11 @@ class Aggregation:
     under the update's own client, meta and a count of 1, so their mean is the rule's result (the rules are
     unweighted) and whatever the half keeps per device (ef: the keyframe each holds) is kept as without a rule. Only
     for halves whose updates are dense, or lie on one shared support in their shared form (the configuration
-    refuses the others)."""
+    refuses the others).
+
+    Centred clipping of one iteration streams in a round that streams: its centre is no change and its radius
+    ``cc_tau`` times the previous round's median of each group's norm, so each update is scaled into that radius
+    and folded at once with a count of 1 (``centred``); the mean of those is the rule's one step."""
 
     def __init__(self, server: ServerHalf, round_number: int, influence: Influence | None = None,
                  rule: RobustRule | None = None) -> None:
@@ -116,6 +120,10 @@ class Aggregation:
         self.bounded: list[Bounded] = []
         self.rule = rule if rule is not None and rule.robust else None
         self.for_rule: list[ClientUpdate] = []
+        self.radii: dict[str, float] = {}  # streaming centred clipping's radius per group (empty: not streaming)
+        if self.rule is not None and self.rule.aggregator == "centered-clip" and self.rule.cc_iters == 1 and \
+                influence is not None and not self.holding and influence.medians:
+            self.radii = {name: self.rule.cc_tau * median for name, median in influence.medians.items()}
 
     @property
     def norm_bounds(self) -> dict[str, float]:
@@ -142,11 +150,26 @@ class Aggregation:
 
     def give(self, update: ClientUpdate) -> None:
         """Fold into the half, or keep for the robust rule (in its shared form, when its values join the sum)."""
+        if self.radii:
+            self.server.fold(self.round, self.centred(update))
+            return
         form = None if self.rule is None else self.server.shared_form(self.round, update)
         if form is None:
             self.server.fold(self.round, update)
         else:
             self.for_rule.append(form)
+
+    def centred(self, update: ClientUpdate) -> ClientUpdate:
+        """Streaming centred clipping: the update with each group's change scaled into its radius (a group the
+        previous round did not measure is left as it is), counted once."""
+        reference = self.server.change_reference(self.round, update.index)
+        references = group_references(update, reference)
+        groups = dict(update.payload.groups)
+        for name, norm in raw_norms(update, reference).items():
+            radius = self.radii.get(name, 0.0)
+            if radius > 0 and norm > radius:
+                groups[name] = scale_change(groups[name], references[name], radius / norm)
+        return dataclasses.replace(update, num_samples=1, payload=Payload(groups=groups, meta=update.payload.meta))
 
     def combined(self, rule: RobustRule) -> list[ClientUpdate]:
         """The rule's change over the held updates, once per held update (in client order), each under its own

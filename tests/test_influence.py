@@ -256,3 +256,37 @@ def test_ef_devices_clip_to_the_bound_their_tasks_announce_so_the_coordinator_cl
         clipped.append(metrics["robust_clipped"])
         assert (fleet.clients[0].clip > 0) == (round_number > 1)  # round 1 holds: no bound to announce
     assert clipped[0] >= 2 and clipped[1:] == [0, 0]  # half the devices are above 0.5 x the median
+
+
+def test_centred_clipping_of_one_iteration_streams_with_the_previous_rounds_radius() -> None:
+    from fedge.protocol.robust_rules import RobustRule
+    from fedge.protocol.server_half import Aggregation
+
+    rule = RobustRule("centered-clip", cc_iters=1)
+    models, expected = [], None
+    for order in (1, -1):
+        server, initial, honest = server_and_uploads(honest=6)
+        influence = Influence(InfluenceLimits())
+        aggregate_round(server, 1, honest, influence, rule)  # round 1 holds: its own median
+        start = {k: v.copy() for k, v in server.model.items()}
+        radius = influence.medians["model"]  # cc_tau = 1 times round 1's median norm
+        rng = np.random.default_rng(5)
+        second = [ClientUpdate(f"c{i}", i, 100 + 50 * i, Payload(groups={"model": TensorGroup(dense={
+            k: (v + 0.01 * (1 + i) * rng.standard_normal(v.shape)).astype(np.float32) for k, v in start.items()})}))
+            for i in range(6)]
+        second.append(dataclasses.replace(attacker(start, 6), num_samples=100))
+        aggregation = Aggregation(server, 2, influence, rule)
+        assert aggregation.radii == {"model": radius}  # streams: nothing held
+        for update in second[::order]:
+            aggregation.fold(update)
+            assert not aggregation.for_rule and not aggregation.held
+        aggregation.close()
+        models.append(server.model)
+        changes = []
+        for update in second:
+            change = {k: update.payload.groups["model"].dense[k].astype(np.float64) - start[k] for k in start}
+            norm = float(np.sqrt(sum(np.sum(c * c) for c in change.values())))
+            changes.append({k: c * min(1.0, radius / norm) for k, c in change.items()})
+        expected = {k: start[k] + np.mean([c[k] for c in changes], axis=0) for k in start}
+    assert same_arrays(models[0], models[1])
+    assert expected is not None and max(float(np.max(np.abs(models[0][k] - expected[k]))) for k in expected) < 1e-5
