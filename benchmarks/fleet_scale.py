@@ -15,7 +15,8 @@ beyond the slowest agent's compute), its peak RSS, and the bytes each way; and, 
 transport floor: the same frames (one task down to each agent, one update back) through ZeroMQ alone. Uploads are
 paced (``fleet.max_uploads``, ``--max-uploads``; 0: unpaced). ``--bounds``: ``derived`` (the defaults: a bound
 fleet derives its weight cap and norm bound from round 1's claims and norms, so round 1 holds every update until
-it closes), ``preset`` (``robust.max_samples`` and ``robust.norm_bound`` set: no round holds) or ``off``. ``--profile PREFIX`` runs each coordinator under
+it closes), ``preset`` (``robust.max_samples`` and ``robust.norm_bound`` set: no round holds), ``off``, or a
+robust aggregator's name (over the preset bounds: every round holds its updates for the rule). ``--profile PREFIX`` runs each coordinator under
 cProfile. Figures only: no thresholds (docs/scale.md has the table).
 """
 
@@ -221,6 +222,8 @@ def transport_floor(task: bytes, update: bytes, agents: int) -> float:
 # ------------------------------------------------------------------------------------------------ one configuration
 BOUNDS = {"derived": [], "preset": ["--set", "robust.max_samples=100000", "--set", "robust.norm_bound=1e6"],
           "off": ["--set", "robust.max_samples=1000000000000", "--set", "robust.norm_factor=0"]}
+for _rule in ("multi-krum", "centered-clip", "trimmed-mean", "median"):  # a robust rule over preset bounds
+    BOUNDS[_rule] = [*BOUNDS["preset"], "--set", f'robust.aggregator="{_rule}"']
 
 
 def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int, max_uploads: int,

@@ -119,7 +119,9 @@ class Aggregation:
         self.norms: dict[str, list[float]] = {}
         self.bounded: list[Bounded] = []
         self.rule = rule if rule is not None and rule.robust else None
-        self.for_rule: list[ClientUpdate] = []
+        self.for_rule: list[ClientUpdate] = []  # each held update without its float values (in ``rows``)
+        self.rows: dict[str, list[np.ndarray]] = {}  # per group, each held update's change as a float32 row
+        self.template: ClientUpdate | None = None    # the first held update, whole: the groups' layout
         self.radii: dict[str, float] = {}  # streaming centred clipping's radius per group (empty: not streaming)
         if self.rule is not None and self.rule.aggregator == "centered-clip" and self.rule.cc_iters == 1 and \
                 influence is not None and not self.holding and influence.medians:
@@ -157,7 +159,30 @@ class Aggregation:
         if form is None:
             self.server.fold(self.round, update)
         else:
-            self.for_rule.append(form)
+            self.hold(form)
+
+    def hold(self, update: ClientUpdate) -> None:
+        """Keep an update for the rule as one float32 change row per group (its tensors then dropped) and its
+        integer tensors and meta; the first is kept whole, for the groups' layout."""
+        template = self.template = self.template or update
+        if set(update.payload.groups) != set(template.payload.groups):
+            raise ValueError(f"update of {update.client_id}: groups {sorted(update.payload.groups)}, the round's "
+                             f"first had {sorted(template.payload.groups)}; a robust aggregator needs the same groups")
+        references = group_references(update, self.server.change_reference(self.round, update.index))
+        kept: dict[str, TensorGroup] = {}
+        for name, group in update.payload.groups.items():
+            if not shared_support(template.payload.groups[name].sparse, group.sparse):
+                raise ValueError(f"group {name!r}: the updates' sparse values lie on different supports; a robust "
+                                 "aggregator needs one shared support")
+            reference = references[name]
+            pieces = [np.asarray(array, np.float32).ravel() - np.asarray(reference[t], np.float32).ravel()
+                      if reference is not None and t in reference else np.asarray(array, np.float32).ravel()
+                      for t, array in group.dense.items() if array.dtype.kind == "f"]
+            if group.sparse is not None:
+                pieces.append(np.asarray(group.sparse.values, np.float32))
+            self.rows.setdefault(name, []).append(np.concatenate(pieces) if pieces else np.zeros(0, np.float32))
+            kept[name] = TensorGroup(dense={t: a for t, a in group.dense.items() if a.dtype.kind != "f"})
+        self.for_rule.append(dataclasses.replace(update, payload=Payload(groups=kept, meta=update.payload.meta)))
 
     def centred(self, update: ClientUpdate) -> ClientUpdate:
         """Streaming centred clipping: the update with each group's change scaled into its radius (a group the
@@ -176,29 +201,26 @@ class Aggregation:
         client, meta and a count of 1: each group's float values (its dense float tensors' changes, then its sparse
         values, which must lie on one support shared by every update: DSSA's complement, ef's shared form) combined
         as one change vector, its integer tensors by their lower median."""
-        updates = sorted(self.for_rule, key=lambda u: u.index)
-        first = updates[0].payload
+        order = sorted(range(len(self.for_rule)), key=lambda i: self.for_rule[i].index)
+        updates = [self.for_rule[i] for i in order]
+        template = self.template
+        assert template is not None
+        references = group_references(template, self.server.change_reference(self.round, updates[0].index))
+        rows, self.rows, self.for_rule, self.template = self.rows, {}, [], None
         groups: dict[str, TensorGroup] = {}
-        for name, group in first.groups.items():
-            sections = [u.payload.groups[name].sparse for u in updates]
-            if any(not shared_support(group.sparse, section) for section in sections):
-                raise ValueError(f"group {name!r}: the updates' sparse values lie on different supports; a robust "
-                                 "aggregator needs one shared support")
-            floats = [t for t, a in group.dense.items() if a.dtype.kind == "f"]
-            references = [group_references(u, self.server.change_reference(self.round, u.index))[name]
-                          for u in updates]
-            rows = [np.concatenate([np.asarray(u.payload.groups[name].dense[t], np.float64).ravel()
-                                    - (np.asarray(ref[t], np.float64).ravel() if ref is not None and t in ref else 0.0)
-                                    for t in floats]
-                                   + ([np.asarray(section.values, np.float64)] if section is not None else [])
-                                   + [np.zeros(0)])
-                    for u, ref, section in zip(updates, references, sections, strict=True)]
-            change = combine(rule, rows)
+        for name, group in template.payload.groups.items():
+            reference = references[name]
+            integers = {t: lower_median([np.asarray(u.payload.groups[name].dense[t]) for u in updates])
+                        for t, a in group.dense.items() if a.dtype.kind != "f"}
+            changes = [rows[name][i] for i in order]
+            change = combine(rule, changes)
+            del changes
+            rows[name] = []
             dense: dict[str, np.ndarray] = {}
-            at, reference = 0, references[0]
+            at = 0
             for t, array in group.dense.items():
                 if array.dtype.kind != "f":
-                    dense[t] = lower_median([np.asarray(u.payload.groups[name].dense[t]) for u in updates])
+                    dense[t] = integers[t]
                     continue
                 part = change[at:at + array.size].reshape(array.shape)
                 at += array.size
@@ -227,7 +249,6 @@ class Aggregation:
         if self.rule is not None and self.for_rule:
             for update in self.combined(self.rule):
                 self.server.fold(self.round, update)
-            self.for_rule = []
         metrics = dict(self.server.close_round(self.round)) if self.folded else {}
         if influence is not None and self.folded:
             metrics["robust_capped"] = sum(record.capped for record in self.bounded)
