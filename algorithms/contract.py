@@ -46,6 +46,9 @@ class ClientHalf(Protocol):
         """Called after each optimizer step."""
     def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
         """What the device uploads for this round."""
+    def clip_scale(self) -> float:
+        """After ``make_update``: the factor this round's update was scaled by to fit the task's norm bounds (1.0:
+        untouched), which the agent reports in its Update for the coordinator's records."""
     def trainable_masks(self) -> dict[str, np.ndarray] | None:
         """For the meter: per prunable tensor, True where a weight is trainable this round; None: all of them."""
     def freeze(self, frozen: Mapping[str, np.ndarray]) -> None:
@@ -98,6 +101,9 @@ class BaseClient:
 
     def on_bounds(self, round_number: int, norm_bounds: Mapping[str, float]) -> None:
         return None
+
+    def clip_scale(self) -> float:
+        return 1.0
 
     def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                         settings: TrainSettings) -> None:
@@ -221,6 +227,9 @@ class WrappedClient(BaseClient):
 
     def on_bounds(self, round_number: int, norm_bounds: Mapping[str, float]) -> None:
         self.base.on_bounds(round_number, norm_bounds)
+
+    def clip_scale(self) -> float:
+        return self.base.clip_scale()
 
     def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                         settings: TrainSettings) -> None:

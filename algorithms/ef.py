@@ -208,6 +208,7 @@ class Client(WrappedClient):
         self.start_version = 0   # ... and its version
         self.residual: np.ndarray | None = None
         self.clip = 0.0          # the coordinator's norm bound on this round's update (0: none known)
+        self.scale = 1.0         # ... and what the last update was scaled by to fit it
 
     def initial_model(self, arrays: Arrays) -> None:
         self.replica.initial = arrays
@@ -225,6 +226,9 @@ class Client(WrappedClient):
         self.clip = float(norm_bounds.get("update", norm_bounds.get("*", 0.0)))
         self.base.on_bounds(round_number, norm_bounds)
 
+    def clip_scale(self) -> float:
+        return self.scale
+
     def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
         payload: Payload = self.base.make_update(round_number, model, stats)
         is_model = MODEL_GROUP in payload.groups
@@ -236,7 +240,7 @@ class Client(WrappedClient):
         integers = {name: value for name, value in trained.items() if name not in layout.names}
         sent = compress(layout, delta + self.residual, self.config.keep, self.config.value_dtype, dense=integers,
                         clip=self.clip)
-        self.residual = sent.residual
+        self.residual, self.scale = sent.residual, sent.scale
         assert self.replica.version is not None, "make_update before on_receive"
         origin = EfUpdate(base=self.start_version, keyframe=self.replica.version)
         return Payload(groups={"update": sent.group}, meta={**payload.meta, **origin.to_meta()})

@@ -101,12 +101,14 @@ def ternary(layout: FlatLayout, indices: np.ndarray, values: np.ndarray) -> np.n
 
 @dataclass(frozen=True)
 class Compressed:
-    """One compressed update: the group to send, its positions, the decoded values and the new residual."""
+    """One compressed update: the group to send, its positions, the decoded values, the new residual, and the
+    factor the values sent were scaled by to fit a clip (1.0: none)."""
 
     group: TensorGroup
     indices: np.ndarray
     decoded: np.ndarray
     residual: np.ndarray
+    scale: float = 1.0
 
 
 CLIP_TRIES = 4
@@ -143,4 +145,4 @@ def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dt
         raise ValueError(f"could not scale the update under its norm bound {clip} in {CLIP_TRIES} tries")
     residual = np.array(update, dtype=np.float32)
     residual[indices] = values - received
-    return Compressed(group=group, indices=indices, decoded=received, residual=residual)
+    return Compressed(group=group, indices=indices, decoded=received, residual=residual, scale=scale)

@@ -97,6 +97,7 @@ def play_task(session: JoinedSession, tensors: Tensors, state: DeviceState, task
                   train_s=float(train_s))
     with phase("encode"):
         update = client.make_update(task.round, model, stats)
+        fields["clip_scale"] = min(1.0, max(0.0, float(client.clip_scale())))
         body = codec.encode_body(update.groups, update.meta)
     if inference is None:
         inference = model_arrays(model)

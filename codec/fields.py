@@ -2,7 +2,7 @@
 
 Types: ``str`` (UTF-8, at most 64 KiB), ``code`` (``vocabulary.CODE_PATTERN``), ``int`` (0 ... 2^63 - 1),
 ``float``, ``optfloat``, ``bool``, ``strs`` / ``ints`` / ``floats`` (at most 1,024 items), ``hold`` (None or
-[run id, round]), ``bounds`` (at most 64 names to finite numbers above 0), ``map`` / ``meta`` (plain msgpack-native data, ``plain_data``) and ``groups`` (name to
+[run id, round]), ``fraction`` (a number in [0, 1]), ``bounds`` (at most 64 names to finite numbers above 0), ``map`` / ``meta`` (plain msgpack-native data, ``plain_data``) and ``groups`` (name to
 ``TensorGroup``). ``check_fields`` checks a map with exactly the keys of a table. Every failure is ``Malformed``.
 
 This module must not import torch, zmq or any other Fedge package.
@@ -107,6 +107,11 @@ def check_value(kind: str, value: Any, what: str) -> Any:
         if len(pair) != 2:
             raise Malformed(f"{what} must be nil or [run id, round], got {value!r:.80}")
         return (_check_text(pair[0], f"{what}'s run id"), _check_int(pair[1], f"{what}'s round"))
+    if kind == "fraction":
+        fraction = _check_float(value, what)
+        if not 0.0 <= fraction <= 1.0:
+            raise Malformed(f"{what} must be a number in [0, 1], got {value!r:.40}")
+        return fraction
     if kind == "bounds":
         if not isinstance(value, Mapping) or len(value) > MAX_BOUNDS:
             raise Malformed(f"{what} must be a map of at most {MAX_BOUNDS} group names to bounds, got {value!r:.80}")

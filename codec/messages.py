@@ -149,8 +149,9 @@ class Task(MessageBase):
 class Update(MessageBase):
     """Agent -> coordinator: the round's uplink (the algorithm's groups and meta in the body) and the runtime's
     fields: samples trained on, optimizer steps, mean training loss, training seconds, the evaluation asked for
-    (``evaluation``: metric name to value, over ``eval_samples`` test samples; ``personal_accuracy``), and the
-    meter's record of the round (``record``: a flat map). The header travels outside the compressed body, so the
+    (``evaluation``: metric name to value, over ``eval_samples`` test samples; ``personal_accuracy``), the
+    meter's record of the round (``record``: a flat map), and ``clip_scale``: the factor the device scaled its
+    update by to fit the task's norm bounds (1: untouched; recorded, never trusted). The header travels outside the compressed body, so the
     body is encoded once and the record can describe it."""
 
     groups: Mapping[str, TensorGroup] = _empty()
@@ -163,6 +164,7 @@ class Update(MessageBase):
     eval_samples: int = 0
     personal_accuracy: float | None = None
     record: Mapping[str, Any] = _empty()
+    clip_scale: float = 1.0
     kind: ClassVar[str] = "update"
     kind_code: ClassVar[int] = 4
 
@@ -248,7 +250,7 @@ HEADER_FIELDS: dict[type[MessageBase], tuple[tuple[str, str, str], ...]] = {
            ("norm_bounds", "nb", "bounds")),
     Update: (("num_samples", "n", "int"), ("steps", "st", "int"), ("train_loss", "tl", "float"),
              ("train_s", "ts", "float"), ("evaluation", "ev", "map"), ("eval_samples", "es", "int"),
-             ("personal_accuracy", "pa", "optfloat"), ("record", "rec", "map")),
+             ("personal_accuracy", "pa", "optfloat"), ("record", "rec", "map"), ("clip_scale", "cs", "fraction")),
     Commit: (),
     Heartbeat: (("steps", "st", "int"), ("ready", "rdy", "bool")),
     ErrorMessage: (("code", "code", "code"), ("reason", "why", "str")),

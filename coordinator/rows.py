@@ -49,8 +49,8 @@ def meter_totals(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def update_summary(received: Sequence[tuple[str, codec.Update]]) -> dict[str, Any]:
-    """Personal accuracies, the sample-weighted training loss and the slowest training time of a round, from
-    (client id, update) pairs."""
+    """Personal accuracies, the sample-weighted training loss, the slowest training time and how many devices
+    scaled their update under the task's norm bounds (their own report), from (client id, update) pairs."""
     row: dict[str, Any] = {}
     personal = {cid: u.personal_accuracy for cid, u in received
                 if u.personal_accuracy is not None and math.isfinite(u.personal_accuracy)}
@@ -62,6 +62,7 @@ def update_summary(received: Sequence[tuple[str, codec.Update]]) -> dict[str, An
         row["train_loss"] = float(np.average(losses, weights=[max(u.num_samples, 1) for _, u in received]))
     times = [u.train_s for _, u in received if math.isfinite(u.train_s)]
     row["train_s_max"] = max(times) if times else None
+    row["device_clipped"] = sum(1 for _, u in received if u.clip_scale < 1.0)
     return row
 
 
@@ -134,6 +135,7 @@ def client_rows(number: int, current: RoundState, client_ids: Mapping[int, str],
                      "bytes_down": current.bytes_down.get(index, 0), "bytes_up": size,
                      "bytes_up_tensors": current.body_up.get(index, 0), "train_loss": finite(update.train_loss),
                      "train_s": finite(update.train_s), "energy_j_share": share, **client_evaluation(update),
+                     "device_clip_scale": update.clip_scale,
                      **(bounds or {}).get(index, {})})
     for index, reason in sorted(current.unavailable.items()):
         rows.append({"round": number, "client_id": client_ids[index], "client_index": index, "available": False,

@@ -154,7 +154,7 @@ def test_header_must_agree_with_the_prefix() -> None:
 
 
 @pytest.mark.parametrize("key, value", [("n", -1), ("n", 1.5), ("tl", "low"), ("rec", [1]), ("rec", {"a": [1]}),
-                                        ("pa", "x"), ("ev", 3)])
+                                        ("pa", "x"), ("ev", 3), ("cs", 1.5), ("cs", -0.1), ("cs", "all")])
 def test_typed_update_fields_are_checked_on_decode(key: str, value: Any) -> None:
     packet = encode(MESSAGES[3])
     tree = parts(packet)

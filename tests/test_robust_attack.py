@@ -93,3 +93,23 @@ def test_a_device_clipped_rounds_in_a_row_is_quarantined_across_a_resume_until_a
     assert bad.returncode != 0 and "is not a client id" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     resume_to(5)  # let back at the next round start
     assert rounds_of("agent-00") == [1, 2, 5] and "agent-00" not in read_quarantine(run)["quarantined"]
+
+
+def test_honest_ef_devices_clip_themselves_to_the_announced_bound_and_the_coordinator_still_clips_one_that_does_not(
+        tmp_path: Path) -> None:
+    from tests.attackers import scaled
+
+    config = session_config(run={"rounds": 3, "seed": 2, "export_onnx": False},
+                            data={"dataset": "fmnist-demo", "partition": "dirichlet", "alpha": 0.3, "clients": 5,
+                                  "train_limit": 200},
+                            fleet={"mode": "simulated", "backend": "inline"}, model={"name": "mlp"},
+                            robust={"norm_factor": 0.9})  # the embedded default, ef-fedprox; a tight bound
+    with compromised({"agent-00"}, scaled(100.0)()):
+        run_session(config, tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "clients.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    honest_later = [r for r in rows if r["client_id"] != "agent-00" and r["round"] > 1]
+    assert not any(r["clipped"] for r in honest_later)  # from round 2 the tasks name the bound
+    assert any(r["device_clip_scale"] < 1 for r in honest_later) and sum(m["device_clipped"] for m in metrics) >= 1
+    assert all(r["device_clip_scale"] == 1 for r in rows if r["round"] == 1)  # round 1 holds: no bound announced
+    assert all(r["clipped"] for r in rows if r["client_id"] == "agent-00" and r["round"] > 1)  # the safety net
