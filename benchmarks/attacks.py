@@ -15,7 +15,8 @@ shipped agent holds no attack). Defences: ``bounds`` (the default bounded influe
 (``--attackers`` times ``--fraction``; with 100 clients at 10 % the count per cohort is binomial, and
 ``rounds_over_byzantine`` counts the rounds where it was higher). Attacks: the update rewriters of
 tests/attackers.py, ``label-flip`` and ``alie`` (the colluders' own honest updates give its mean and std). Prints one JSON line per cell and a table with the paired
-gap (clean minus attacked, in points) and how many honest updates the bounds clipped or capped in the clean run.
+gap (clean minus attacked, in points) and how many honest updates the bounds clipped or capped in the clean run (and, in the JSON, how many an ef device
+scaled itself under the announced bound: ``honest_self_clipped``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def session(seed: int, clients: int, rounds: int, robust: dict[str, Any], fracti
     return session_config(run={"rounds": rounds, "seed": seed, "export_onnx": False},
                           data={"dataset": "fmnist-demo", "partition": partition, "alpha": 0.3, "clients": clients},
                           fleet={"mode": "simulated", "backend": "inline"}, model={"name": "mlp"},
-                          round={"fraction": fraction}, algorithm={"name": algorithm}, robust=robust)
+                          round={"fraction": fraction}, robust=robust,
+                          **({} if algorithm == "embedded" else {"algorithm": {"name": algorithm}}))
 
 
 def attacked(attack: str, ids: set[str], workdir: Path, cohort: int) -> Any:
@@ -69,6 +71,7 @@ def run(seed: int, clients: int, rounds: int, robust: dict[str, Any], attack: st
     per_round = [sum(1 for r in rows if r["round"] == n and r["client_id"] in ids) for n in range(1, rounds + 1)]
     return {"accuracy": report["final_test_accuracy"], "capped": report["robust"]["capped"],
             "clipped": report["robust"]["clipped"], "attackers_per_round": per_round,
+            "self_clipped": sum(1 for r in rows if r.get("device_clip_scale", 1.0) < 1.0),
             "updates": sum(1 for r in rows if r.get("available", True))}
 
 
@@ -83,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--fraction", type=float, default=1.0, help="round.fraction (0.1 with --clients 100)")
     parser.add_argument("--partition", default="dirichlet", choices=("dirichlet", "iid"))
-    parser.add_argument("--algorithm", default="fedavg", help="fedavg, fedprox, ef-fedavg, ef-fedprox, ...")
+    parser.add_argument("--algorithm", default="fedavg", help="fedavg, fedprox, ef-fedavg, ..., or embedded (the "
+                        "embedded default: ef-fedprox, keep 0.3, ternary values)")
     parser.add_argument("--shard", default="", help="K/N: run only the clean runs numbered K modulo N and the "
                         "attacked cells paired with them (with --out; "
                         "start N processes, then once more without --shard for the table)")
@@ -137,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "seed": seed, "clean": clean["accuracy"], "attacked": hit["accuracy"],
                                      "gap_points": 100 * (clean["accuracy"] - hit["accuracy"]),
                                      "honest_clipped": clean["clipped"], "honest_capped": clean["capped"],
+                                     "honest_self_clipped": clean["self_clipped"],
                                      "honest_updates": clean["updates"],
                                      "attackers_per_round": hit["attackers_per_round"],
                                      "rounds_over_byzantine": sum(
