@@ -256,7 +256,7 @@ def test_ef_devices_clip_to_the_bound_their_tasks_announce_so_the_coordinator_cl
         clipped.append(metrics["robust_clipped"])
         assert (fleet.clients[0].clip > 0) == (round_number > 1)  # round 1 holds: no bound to announce
     assert clipped[0] >= 2 and clipped[1:] == [0, 0]  # half the devices are above 0.5 x the median
-    assert metrics["device_clipped"] >= 1  # ... and they say that they scaled themselves
+    assert any(client.clip_scale() < 1 for client in fleet.clients)  # ... because they scaled themselves
 
 
 def test_centred_clipping_of_one_iteration_streams_with_the_previous_rounds_radius() -> None:
