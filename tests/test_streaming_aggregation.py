@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedge.algorithms.accumulate import ExactSum
 from fedge.algorithms.base import ModelLayout, ServerContext
 from fedge.algorithms.loop import TrainSettings
 from fedge.algorithms.registry import make_server
 from fedge.models import build, state_to_arrays
+from fedge.protocol.exact_sum import ExactSum
 from fedge.simulation.inprocess import make_fleet, run_round
 from tests.algo_helpers import TINY_MLP, client_data
 
