@@ -222,9 +222,9 @@ class Client(WrappedClient):
 
     def on_bounds(self, round_number: int, norm_bounds: Mapping[str, float]) -> None:
         """The coordinator's bound on this round's ``update`` group: what is sent is clipped to it and the residual
-        keeps the rest, so that an honest device's update is never scaled by the coordinator (and lost)."""
+        keeps the rest, so that an honest device's update is never scaled by the coordinator (and lost). The base
+        half is not told: what it returns is the delta ef compresses, and only what is sent is clipped."""
         self.clip = float(norm_bounds.get("update", norm_bounds.get("*", 0.0)))
-        self.base.on_bounds(round_number, norm_bounds)
 
     def clip_scale(self) -> float:
         return self.scale

@@ -5,14 +5,16 @@ integer buffers (BatchNorm's num_batches_tracked) take the clients' lower median
 counter cannot move it).
 Client: load x, train, upload. Decision: the upload is the trained model itself (``upload = "model"``, default),
 so that one client with p = 1 reproduces its local run bit for bit; ``upload = "delta"`` sends y - x and the server
-computes x + sum p_i delta_i. Aggregation streams: each update is folded into exact sums of n_i y_i
+computes x + sum p_i delta_i; a delta is scaled, on the device, under the bound the task names for it (under
+differential privacy: the round's clip). Aggregation streams: each update is folded into exact sums of n_i y_i
 (``algorithms.accumulate``) as it arrives, and the mean (sum n_i y_i) / (sum n_i) is taken when the round closes,
 so the model is the same bit for bit whatever order updates arrived in. Must not import a transport.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,18 +183,33 @@ class Client(BaseClient):
         self.config = config
         self.client_index = client_index
         self.received: Arrays = {}
+        self.clip = 0.0   # the task's bound on a delta upload (0: none)
+        self.scale = 1.0  # ... and what the last delta was scaled by to fit it
 
     def on_receive(self, round_number: int, payload: Payload, model: nn.Module) -> None:
         self.received = receive_model(payload, model)
 
+    def on_bounds(self, round_number: int, norm_bounds: Mapping[str, float]) -> None:
+        self.clip = float(norm_bounds.get(DELTA_GROUP, norm_bounds.get("*", 0.0)))
+
+    def clip_scale(self) -> float:
+        return self.scale
+
     def make_update(self, round_number: int, model: nn.Module, stats: LocalStats) -> Payload:
         trained = model_arrays(model)
+        self.scale = 1.0
         if self.config.upload == MODEL_GROUP:
             return Payload(groups={MODEL_GROUP: TensorGroup(dense=trained)})
         delta = {
             name: (value - self.received[name]) if is_float(value) else value
             for name, value in trained.items()
         }
+        norm = math.sqrt(sum(float(np.dot(v.ravel().astype(np.float64), v.ravel().astype(np.float64)))
+                             for v in delta.values() if is_float(v)))
+        if self.clip > 0 and norm > self.clip:
+            self.scale = self.clip / norm
+            delta = {name: (value.astype(np.float64) * self.scale).astype(value.dtype) if is_float(value) else value
+                     for name, value in delta.items()}
         return Payload(groups={DELTA_GROUP: TensorGroup(dense=delta)})
 
     def state_dict(self) -> Arrays:

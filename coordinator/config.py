@@ -142,6 +142,47 @@ class RobustSection:
     quarantine_after: int = 0
 
 
+# The server step ([server], protocol.server_step) moves a global model: the algorithms whose server half keeps one.
+SERVER_STEP_ALGORITHMS = ("fedavg", "fedprox", "scaffold")
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    lr: float = 1.0
+    momentum: float = 0.0
+
+
+PRIVACY_MODES = ("off", "central")
+ACCOUNTANTS = ("rdp", "pld")
+# The algorithms client-level DP applies to: their updates are deltas averaged uniformly with no other server state
+# (FedAvg, FedProx), on the round's shared support (DSSA over those), or compressed with error feedback on the
+# device (ef-*); docs/privacy.md says why the others are refused.
+PRIVATE_ALGORITHMS = ("fedavg", "fedprox", "dssa-fedavg", "dssa-fedprox", "ef-fedavg", "ef-fedprox")
+
+
+@dataclass(frozen=True)
+class PrivacySection:
+    """Client-level differential privacy (protocol.privacy, coordinator.privacy; docs/privacy.md)."""
+
+    mode: str = "off"
+    noise_multiplier: float = 0.0
+    target_epsilon: float = 0.0
+    clip: float = 1.0
+    adaptive_clip: bool = False
+    target_quantile: float = 0.5
+    clip_lr: float = 0.2
+    clip_bits_noise: float = 0.0  # 0: the expected cohort / 20
+    delta: float = 0.0            # 0: min(1e-5, 0.1 / population)
+    sampling: str = "poisson"
+    accountant: str = "rdp"
+    max_epsilon: float = 0.0      # 0: no limit
+    min_reporters: int = 1
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+
 @dataclass(frozen=True)
 class EvalSection:
     every: int = 1
@@ -160,6 +201,8 @@ class Config:
     security: SecuritySection = field(default_factory=SecuritySection)
     eval: EvalSection = field(default_factory=EvalSection)
     robust: RobustSection = field(default_factory=RobustSection)
+    privacy: PrivacySection = field(default_factory=PrivacySection)
+    server: ServerSection = field(default_factory=ServerSection)
 
     @property
     def algorithm_name(self) -> str:
@@ -176,7 +219,7 @@ class Config:
 SECTION_CLASSES: dict[str, type] = {
     "run": RunSection, "fleet": FleetSection, "data": DataSection, "model": ModelSection,
     "train": TrainSection, "round": RoundSection, "security": SecuritySection, "eval": EvalSection,
-    "robust": RobustSection,
+    "robust": RobustSection, "privacy": PrivacySection, "server": ServerSection,
 }
 
 
@@ -241,6 +284,8 @@ def from_dict(raw: dict[str, Any]) -> Config:
     built["algorithm"] = algorithm
     config = Config(**built)
     validate(config)
+    if config.privacy.on:
+        config = private(config, raw)
     return config
 
 
@@ -350,6 +395,12 @@ def validate(config: Config) -> None:
         raise ConfigError("robust.quarantine_after must be >= 0 (0: no quarantine)")
     if not (math.isfinite(robust.cc_tau) and robust.cc_tau > 0) or robust.cc_iters < 1:
         raise ConfigError("robust.cc_tau must be > 0 and robust.cc_iters >= 1")
+    step = config.server
+    if not (math.isfinite(step.lr) and step.lr > 0) or not 0 <= step.momentum < 1:
+        raise ConfigError("server.lr must be > 0 and server.momentum in [0, 1)")
+    if (step.lr != 1 or step.momentum != 0) and config.algorithm_name not in SERVER_STEP_ALGORITHMS:
+        raise ConfigError(f"server.lr and server.momentum move a global model: they apply to "
+                          f"{', '.join(SERVER_STEP_ALGORITHMS)}, not to {config.algorithm_name!r}")
     if any(not isinstance(d, int) or d < 1 for d in config.model.input_shape):
         raise ConfigError(f"model.input_shape must be positive integers, got {config.model.input_shape}")
     if config.model.outputs < 0:
@@ -363,6 +414,67 @@ def validate(config: Config) -> None:
     if not config.data.dataset and not config.fleet.bind:
         raise ConfigError("a local fleet trains on a data set: set data.dataset (only a session bound for real "
                           "devices, fleet.bind, may have none)")
+
+
+def private(config: Config, raw: dict[str, Any]) -> Config:
+    """A session under differential privacy, checked (every combination the guarantee cannot hold with is refused
+    in one line, naming the key) and made private: uploads are deltas, weights uniform, and the data-dependent
+    bounds off (the clip replaces them)."""
+    p, name = config.privacy, config.algorithm_name
+    if p.mode not in PRIVACY_MODES:
+        extra = " (\"distributed\" arrives with secure aggregation)" if p.mode == "distributed" else ""
+        raise ConfigError(f"privacy.mode must be one of {', '.join(PRIVACY_MODES)}, got {p.mode!r}{extra}")
+    if name not in PRIVATE_ALGORITHMS:
+        raise ConfigError(f"privacy.mode = \"central\" cannot apply to algorithm {name!r}: client-level DP covers "
+                          f"{', '.join(PRIVATE_ALGORITHMS)} (docs/privacy.md says why)")
+    if (p.noise_multiplier > 0) == (p.target_epsilon > 0):
+        raise ConfigError("privacy: set exactly one of privacy.noise_multiplier and privacy.target_epsilon (> 0)")
+    numbers = (p.noise_multiplier, p.target_epsilon, p.clip, p.clip_lr, p.clip_bits_noise, p.delta, p.max_epsilon)
+    if not all(math.isfinite(v) and v >= 0 for v in numbers) or not p.clip > 0:
+        raise ConfigError("privacy: clip must be > 0, and noise_multiplier, target_epsilon, clip_lr, "
+                          "clip_bits_noise, delta and max_epsilon finite and >= 0")
+    if not 0 < p.target_quantile < 1:
+        raise ConfigError("privacy.target_quantile must lie in (0, 1)")
+    if p.sampling not in ("poisson", "without-replacement"):
+        raise ConfigError(f"privacy.sampling must be poisson or without-replacement, got {p.sampling!r}")
+    if p.accountant not in ACCOUNTANTS:
+        raise ConfigError(f"privacy.accountant must be one of {', '.join(ACCOUNTANTS)}, got {p.accountant!r}")
+    if p.accountant == "pld" and p.sampling != "poisson":
+        raise ConfigError("privacy.accountant = \"pld\" cannot account privacy.sampling = \"without-replacement\" "
+                          "(dp-accounting's PLD has no fixed-size draw): use accountant = \"rdp\"")
+    if p.min_reporters < 1:
+        raise ConfigError("privacy.min_reporters must be >= 1")
+    if config.fleet.bind and config.fleet.expect < 1:
+        raise ConfigError("privacy.mode = \"central\" on a bound fleet needs its population: set fleet.expect (every "
+                          "device that may be drawn)")
+    population = config.fleet.expect if config.fleet.bind else (config.data.clients or config.fleet.local_agents)
+    if p.delta and p.delta >= 1 / population:
+        raise ConfigError(f"privacy.delta = {p.delta} must lie below 1/population = 1/{population}")
+    if p.sampling == "poisson" and config.round.count:
+        raise ConfigError("privacy.sampling = \"poisson\" draws each device with probability round.fraction: "
+                          "round.count is for sampling = \"without-replacement\"")
+    algorithm = raw.get("algorithm", {})
+    refusals = [
+        (algorithm.get("upload") == "model", "algorithm.upload = \"model\": updates are deltas under DP"),
+        (algorithm.get("weighting") == "samples",
+         "algorithm.weighting = \"samples\": a claimed sample count would weigh an update beyond its clip; "
+         "weights are uniform under DP"),
+        (config.round.target > 0, "round.target: over-selection drops the slow devices, which sampling cannot "
+                                  "account for"),
+        (config.round.policy != "uniform", "round.policy = \"latency\": the draw must not depend on devices"),
+        (config.robust.aggregator != "mean", "robust.aggregator: the clip and the noise replace robust rules"),
+        (config.robust.quarantine_after > 0, "robust.quarantine_after: a quarantine changes who may be drawn"),
+        (any(raw.get("robust", {}).get(k) for k in ("norm_factor", "norm_bound", "max_samples", "cap_factor")),
+         "the [robust] bounds: the DP clip replaces the data-dependent norm bound and the weight cap"),
+        (config.eval.personal_every > 0, "eval.personal_every: personal evaluations are not private"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise ConfigError(f"privacy.mode = \"central\" refuses {why}")
+    options = {"upload": "delta", "weighting": "uniform"}
+    return dataclasses.replace(config, algorithm={**config.algorithm, **options},
+                               robust=dataclasses.replace(config.robust, norm_factor=0.0, norm_bound=0.0,
+                                                          cap_factor=0.0, max_samples=0))
 
 
 def local_clients(config: Config) -> int:

@@ -135,7 +135,7 @@ def client_rows(number: int, current: RoundState, client_ids: Mapping[int, str],
                      "bytes_down": current.bytes_down.get(index, 0), "bytes_up": size,
                      "bytes_up_tensors": current.body_up.get(index, 0), "train_loss": finite(update.train_loss),
                      "train_s": finite(update.train_s), "energy_j_share": share, **client_evaluation(update),
-                     "device_clip_scale": update.clip_scale,
+                     "device_clip_scale": update.clip_scale, "dp_norm": None, "dp_scale": None, "dp_unclipped": None,
                      **(bounds or {}).get(index, {})})
     for index, reason in sorted(current.unavailable.items()):
         rows.append({"round": number, "client_id": client_ids[index], "client_index": index, "available": False,

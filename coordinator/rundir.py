@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fedge.plumbing import atomic_write_bytes, load_arrays, save_arrays
+from fedge.plumbing import atomic_write_bytes, fsync_file, load_arrays, save_arrays
 
 __all__ = ["METER_FIELDS", "METRICS_FIELDS", "RunDir", "atomic_write_bytes", "load_arrays", "plain", "save_arrays"]
 
@@ -33,7 +33,8 @@ METRICS_FIELDS = (
     "test_accuracy", "test_loss",
     "test_f1_macro", "test_exact_match", "test_label_accuracy", "test_mse", "test_mae", "eval_source",
     "eval_samples", "test_accuracy_pruned", "personal_accuracy_mean", "personal_accuracy", "bytes_down", "bytes_up",
-    "bytes_up_tensors", "train_loss", "wall_s", "train_s_max", "eval_s", "checkpoint_s",
+    "bytes_up_tensors", "train_loss", "wall_s", "train_s_max", "eval_s", "checkpoint_s", "epsilon", "clip",
+    "noise_std", "dp_released", "dp_dropouts",
 )
 
 # Per-round totals over the agents' meter records (docs/meter.md), also in every metrics.jsonl line.
@@ -74,11 +75,13 @@ class RunDir:
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
-    def append_jsonl(self, name: str, *objs: Mapping[str, Any]) -> None:
-        """Append one line per object (in one write)."""
+    def append_jsonl(self, name: str, *objs: Mapping[str, Any], durable: bool = False) -> None:
+        """Append one line per object (in one write); ``durable``: fsynced before it returns."""
         with open(self.path / name, "a", encoding="utf-8") as handle:
             handle.write("".join(json.dumps(obj, default=_json_default) + "\n" for obj in objs))
             handle.flush()
+            if durable:
+                fsync_file(handle.fileno())
 
     def read_jsonl(self, name: str) -> list[dict[str, Any]]:
         path = self.path / name

@@ -28,6 +28,7 @@ from fedge.coordinator.checkpoint import load_checkpoint, save_checkpoint
 from fedge.coordinator.config import Config
 from fedge.coordinator.deferred import DeferredRow, PendingRow
 from fedge.coordinator.downlinks import DownlinkBodies
+from fedge.coordinator.privacy import PrivacyPlan, SessionPrivacy
 from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
 from fedge.coordinator.rundir import RunDir, plain
 from fedge.coordinator.status import StatusBoard
@@ -43,6 +44,7 @@ from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.round import RoundState
 from fedge.protocol.selection import choose, selection_count
 from fedge.protocol.server_half import Aggregation
+from fedge.protocol.server_step import ServerStep
 
 log = logging.getLogger("fedge.coordinator")
 
@@ -65,7 +67,8 @@ class Session:
                  run_id: str, reserved_ids: list[str] | None = None,
                  on_round: Callable[[dict[str, Any]], None] | None = None,
                  initial: dict[str, np.ndarray] | None = None,
-                 welcome_extra: dict[str, Any] | None = None, weight_cap: int = 0) -> None:
+                 welcome_extra: dict[str, Any] | None = None, weight_cap: int = 0,
+                 privacy: PrivacyPlan | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.transport = transport
@@ -93,9 +96,13 @@ class Session:
         self.started = time.monotonic()
         self.status = StatusBoard(run_dir, config.run.rounds, config.algorithm_name)  # status.json and friends
         self.round_walls: list[float] = []
+        self.dropouts: list[int] = []  # under differential privacy: the round's drawn clients that were offline
         # bounded influence, the robust rule and the quarantine (``weight_cap``: a local or simulated fleet's
         # largest shard); checkpointed
         self.trust = SessionTrust(config.robust, weight_cap, run_dir)
+        # differential privacy (docs/privacy.md): the clip, the private generator, the accountant; checkpointed
+        self.privacy = SessionPrivacy(privacy, run_dir) if privacy is not None else None
+        self.step = ServerStep(config.server.lr, config.server.momentum)  # the server's optimizer; checkpointed
         self.aggregation = Aggregation(self.server, 0)  # the round in progress's, on the one aggregation path
         self.checkpoint_s = 0.0  # the time the last checkpoint took to write
         self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
@@ -118,17 +125,21 @@ class Session:
     # ----------------------------------------------------------------------------------------- checkpoint
     def save_checkpoint(self) -> None:
         arrays, server_meta = self.server.state_dict()
-        save_checkpoint(self.run_dir.checkpoint, arrays, {
+        save_checkpoint(self.run_dir.checkpoint, {**arrays, **self.step.state_dict()}, {
             "round": self.round, "run_id": self.run_id, "algorithm": self.config.algorithm_name,
             "model_hash": self.model_hash, "server": server_meta, **self.registry.state(),
-            **self.trust.state(),
+            **self.trust.state(), **(self.privacy.state() if self.privacy is not None else {}),
             "pending_row": None if self.rows.held is None else plain(self.rows.held.row)})
 
     def load_checkpoint(self) -> None:
         arrays, meta = load_checkpoint(self.run_dir.checkpoint, self.model_hash, self.config.algorithm_name)
-        self.server.load_state_dict(arrays, meta["server"])
+        self.step.load_state_dict(arrays)
+        self.server.load_state_dict({k: v for k, v in arrays.items() if not k.startswith("server_step/")},
+                                    meta["server"])
         self.registry.load_state(meta)
         self.trust.load_state(meta)
+        if self.privacy is not None:
+            self.privacy.load_state(meta, int(meta["round"]))
         self.protocol.resume(str(meta["run_id"]), int(meta["round"]))
         for name in ("metrics.jsonl", "clients.jsonl"):
             self.run_dir.truncate_jsonl(name, self.round)
@@ -150,7 +161,7 @@ class Session:
         personal = self.config.eval.personal_every
         return {"personal_eval": bool(personal and number % personal == 0),
                 "evaluate": self.evaluator is None and self.rows.due(number),
-                "norm_bounds": self.aggregation.norm_bounds}
+                "norm_bounds": self.privacy.norm_bounds if self.privacy is not None else self.aggregation.norm_bounds}
 
     # ----------------------------------------------------------------------------------------- driving the protocol
     def act(self, events: list[CoordinatorEvent]) -> None:
@@ -212,6 +223,11 @@ class Session:
 
     # ----------------------------------------------------------------------------------------- the round
     def select(self, round_number: int, available: list[int]) -> list[int]:
+        if self.privacy is not None:  # drawn from the whole population; a drawn device offline is a dropout
+            drawn = self.privacy.draw(round_number)
+            online = set(available)
+            self.dropouts = [i for i in drawn if i not in online]
+            return [i for i in drawn if i in online]
         rng = np.random.default_rng([self.config.run.seed, round_number])
         chosen = self.server.select(round_number, available, rng)
         if chosen is not None:
@@ -242,7 +258,9 @@ class Session:
         self.drain()
         available = self.trust.selectable(self.registry.live_indices(time.monotonic()), self.registry,
                                           max(self.config.round.min_clients, 1))
-        self.aggregation = Aggregation(self.server, number, self.trust.influence, self.trust.rule)
+        self.aggregation = Aggregation(self.server, number, self.trust.influence, self.trust.rule, step=self.step) \
+            if self.privacy is None else Aggregation(self.server, number, private=self.privacy.open_round(),
+                                                     step=self.step)
         self.act(self.protocol.open_round(number, self.select(number, available), started,
                                           self.config.round.deadline_s, self.config.round.target))
         while not self.protocol.complete(time.monotonic()):
@@ -270,8 +288,14 @@ class Session:
         ordered = sorted(current.updates.items())
         extra = self.aggregation.close()  # folded as they arrived (or held until now, and bounded)
         bounds = self.trust.note_round(number, self.aggregation.bounded)
+        if self.privacy is not None:  # accounted (its release-log line fsynced) before anything derived is written
+            extra.update(self.privacy.account(number, self.aggregation.released, len(self.aggregation.clipped)),
+                         dp_dropouts=len(self.dropouts))
+            for record in self.aggregation.clipped:  # the private sum's clip of each update (operator records)
+                bounds.setdefault(record.index, {}).update(record.record())
         received = [(self.registry.by_index(i).client_id,
-                     dataclasses.replace(u, num_samples=bounds[i]["num_samples"]) if i in bounds else u)
+                     dataclasses.replace(u, num_samples=bounds[i]["num_samples"]) if "num_samples" in bounds.get(i, {})
+                     else u)
                     for i, (u, _) in ordered]  # the counted sample counts weigh the round's figures, not the claims
         crash_point("aggregated", number)
         records = [agent_record(dict(update.record), size, self.transport.curve) for _, (update, size) in ordered]
@@ -309,14 +333,15 @@ class Session:
     def write_status(self, phase: str, force: bool = False) -> None:
         self.status.write(phase, force, run_id=self.run_id, round_number=self.round, registry=self.registry,
                           rejections=self.rejections(), bytes_total=self.bytes_total, round_walls=self.round_walls,
-                          bounded=self.trust.counts, quarantined=self.trust.quarantine.quarantined)
+                          bounded=self.trust.counts, quarantined=self.trust.quarantine.quarantined,
+                          privacy=self.privacy.status() if self.privacy is not None else None)
 
     def rejections(self) -> dict[str, int]:
         """Messages refused per peer (routing id), the 100 largest counts."""
         return self.protocol.limiter.largest(100)
 
     def run(self, expect: int, join_timeout_s: float) -> str:
-        """Play the remaining rounds; returns 'done', 'stopped' or 'no-agents'. The last round's row is written
+        """Play the remaining rounds; returns 'done', 'stopped', 'no-agents' or 'budget' (privacy.max_epsilon). The last round's row is written
         before it returns."""
         try:
             return self.play_rounds(expect, join_timeout_s)
@@ -327,6 +352,11 @@ class Session:
         if not self.wait_for_agents(expect, join_timeout_s):
             return "stopped"
         while self.round < self.config.run.rounds:
+            if self.privacy is not None and self.privacy.over_budget():
+                log.warning("privacy: another round would take epsilon past privacy.max_epsilon = %g (now %.4g); "
+                            "stopping", self.config.privacy.max_epsilon, self.privacy.epsilon)
+                self.write_status("privacy budget spent", force=True)
+                return "budget"
             self.drain()
             if not self.registry.live_indices(time.monotonic()):
                 log.warning("no live agent; waiting for agents to come back")

@@ -36,9 +36,9 @@ class StatusBoard:
     def write(self, phase: str, force: bool, *, run_id: str, round_number: int, registry: AgentRegistry,
               rejections: dict[str, int], bytes_total: dict[str, int], round_walls: Sequence[float],
               bounded: Mapping[str, Mapping[str, int]] | None = None,
-              quarantined: Collection[str] = ()) -> None:
+              quarantined: Collection[str] = (), privacy: Mapping[str, Any] | None = None) -> None:
         """``bounded``: client id -> its updates capped, clipped and rejected so far; ``quarantined``: the devices
-        no longer selected (docs/robustness.md)."""
+        no longer selected (docs/robustness.md); ``privacy``: epsilon so far and its terms (docs/privacy.md)."""
         now = time.monotonic()
         if not force and now - self.status_written < 1.0:
             return
@@ -56,14 +56,18 @@ class StatusBoard:
         recent = sorted(agents, key=lambda a: (a["seconds_since_seen"] is None, a["seconds_since_seen"] or 0.0))
         self.run_dir.write_status(run_id=run_id, phase=phase, round=round_number, rounds=self.rounds,
                                   algorithm=self.algorithm, agents=recent[:STATUS_AGENTS], agents_total=len(agents),
-                                  agents_connected=connected, rejections=rejections, eta_s=eta_s)
+                                  agents_connected=connected, rejections=rejections, eta_s=eta_s,
+                                  privacy=dict(privacy) if privacy is not None else None)
         if force or now - self.agents_written >= AGENTS_EVERY_S:  # every agent: `coordinator status --agents`
             self.agents_written = now
             self.run_dir.write_json("agents.json", {"run_id": run_id, "updated_at": time.time(), "agents": agents})
         self.show(f"{phase}; round {round_number}/{self.rounds}; {connected}/{len(agents)} agents connected"
                   + (f"; ETA {eta_s / 60:.1f} min" if eta_s is not None else ""))
-        self.run_dir.write_prometheus(fleet_gauges(run_id, round_number, self.rounds, agents, bytes_total,
-                                                   rejections, eta_s))
+        gauges = fleet_gauges(run_id, round_number, self.rounds, agents, bytes_total, rejections, eta_s)
+        if privacy is not None:
+            gauges.append(("fedge_privacy_epsilon", "Epsilon spent so far, at the run's delta.", {"run_id": run_id},
+                           float(privacy["epsilon"])))
+        self.run_dir.write_prometheus(gauges)
 
 
 def fleet_gauges(run_id: str, round_number: int, rounds: int, agents: list[dict[str, Any]],

@@ -27,6 +27,11 @@ from fedge.meter.runs import (
 )
 
 PLOTS = ("accuracy", "bytes", "compute_energy", "agents")
+PRIVACY_PLOT = "privacy"  # written when a run is differentially private (docs/privacy.md)
+
+
+def is_private(run: Run) -> bool:
+    return any(row.get("epsilon") is not None for row in run.metrics)
 
 
 def write_report(run_dir: str | Path, vs: str | Path | None = None, out_dir: str | Path | None = None) -> Path:
@@ -42,6 +47,8 @@ def write_report(run_dir: str | Path, vs: str | Path | None = None, out_dir: str
     _plot_bytes(figure_class, runs, out / "meter-bytes.png")
     _plot_compute_energy(figure_class, runs, out / "meter-compute_energy.png")
     _plot_agents(figure_class, run, out / "meter-agents.png")
+    if any(is_private(r) for r in runs):
+        _plot_privacy(figure_class, runs, out / f"meter-{PRIVACY_PLOT}.png")
     path = out / "meter-report.md"
     path.write_text(markdown_report(run, other))
     return path
@@ -72,6 +79,28 @@ def _plot_accuracy(figure_class: Any, runs: list[Run], path: Path) -> None:
         if points:
             axes.plot(*zip(*points, strict=True), marker=".", label=_label(run))
     axes.set(xlabel="round", ylabel="test accuracy (%)", title="Accuracy")
+    _finish(fig, axes, path)
+
+
+def _plot_privacy(figure_class: Any, runs: list[Run], path: Path) -> None:
+    """Epsilon spent against rounds (at each run's delta), with the clip on a second axis."""
+    fig = figure_class(figsize=(6, 3.6))
+    axes = fig.add_subplot()
+    clips = axes.twinx()
+    for color, run in zip(("C0", "C1"), runs, strict=False):
+        rounds, epsilons = _series(run, "epsilon")
+        points = [(r, v) for r, v in zip(rounds, epsilons, strict=True) if v is not None]
+        if points:
+            axes.plot(*zip(*points, strict=True), marker=".", color=color, label=f"{_label(run)} epsilon")
+        rounds, clip = _series(run, "clip")
+        points = [(r, v) for r, v in zip(rounds, clip, strict=True) if v is not None]
+        if points:
+            clips.plot(*zip(*points, strict=True), ":", color=color, label=f"{_label(run)} clip")
+    axes.set(xlabel="round", ylabel="epsilon spent", title="Privacy")
+    clips.set(ylabel="clip (L2)")
+    if clips.has_data():
+        clips.legend(fontsize=7, loc="lower right")
+    axes.legend(fontsize=7, loc="upper left")
     _finish(fig, axes, path)
 
 
@@ -194,7 +223,8 @@ def markdown_report(run: Run, other: Run | None = None) -> str:
         lines.append(f"| {a['client_id']} | {a['rounds']} | " + " | ".join(_number(a[k]) for k in (
             "bytes_payload_down", "bytes_payload_up", "bytes_zmtp_down", "bytes_zmtp_up", "flops_train",
             "energy_j", "cpu_s", "rss_peak_mb")) + " |")
-    lines += ["", "## Plots", ""] + [f"![{name}](meter-{name}.png)" for name in PLOTS]
+    plots = [*PLOTS, *([PRIVACY_PLOT] if any(is_private(r) for r in [run, *([other] if other else [])]) else [])]
+    lines += ["", "## Plots", ""] + [f"![{name}](meter-{name}.png)" for name in plots]
     return "\n".join(lines) + "\n"
 
 

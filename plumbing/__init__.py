@@ -7,6 +7,7 @@ from fedge.plumbing.files import (
     DirectoryLocked,
     atomic_write_bytes,
     fsync_directory,
+    fsync_file,
     hold_directory,
     load_arrays,
     load_arrays_and_model,
@@ -15,5 +16,5 @@ from fedge.plumbing.files import (
     without_fsync,
 )
 
-__all__ = ["DirectoryLocked", "atomic_write_bytes", "fsync_directory", "hold_directory", "load_arrays",
+__all__ = ["DirectoryLocked", "atomic_write_bytes", "fsync_directory", "fsync_file", "hold_directory", "load_arrays",
            "load_arrays_and_model", "replace_durably", "save_arrays", "without_fsync"]

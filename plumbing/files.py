@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DirectoryLocked", "atomic_write_bytes", "fsync_directory", "hold_directory", "load_arrays",
+__all__ = ["DirectoryLocked", "atomic_write_bytes", "fsync_directory", "fsync_file", "hold_directory", "load_arrays",
            "load_arrays_and_model", "replace_durably", "save_arrays", "without_fsync"]
 
 _local = threading.local()
@@ -38,6 +38,11 @@ def without_fsync() -> Iterator[None]:
 def _fsync(fd: int) -> None:
     if not getattr(_local, "skip", False):
         os.fsync(fd)
+
+
+def fsync_file(fd: int) -> None:
+    """Force an open file's written data to disk (skipped inside ``without_fsync``)."""
+    _fsync(fd)
 
 
 class DirectoryLocked(OSError):

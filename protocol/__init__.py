@@ -6,6 +6,8 @@ Its modules, in reading order:
 - ``server_half``: what the runtime calls on a server half, and the one aggregation path (``Aggregation``).
 - ``influence``, ``robust_rules``: bounded influence (the weight cap, the norm bound, quarantine) and the robust
   aggregation rules the path applies (docs/robustness.md).
+- ``privacy``, ``exact_sum``, ``server_step``: differential privacy's clip, noise, adaptive clip and private draws
+  (docs/privacy.md), the order-independent exact sums every fold builds on, and the server's optimizer step.
 - ``events``: the one set of events and actions the two protocol objects hand their drivers.
 - ``round``: the coordinator's round as named states (``RoundPhase``, ``ClientOutcome``) and ``RoundState``.
 - ``registry``, ``limiter``, ``pacing``, ``selection``, ``validation``: the coordinator's agent registry, its

@@ -220,7 +220,8 @@ class CoordinatorProtocol:
                                now)
         agent = self.registry.by_index(index)
         decoded = ClientUpdate(client_id=agent.client_id, index=index, num_samples=update.num_samples,
-                               payload=Payload(groups=dict(update.groups), meta=dict(update.meta)))
+                               payload=Payload(groups=dict(update.groups), meta=dict(update.meta)),
+                               clip_scale=update.clip_scale)
         # the server half's own rule for what its fold needs (every group and tensor it reads, the meta keys it
         # converts), so that a lacking update is refused here, never failing inside a fold
         problem = check_update(update, self.shapes, current.masks.get(index, set())) or \

@@ -33,10 +33,12 @@ class Payload:
 
 @dataclass(frozen=True)
 class ClientUpdate:
-    """One decoded update as the server half sees it: whose (client id and index), its claimed sample count, and
-    its payload."""
+    """One decoded update as the server half sees it: whose (client id and index), its claimed sample count, its
+    payload, and the factor the device says it scaled it by to fit the task's norm bounds (its own word: recorded,
+    and read only as differential privacy's clip bit, whose noise bounds what a lie can do)."""
 
     client_id: str
     index: int
     num_samples: int
     payload: Payload
+    clip_scale: float = 1.0

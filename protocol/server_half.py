@@ -15,9 +15,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedge.codec import SparseSection, TensorGroup
-from fedge.protocol.influence import Bounded, Influence, group_references, raw_norms, scale_change
+from fedge.protocol.influence import Bounded, Influence, change_of, group_references, raw_norms, scale_change
 from fedge.protocol.payload import Arrays, ClientUpdate, Payload
+from fedge.protocol.privacy import Clipped, PrivateRound, Release
 from fedge.protocol.robust_rules import RobustRule, combine, lower_median
+from fedge.protocol.server_step import ServerStep
 
 
 class ServerHalf(Protocol):
@@ -104,13 +106,30 @@ class Aggregation:
 
     Centred clipping of one iteration streams in a round that streams: its centre is no change and its radius
     ``cc_tau`` times the previous round's median of each group's norm, so each update is scaled into that radius
-    and folded at once with a count of 1 (``centred``); the mean of those is the rule's one step."""
+    and folded at once with a count of 1 (``centred``); the mean of those is the rule's one step.
+
+    With ``private`` (``protocol.privacy``, in place of the bounds and the rule), each update's change in its
+    shared form is clipped and added to the round's private sum as it arrives (its tensors dropped); at ``close``
+    the noisy mean change is folded once for each device that sent one, with a count of 1, as a rule's change is;
+    a round with too few updates is not released (nothing is folded; ``withheld``).
+
+    With an active ``step`` (``protocol.server_step``), the closed round's change of the global model (a
+    ``GlobalModelServer``'s) is taken through the server's optimizer step."""
 
     def __init__(self, server: ServerHalf, round_number: int, influence: Influence | None = None,
-                 rule: RobustRule | None = None) -> None:
+                 rule: RobustRule | None = None, private: PrivateRound | None = None,
+                 step: ServerStep | None = None) -> None:
+        if private is not None and (influence is not None or (rule is not None and rule.robust)):
+            raise ValueError("a private round takes neither the bounds nor a robust rule: its clip replaces them")
         self.server = server
         self.round = round_number
         self.folded = 0
+        self.given = 0  # updates handed to the server half's fold
+        self.private = private
+        self.clipped: list[Clipped] = []
+        self.released: Release | None = None
+        self.withheld = False
+        self.step = step if step is not None and step.active else None
         self.influence = influence
         self.phase = server.influence_phase(round_number) if influence is not None else ""
         self.holding = influence is not None and influence.holds(self.phase)
@@ -150,30 +169,47 @@ class Aggregation:
         self.bounded.append(record)
         self.give(bounded)
 
+    def to_server(self, update: ClientUpdate) -> None:
+        self.given += 1
+        self.server.fold(self.round, update)
+
     def give(self, update: ClientUpdate) -> None:
-        """Fold into the half, or keep for the robust rule (in its shared form, when its values join the sum)."""
+        """Fold into the half, or keep for the robust rule or the private sum (in its shared form, when its values
+        join the sum)."""
         if self.radii:
-            self.server.fold(self.round, self.centred(update))
+            self.to_server(self.centred(update))
             return
-        form = None if self.rule is None else self.server.shared_form(self.round, update)
+        form = None if self.rule is None and self.private is None else self.server.shared_form(self.round, update)
         if form is None:
-            self.server.fold(self.round, update)
+            self.to_server(update)
+        elif self.private is not None:
+            self.add_private(self.private, form)
         else:
             self.hold(form)
 
-    def hold(self, update: ClientUpdate) -> None:
-        """Keep an update for the rule as one float32 change row per group (its tensors then dropped) and its
-        integer tensors and meta; the first is kept whole, for the groups' layout."""
+    def keep_layout(self, update: ClientUpdate) -> dict[str, TensorGroup]:
+        """Check an update against the round's first held one (the same groups, sparse values on one shared
+        support; the first is kept whole, for the groups' layout), and keep it without its float values (its
+        integer tensors and meta) for the fold at ``close``."""
         template = self.template = self.template or update
         if set(update.payload.groups) != set(template.payload.groups):
             raise ValueError(f"update of {update.client_id}: groups {sorted(update.payload.groups)}, the round's "
-                             f"first had {sorted(template.payload.groups)}; a robust aggregator needs the same groups")
-        references = group_references(update, self.server.change_reference(self.round, update.index))
+                             f"first had {sorted(template.payload.groups)}; the groups must be the same")
         kept: dict[str, TensorGroup] = {}
         for name, group in update.payload.groups.items():
             if not shared_support(template.payload.groups[name].sparse, group.sparse):
                 raise ValueError(f"group {name!r}: the updates' sparse values lie on different supports; a robust "
-                                 "aggregator needs one shared support")
+                                 "aggregator or a private sum needs one shared support")
+            kept[name] = TensorGroup(dense={t: a for t, a in group.dense.items() if a.dtype.kind != "f"})
+        self.for_rule.append(dataclasses.replace(update, payload=Payload(groups=kept, meta=update.payload.meta)))
+        return kept
+
+    def hold(self, update: ClientUpdate) -> None:
+        """Keep an update for the rule as one float32 change row per group (its tensors then dropped) and its
+        integer tensors and meta."""
+        self.keep_layout(update)
+        references = group_references(update, self.server.change_reference(self.round, update.index))
+        for name, group in update.payload.groups.items():
             reference = references[name]
             pieces = [np.asarray(array, np.float32).ravel() - np.asarray(reference[t], np.float32).ravel()
                       if reference is not None and t in reference else np.asarray(array, np.float32).ravel()
@@ -181,8 +217,16 @@ class Aggregation:
             if group.sparse is not None:
                 pieces.append(np.asarray(group.sparse.values, np.float32))
             self.rows.setdefault(name, []).append(np.concatenate(pieces) if pieces else np.zeros(0, np.float32))
-            kept[name] = TensorGroup(dense={t: a for t, a in group.dense.items() if a.dtype.kind != "f"})
-        self.for_rule.append(dataclasses.replace(update, payload=Payload(groups=kept, meta=update.payload.meta)))
+
+    def add_private(self, private: PrivateRound, update: ClientUpdate) -> None:
+        """An update's change, every group's float values as one float64 row, clipped into the private sum."""
+        self.keep_layout(update)
+        references = group_references(update, self.server.change_reference(self.round, update.index))
+        rows = {}
+        for name, group in update.payload.groups.items():
+            pieces = change_of(group, references[name])
+            rows[name] = np.concatenate(pieces) if pieces else np.zeros(0, np.float64)
+        self.clipped.append(private.add(update.client_id, update.index, rows, update.clip_scale))
 
     def centred(self, update: ClientUpdate) -> ClientUpdate:
         """Streaming centred clipping: the update with each group's change scaled into its radius (a group the
@@ -197,25 +241,34 @@ class Aggregation:
         return dataclasses.replace(update, num_samples=1, payload=Payload(groups=groups, meta=update.payload.meta))
 
     def combined(self, rule: RobustRule) -> list[ClientUpdate]:
-        """The rule's change over the held updates, once per held update (in client order), each under its own
-        client, meta and a count of 1: each group's float values (its dense float tensors' changes, then its sparse
-        values, which must lie on one support shared by every update: DSSA's complement, ef's shared form) combined
-        as one change vector, its integer tensors by their lower median."""
+        """The rule's change over the held updates, once per held update (``spread``): each group's float values
+        (its dense float tensors' changes, then its sparse values, which must lie on one support shared by every
+        update: DSSA's complement, ef's shared form) combined as one change vector."""
         order = sorted(range(len(self.for_rule)), key=lambda i: self.for_rule[i].index)
-        updates = [self.for_rule[i] for i in order]
+        rows, self.rows = self.rows, {}
+        changes = {}
+        for name in list(rows):
+            ordered = [rows[name][i] for i in order]
+            rows[name] = []
+            changes[name] = combine(rule, ordered)
+            del ordered
+        return self.spread(changes)
+
+    def spread(self, changes: dict[str, np.ndarray]) -> list[ClientUpdate]:
+        """One change per group, once per held update (in client order), each under its own client, meta and a
+        count of 1: the change laid out over the group's dense float tensors (added to their reference) and then
+        its sparse values; the integer tensors by their lower median."""
+        updates = sorted(self.for_rule, key=lambda u: u.index)
         template = self.template
         assert template is not None
         references = group_references(template, self.server.change_reference(self.round, updates[0].index))
-        rows, self.rows, self.for_rule, self.template = self.rows, {}, [], None
+        self.for_rule, self.template = [], None
         groups: dict[str, TensorGroup] = {}
         for name, group in template.payload.groups.items():
             reference = references[name]
             integers = {t: lower_median([np.asarray(u.payload.groups[name].dense[t]) for u in updates])
                         for t, a in group.dense.items() if a.dtype.kind != "f"}
-            changes = [rows[name][i] for i in order]
-            change = combine(rule, changes)
-            del changes
-            rows[name] = []
+            change = changes[name]
             dense: dict[str, np.ndarray] = {}
             at = 0
             for t, array in group.dense.items():
@@ -248,8 +301,23 @@ class Aggregation:
             influence.remember(self.phase, self.norms)
         if self.rule is not None and self.for_rule:
             for update in self.combined(self.rule):
-                self.server.fold(self.round, update)
-        metrics = dict(self.server.close_round(self.round)) if self.folded else {}
+                self.to_server(update)
+        if self.private is not None:
+            self.released = self.private.release()
+            self.withheld = self.released is None
+            if self.released is not None and self.for_rule:
+                for update in self.spread(dict(self.released.changes)):
+                    self.to_server(update)
+            self.for_rule, self.template = [], None
+        before = None
+        if self.step is not None and self.given:
+            model = getattr(self.server, "global_model", None)
+            if model is None:
+                raise ValueError("a server step needs a server half that keeps one global model")
+            before = {name: np.array(value) for name, value in model().items()}
+        metrics = dict(self.server.close_round(self.round)) if self.given else {}
+        if self.step is not None and before is not None:
+            self.server.set_global_model(self.step.apply(before, self.server.global_model()))  # type: ignore[attr-defined]
         if influence is not None and self.folded:
             metrics["robust_capped"] = sum(record.capped for record in self.bounded)
             metrics["robust_clipped"] = sum(record.clipped for record in self.bounded)
@@ -259,9 +327,10 @@ class Aggregation:
 
 
 def aggregate_round(server: ServerHalf, round_number: int, updates: Sequence[ClientUpdate],
-                    influence: Influence | None = None, rule: RobustRule | None = None) -> dict[str, Any]:
+                    influence: Influence | None = None, rule: RobustRule | None = None,
+                    private: PrivateRound | None = None) -> dict[str, Any]:
     """``updates`` folded in the order given and the round closed (``Aggregation``); the round's metrics."""
-    aggregation = Aggregation(server, round_number, influence, rule)
+    aggregation = Aggregation(server, round_number, influence, rule, private)
     for update in updates:
         aggregation.fold(update)
     return aggregation.close()

@@ -118,6 +118,11 @@ def command_status(args: argparse.Namespace) -> int:
     eta = status.get("eta_s")
     print(f"run {status['run_id']} ({status['algorithm']}): round {status['round']}/{status['rounds']}, "
           f"{status['phase']} (updated {age:.0f} s ago)" + (f", ETA {eta / 60:.1f} min" if eta else ""))
+    privacy = status.get("privacy")
+    if privacy:
+        print(f"  privacy: epsilon {privacy['epsilon']:.4g} at delta {privacy['delta']:.3g} after "
+              f"{privacy['rounds']} accounted round(s) ({privacy['accountant']}, {privacy['sampling']} sampling"
+              + (f"; stops before {privacy['max_epsilon']}" if privacy.get("max_epsilon") else "") + ")")
     agents = status.get("agents", [])
     if args.agents:
         listed = Path(args.run_dir) / "agents.json"

@@ -171,10 +171,11 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
     arrays = session.server.evaluation_arrays()
     files: dict[str, str | None] = {"model": None, "onnx": None}
     onnx_parity: float | None = None
-    if arrays is not None and outcome == "done":
+    final = outcome in ("done", "budget")  # a spent privacy budget ends the run with its last released model
+    if arrays is not None and final:
         save_arrays(run_dir / "model.npz", dict(arrays), {"model": spec.name, "round": session.round})
         files["model"] = "model.npz"
-    if arrays is not None and outcome == "done" and session.config.run.export_onnx:
+    if arrays is not None and final and session.config.run.export_onnx:
         try:
             from fedge.models import arrays_to_state, build, definition_hash
             from fedge.models.export import export_onnx, onnx_max_abs_difference
@@ -203,6 +204,7 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
         "onnx_max_abs_difference": onnx_parity,
         "rejections": session.rejections(),
         **session.trust.report(),
+        **({"privacy": session.privacy.report(session.round)} if session.privacy is not None else {}),
     }
     run_dir.write_json("report.json", report)
     return report
@@ -224,6 +226,12 @@ def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
                              *[name for name in report["files"].values() if name]])
         print(f"done: {report['rounds_completed']} rounds, final test accuracy "
               f"{'n/a' if acc is None else f'{100 * acc:.2f}%'}; results in {run_dir.path}/ ({written})", flush=True)
+        return 0
+    if report["status"] == "budget":
+        privacy = report["privacy"]
+        print(f"stopped at round {report['rounds_completed']}: another round would exceed privacy.max_epsilon = "
+              f"{privacy['max_epsilon']} (epsilon {privacy['epsilon']:.4g} at delta {privacy['delta']:.3g}); "
+              f"results in {run_dir.path}/", flush=True)
         return 0
     print(f"stopped at round {report['rounds_completed']}; resume with: coordinator start --resume {run_dir.path}",
           flush=True)
@@ -257,7 +265,7 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
     session = Session(config, run_dir, transport, spec, num_clients, evaluator,
                       run_id=uuid.uuid4().hex[:12], reserved_ids=[a.client_id for a in agents],
                       on_round=progress_printer(config, quiet), initial=plan.initial,
-                      welcome_extra=plan.welcome_extra(), weight_cap=largest_shard(plan))
+                      welcome_extra=plan.welcome_extra(), weight_cap=largest_shard(plan), privacy=plan.privacy)
     if resuming:
         session.load_checkpoint()
     else:

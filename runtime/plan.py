@@ -36,6 +36,7 @@ class SessionPlan:
     initial: dict[str, np.ndarray] | None = None
     shards: list[Any] = field(default_factory=list)  # a local fleet's client shards, partitioned in memory
     max_frame_bytes: int = 64 << 20  # the largest frame the coordinator accepts (frame_limit)
+    privacy: Any | None = None  # fedge.coordinator.privacy.PrivacyPlan under privacy.mode = "central"
 
     @property
     def local(self) -> bool:
@@ -156,10 +157,27 @@ def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     check_batch(config, spec, model, dataset, mean, std)
     initial = initial_weights(config, model) if config.model.init else None
     limit = frame_limit(model)
+    privacy = private_plan(config, model, dataset) if config.privacy.on else None
     shards = local_shards(config, dataset) if local else []
-    plan = SessionPlan(config, spec, dataset, plugins, mean, std, initial, shards, limit)
+    plan = SessionPlan(config, spec, dataset, plugins, mean, std, initial, shards, limit, privacy)
     check_welcome(plan)
     return plan
+
+
+def private_plan(config: Config, model: Any, dataset: Any | None) -> Any:
+    """The privacy plan (the noise multiplier calibrated now, for the planned rounds), after the checks only the
+    built model and the data can answer: integer buffers (their lower median is not private) and evaluations
+    on the devices (sent unclipped and unnoised) are refused."""
+    from fedge.coordinator.privacy import make_plan
+
+    integers = [name for name, tensor in model.state_dict().items() if not tensor.is_floating_point()]
+    if integers:
+        raise ConfigError(f"privacy.mode = \"central\" refuses a model with integer buffers ({', '.join(integers[:3])}"
+                          f"): their lower median is not private; use a model without BatchNorm counters")
+    if dataset is None or not len(dataset.test_y):
+        raise ConfigError("privacy.mode = \"central\" needs a test set on the coordinator (data.dataset): the "
+                          "devices' own evaluations would be released unnoised")
+    return make_plan(config)
 
 
 def check_welcome(plan: SessionPlan) -> None:

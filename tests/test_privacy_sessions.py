@@ -1,0 +1,200 @@
+"""Differential privacy in real sessions: epsilon recomputed from report.json alone, the budget that stops a run,
+crashes that never release twice unaccounted, the population a bound fleet is sampled from, and every combination
+the guarantee cannot hold with refused in one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dp_accounting as dp
+import numpy as np
+import pytest
+
+from fedge.coordinator.config import ConfigError, load_config
+from fedge.coordinator.rundir import RunDir
+from fedge.meter.report import write_report
+from fedge.protocol.privacy import NoiseSource
+from fedge.runtime.launch import play
+from fedge.runtime.plan import plan_session
+from tests.e2e import FAST, Processes, endpoint, finished, shards
+from tests.simfleet import read_jsonl
+
+# A private simulated fleet, small: 12 logical clients trained inline, 3 rounds, a tenth of a second a task.
+PRIVATE = ["model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=12",
+           "data.train_limit=120", "run.rounds=3", "round.fraction=0.5", "fleet.heartbeat_s=0.5",
+           "run.export_onnx=false", "privacy.mode=central", "algorithm.name=fedavg", "train.optimizer=sgd",
+           "train.lr=0.1"]
+
+
+def run(sets: list[str], run_dir: Path) -> dict[str, Any]:
+    return play(plan_session(load_config(None, sets)), RunDir(run_dir), resuming=False)
+
+
+def epsilon_from_records(privacy: dict[str, Any]) -> float:
+    """Epsilon from report.json's figures alone, the events built here with dp-accounting: q = cohort /
+    population, and the values' noise multiplier is the std added to the sum over its sensitivity (C under
+    add-or-remove, 2C under replace-one), joined by the clip bits' under adaptive clipping."""
+    poisson = privacy["sampling"] == "poisson"
+    multiplier = privacy["noise_std"] / ((1.0 if poisson else 2.0) * privacy["clip"])
+    if privacy["adaptive_clip"]:
+        bits = privacy["clip_bits_noise"] / (0.5 if poisson else 1.0)
+        multiplier = (multiplier ** -2 + bits ** -2) ** -0.5
+    gaussian = dp.GaussianDpEvent(multiplier)
+    if poisson:
+        event: Any = dp.PoissonSampledDpEvent(privacy["cohort"] / privacy["population"], gaussian)
+        relation = dp.NeighboringRelation.ADD_OR_REMOVE_ONE
+    else:
+        event = dp.SampledWithoutReplacementDpEvent(privacy["population"], int(privacy["cohort"]), gaussian)
+        relation = dp.NeighboringRelation.REPLACE_ONE
+    accountant: Any = dp.pld.PLDAccountant(relation) if privacy["accountant"] == "pld" else \
+        dp.rdp.RdpAccountant(neighboring_relation=relation)
+    accountant.compose(event, privacy["rounds"])
+    return float(accountant.get_epsilon(privacy["delta"]))
+
+
+@pytest.mark.parametrize("extra", [
+    ["privacy.noise_multiplier=0.9"],
+    ["privacy.noise_multiplier=0.9", "privacy.sampling=without-replacement", "round.count=5"],
+    ["privacy.noise_multiplier=0.9", "privacy.accountant=pld"],
+    ["privacy.target_epsilon=6", "privacy.adaptive_clip=true", "privacy.clip=0.05", "privacy.clip_bits_noise=3"],
+], ids=["poisson-rdp", "fixed-size-rdp", "poisson-pld", "poisson-rdp-adaptive-calibrated"])
+def test_epsilon_is_recomputed_from_report_json_alone(tmp_path: Path, extra: list[str]) -> None:
+    report = run([*PRIVATE, *extra], tmp_path / "run")
+    privacy = report["privacy"]
+    assert report["status"] == "done" and privacy["population"] == 12 and privacy["rounds"] == 3
+    assert privacy["epsilon"] == pytest.approx(epsilon_from_records(privacy), rel=1e-6, abs=1e-6)
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [row["epsilon"] for row in rows] == sorted(row["epsilon"] for row in rows)
+    assert rows[-1]["epsilon"] == privacy["epsilon"] and all(row["noise_std"] > 0 for row in rows)
+    if "privacy.target_epsilon=6" in extra:
+        assert privacy["epsilon"] <= 6 + 1e-6 and rows[0]["clip"] == 0.05 and rows[-1]["clip"] != 0.05
+    assert oct((tmp_path / "run" / "checkpoint.npz").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_run_stops_before_a_release_would_exceed_max_epsilon(tmp_path: Path) -> None:
+    sets = [*PRIVATE, "privacy.noise_multiplier=1.0", "run.rounds=10"]
+    plan = plan_session(load_config(None, sets)).privacy
+    limit = (plan.epsilon(2) + plan.epsilon(3)) / 2  # two rounds fit, the third would not
+    run_dir = tmp_path / "run"
+    report = run([*sets, f"privacy.max_epsilon={limit}"], run_dir)
+    assert report["status"] == "budget" and report["rounds_completed"] == 2
+    assert report["privacy"]["epsilon"] <= limit < plan.epsilon(3)
+    assert (run_dir / "model.npz").exists()  # the last released model is the run's result
+    # what an operator sees: `coordinator status`, the Prometheus gauge, and `coordinator report`'s plot
+    shown = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "status", str(run_dir)], capture_output=True,
+                           text=True, timeout=60, check=True).stdout
+    assert f"privacy: epsilon {report['privacy']['epsilon']:.4g} at delta 1e-05 after 2 accounted" in shown
+    assert "fedge_privacy_epsilon" in (run_dir / "fedge.prom").read_text()
+    write_report(run_dir)
+    assert (run_dir / "meter-privacy.png").stat().st_size > 0
+    assert "meter-privacy.png" in (run_dir / "meter-report.md").read_text()
+
+
+def crash_run(sets: list[str], run_dir: Path, crash_at: str = "") -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **({"FEDGE_CRASH_AT": crash_at} if crash_at else {})}
+    args = [arg for item in sets for arg in ("--set", item)]
+    command = ["start", "--resume", str(run_dir)] if run_dir.exists() and not crash_at else \
+        ["start", *args, "--run-dir", str(run_dir)]
+    return subprocess.run([sys.executable, "-m", "fedge.runtime.cli", *command, "--quiet"], env=env,
+                          capture_output=True, timeout=120)
+
+
+def test_a_round_released_before_a_crash_stays_accounted_and_its_redo_draws_fresh_noise(tmp_path: Path) -> None:
+    """Crash after round 2's release (its clients.jsonl written, its checkpoint not): on resume, round 2 is redone
+    from a generator reseeded from OS entropy and accounted again, so epsilon counts 4 rounds for 3 released, and
+    never decreases. A crash after a checkpoint resumes from the checkpoint's generator state."""
+    sets = [*PRIVATE, "privacy.noise_multiplier=1.0"]
+    run_dir = tmp_path / "run"
+    assert crash_run(sets, run_dir, "clients:2").returncode == 70
+    before = read_jsonl(run_dir / "privacy.jsonl")
+    assert [line["round"] for line in before] == [1, 2]
+    assert crash_run(sets, run_dir).returncode == 0
+    lines = read_jsonl(run_dir / "privacy.jsonl")
+    assert [line["round"] for line in lines] == [1, 2, 2, 3]
+    assert lines[2]["generator"] != lines[1]["generator"]  # the redo does not replay the first attempt's noise
+    assert [line["accounted"] for line in lines] == [1, 2, 3, 4]
+    epsilons = [line["epsilon"] for line in lines]
+    assert epsilons == sorted(epsilons) and epsilons[2] > before[-1]["epsilon"]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["privacy"]["rounds"] == 4 and report["privacy"]["epsilon"] == epsilons[-1]
+
+    clean = tmp_path / "clean"
+    assert crash_run(sets, clean, "committed:2").returncode == 70
+    with np.load(clean / "checkpoint.npz") as stored:
+        meta = json.loads(stored["meta"].tobytes())
+    saved = NoiseSource()
+    saved.load_state(meta["privacy"]["noise"])
+    assert crash_run(sets, clean).returncode == 0
+    lines = read_jsonl(clean / "privacy.jsonl")
+    assert [line["round"] for line in lines] == [1, 2, 3]
+    assert lines[2]["generator"] == saved.fingerprint()  # round 3 starts from the checkpoint's generator
+
+
+def test_a_bound_fleet_is_sampled_from_its_whole_population(procs: Processes, tmp_path: Path) -> None:
+    """fleet.expect = 4 devices, 2 of them online: each round draws from all 4, the drawn offline ones are
+    dropouts, and the accounting's q is the cohort over the population, never over the devices online."""
+    data, run_dir = shards(tmp_path, 4), tmp_path / "run"
+    coordinator = procs.coordinator(
+        "--bind", "tcp://127.0.0.1:0", "--expect", "4", "--rounds", "4", "--run-dir", str(run_dir),
+        *FAST, "--set", "data.partition=iid", "--set", "fleet.join_timeout_s=4", "--set", "round.fraction=0.5",
+        "--set", "privacy.mode=central", "--set", "privacy.noise_multiplier=1.0", "--set", "round.deadline_s=30",
+        "--algorithm", "fedavg")
+    address = endpoint(run_dir)
+    for i in range(2):
+        procs.agent("--coordinator", address, "--client-id", f"dev-{i}", "--data", str(data / f"client-{i:03d}.npz"),
+                    "--state-dir", str(tmp_path / f"state-{i}"), name=f"agent-{i}")
+    assert finished(coordinator, 180) == 0, procs.output("coordinator")
+    privacy = json.loads((run_dir / "report.json").read_text())["privacy"]
+    assert privacy["population"] == 4 and privacy["cohort"] == 2.0
+    assert privacy["epsilon"] == pytest.approx(epsilon_from_records(privacy), rel=1e-6)
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert sum(row["dp_dropouts"] for row in rows) > 0 and all(row["selected"] <= 2 for row in rows)
+
+
+REFUSED = [
+    (["algorithm.weighting=\"samples\""], "algorithm.weighting"),
+    (["algorithm.upload=\"model\""], "algorithm.upload"),
+    (["round.target=2"], "round.target"),
+    (["round.policy=\"latency\""], "round.policy"),
+    (["robust.aggregator=\"median\""], "robust.aggregator"),
+    (["robust.quarantine_after=3"], "robust.quarantine_after"),
+    (["robust.norm_factor=2.0"], "the [robust] bounds"),
+    (["eval.personal_every=1"], "eval.personal_every"),
+    (["algorithm.name=\"scaffold\""], "cannot apply to algorithm 'scaffold'"),
+    (["algorithm.name=\"fedbn\""], "cannot apply to algorithm 'fedbn'"),
+    (["algorithm.name=\"fedcos\""], "cannot apply to algorithm 'fedcos'"),
+    (["algorithm.name=\"pfedla\""], "cannot apply to algorithm 'pfedla'"),
+    (["algorithm.name=\"heurpfedla\""], "cannot apply to algorithm 'heurpfedla'"),
+    (["model.name=\"cnn-bn\""], "integer buffers"),
+    (["privacy.sampling=\"without-replacement\"", "privacy.accountant=\"pld\""], "has no fixed-size draw"),
+    (["privacy.mode=\"distributed\""], "arrives with secure aggregation"),
+    (["privacy.target_epsilon=4"], "exactly one of"),
+    (["privacy.delta=0.2"], "below 1/population"),
+    (["round.count=3"], "round.count is for"),
+    (["fleet.mode=\"process\"", "fleet.bind=\"tcp://127.0.0.1:0\"", "data.dataset=\"\""], "needs its population"),
+    (["fleet.mode=\"process\"", "fleet.bind=\"tcp://127.0.0.1:0\"", "fleet.expect=4", "data.dataset=\"\"",
+      "model.input_shape=[1, 28, 28]", "model.outputs=10"], "needs a test set"),
+]
+
+
+@pytest.mark.parametrize("extra, reason", REFUSED, ids=[reason for _, reason in REFUSED])
+def test_each_combination_dp_cannot_hold_with_is_refused_in_one_line(extra: list[str], reason: str) -> None:
+    sets = [s for s in PRIVATE if not s.startswith("model.name") or "model.name" not in " ".join(extra)]
+    with pytest.raises(ConfigError, match=None) as refused:
+        plan_session(load_config(None, [*sets, "privacy.noise_multiplier=1.0", *extra]))
+    message = str(refused.value)
+    assert reason in message and "\n" not in message, message
+
+
+def test_a_refused_private_session_writes_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir),
+                           *[a for s in [*PRIVATE, "privacy.noise_multiplier=1", "algorithm.weighting=\"samples\""]
+                             for a in ("--set", s)]], capture_output=True, timeout=60, text=True)
+    assert done.returncode == 2 and not run_dir.exists()
+    assert done.stderr.strip().count("\n") == 0 and "weights are uniform under DP" in done.stderr
