@@ -4,7 +4,7 @@ run without privacy, on real Fashion-MNIST split over thousands of simulated cli
     python benchmarks/privacy_utility.py --out runs/privacy-utility            # the table of docs/results/privacy.md
     python benchmarks/privacy_utility.py --rounds 20 --epsilons 8 --out /tmp/p # a shorter look
 
-Each run is `coordinator start`'s session in this process (a simulated fleet, inline backend): Fashion-MNIST from
+Each run is `coordinator start`'s session in this process (a simulated fleet, two worker processes): Fashion-MNIST from
 Debian's dataset-fashion-mnist (60,000 training images) as `--clients` IID clients, the MLP, SGD on the clients, a
 server step with momentum, Poisson sampling at `--fraction`, delta 1e-5, epsilon calibrated for the planned rounds
 (adaptive clipping from `--clip`). The private runs and the non-private one share every other setting. A run whose
@@ -26,7 +26,7 @@ import numpy as np
 def settings(args: argparse.Namespace, epsilon: float | None) -> list[str]:
     common = ["algorithm.name=fedavg", "algorithm.upload=\"delta\"", "algorithm.weighting=\"uniform\"",
               "model.name=mlp", "data.dataset=fmnist", "data.partition=iid", f"data.clients={args.clients}",
-              "fleet.mode=simulated", "fleet.backend=inline", "fleet.heartbeat_s=30", "fleet.liveness_s=3600",
+              "fleet.mode=simulated", "fleet.backend=local", "fleet.workers=2", "fleet.heartbeat_s=30", "fleet.liveness_s=3600",
               f"round.fraction={args.fraction}", f"run.rounds={args.rounds}", "run.export_onnx=false",
               f"run.seed={args.seed}", "train.optimizer=sgd", f"train.lr={args.lr}", "train.batch_size=10",
               f"train.epochs={args.epochs}", f"server.lr={args.server_lr}", f"server.momentum={args.momentum}",

@@ -29,6 +29,7 @@ from fedge.protocol.privacy import (
     NoiseSource,
     PrivateRound,
     Release,
+    effective_multiplier,
     fixed_draw,
     poisson_draw,
     values_multiplier,
@@ -37,7 +38,7 @@ from fedge.protocol.privacy import (
 log = logging.getLogger("fedge.coordinator")
 
 RELEASE_LOG = "privacy.jsonl"
-INSTALL_HINT = "bash scripts/install.sh --privacy (or pip install 'fedge[privacy]')"
+INSTALL_HINT = "bash scripts/install.sh (its default, coordinator profile), or pip install 'fedge[privacy]'"
 
 
 def dp_accounting() -> Any:
@@ -150,8 +151,6 @@ def make_plan(config: Config) -> PrivacyPlan:
         effective = calibrate(settings.sampling, population, cohort, rounds, settings.target_epsilon, delta,
                               settings.accountant)
     else:
-        from fedge.protocol.privacy import effective_multiplier
-
         effective = effective_multiplier(settings.noise_multiplier, bits_multiplier)
     try:
         values = values_multiplier(effective, bits_multiplier) if settings.target_epsilon > 0 else \
@@ -246,7 +245,7 @@ class SessionPrivacy:
                 "sampling": settings.sampling, "rounds": self.accounted, "clip": self.clip,
                 "max_epsilon": settings.max_epsilon or None}
 
-    def report(self, rounds: int) -> dict[str, Any]:
+    def report(self) -> dict[str, Any]:
         """report.json's ``privacy``: every figure ``epsilon_of`` takes, so that epsilon can be recomputed."""
         plan = self.plan
         last_clip = self.last.clip if self.last is not None else self.clip

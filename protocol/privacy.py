@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,9 +223,3 @@ class PrivateRound:
         unclipped = sum(1 for record in self.clipped if record.unclipped)
         following = mechanism.next_clip(self.clip, unclipped, self.reporters, bits_noise)
         return Release(changes, self.clip, std, self.reporters, following)
-
-
-def sampled(indices: Sequence[int], live: Sequence[int]) -> tuple[list[int], list[int]]:
-    """The drawn indices that are online (tasked) and those that are not (dropouts of the round)."""
-    online = set(live)
-    return [i for i in indices if i in online], [i for i in indices if i not in online]

@@ -204,7 +204,7 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
         "onnx_max_abs_difference": onnx_parity,
         "rejections": session.rejections(),
         **session.trust.report(),
-        **({"privacy": session.privacy.report(session.round)} if session.privacy is not None else {}),
+        **({"privacy": session.privacy.report()} if session.privacy is not None else {}),
     }
     run_dir.write_json("report.json", report)
     return report

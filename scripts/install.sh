@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Create (or update) the virtual environment .venv and install Fedge into it, torch first.
 #
-#   bash scripts/install.sh               # a coordinator or workstation: the runtime with ONNX export and plots
+#   bash scripts/install.sh               # a coordinator or workstation: the runtime with ONNX export, plots and
+#                                         # the privacy accountant (dp-accounting)
 #   bash scripts/install.sh --agent       # a device: the agent and on-device inference, nothing else
 #   bash scripts/install.sh --dev         # everything the test suite needs (Ray included)
 #   bash scripts/install.sh --ray         # the default plus Ray, for simulated fleets and sweeps on a cluster
 #   bash scripts/install.sh --examples    # the default plus the worked example (examples/tabular, scikit-learn)
-#   bash scripts/install.sh --privacy     # the default plus dp-accounting, for privacy.mode = "central"
 #   bash scripts/install.sh --flower      # the default plus Flower, for benchmarks/vs_flower.py
 #   bash scripts/install.sh --plan FILE   # only resolve torch (pip --dry-run --report FILE); installs nothing
 #                                         # (it creates .venv, whose pip resolves)
@@ -36,18 +36,16 @@ case "${1:-}" in
   --examples) profile=examples ;;
   --ray) profile=ray ;;
   --flower) profile=flower ;;
-  --privacy) profile=privacy ;;
   --plan) plan="${2:?--plan needs a report file}"; profile=plan ;;
-  *) fail "unknown option ${1} (use --agent, --dev, --ray, --examples, --flower, --privacy or --plan FILE)" ;;
+  *) fail "unknown option ${1} (use --agent, --dev, --ray, --examples, --flower or --plan FILE)" ;;
 esac
 case "$profile" in
-  default) extras="export,report,svhn" ;;
+  default) extras="export,report,svhn,privacy" ;;
   agent) extras="agent" ;;
   dev) extras="dev,export,report,svhn,ray,privacy" ;;
-  ray) extras="export,report,svhn,ray" ;;
-  examples) extras="examples,export,report,svhn" ;;
-  flower) extras="export,report,svhn,flower" ;;
-  privacy) extras="export,report,svhn,privacy" ;;
+  ray) extras="export,report,svhn,privacy,ray" ;;
+  examples) extras="examples,export,report,svhn,privacy" ;;
+  flower) extras="export,report,svhn,privacy,flower" ;;
   plan) extras="" ;;
 esac
 

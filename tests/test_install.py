@@ -96,7 +96,7 @@ def test_an_unknown_option_is_refused() -> None:
     out = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--everything"], cwd=ROOT,
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and out.stderr.strip() == (
-        "install.sh: unknown option --everything (use --agent, --dev, --ray, --examples, --flower, --privacy or --plan FILE)")
+        "install.sh: unknown option --everything (use --agent, --dev, --ray, --examples, --flower or --plan FILE)")
 
 
 def test_the_jetson_pins_are_the_ansible_roles() -> None:
