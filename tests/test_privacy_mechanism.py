@@ -100,14 +100,16 @@ def test_no_accepted_update_exceeds_the_clip(algorithm: str, value_dtype: str, l
 
 def simulate_adaptive(rounds: int, reporters: int = 100, start: float = 0.1, seed: int = 0) -> list[float]:
     """The clip of each round when ``reporters`` devices a round send updates whose norms are log-normal with
-    median 1, through the shipped private sum and its clip step (sigma_b = m / 20, eta = 0.2, gamma = 0.5)."""
+    median 1, through the shipped private sum and its clip step (sigma_b = m / 20, eta = 0.2, gamma = 0.5). The
+    noise comes from a seeded generator here: at these settings the median of C over 20 rounds strays past 5 % in
+    about one seed of ten (measured over 150), so an OS-seeded draw would make the test fail by chance."""
     mechanism = Mechanism(noise_multiplier=0.1, denominator=reporters, adaptive=True, target_quantile=0.5,
                           clip_lr=0.2, bits_noise=reporters / 20)
-    noise = NoiseSource()
+    noise = np.random.default_rng(seed + 1000)
     rng = np.random.default_rng(seed)
     clip, clips = start, []
     for _ in range(rounds):
-        private = PrivateRound(mechanism, clip, noise.generator)
+        private = PrivateRound(mechanism, clip, noise)
         directions = rng.standard_normal((reporters, 4))
         norms = np.exp(rng.standard_normal(reporters))  # log-normal, median 1
         for index in range(reporters):
