@@ -80,6 +80,8 @@ def test_no_accepted_update_exceeds_the_clip(algorithm: str, value_dtype: str, l
     that contribution, and of several their sum (at most n C)."""
     rng = np.random.default_rng(seed)
     size = 64
+    if algorithm.startswith("ef-") and value_dtype == "f16":
+        log_scale = min(log_scale, 3.0)  # a device cannot encode values past float16's 65,504 (the codec refuses)
     options = {} if not algorithm.startswith("ef-") else {"value_dtype": value_dtype}
     server = flat_server(algorithm, size, options)
     version = server.model.version if algorithm.startswith("ef-") else 0
