@@ -31,7 +31,7 @@ from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.privacy import PrivacyPlan, SessionPrivacy
 from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
 from fedge.coordinator.rundir import RunDir, plain
-from fedge.coordinator.status import StatusBoard
+from fedge.coordinator.status import AgentTallies, StatusBoard
 from fedge.coordinator.transport import RouterTransport
 from fedge.coordinator.trust import SessionTrust
 from fedge.coordinator.welcome import welcome_fields
@@ -77,6 +77,7 @@ class Session:
         self.on_round = on_round
         self.welcome_extra = dict(welcome_extra or {})
         self.on_tick: Callable[[float], None] | None = None  # the local fleet's watch, called as the loop turns
+        self.on_waiting: Callable[[int, int], None] | None = None  # (connected, expected) while waiting for agents
         self.stopping = False
         self.progress = 0
         registry = AgentRegistry(num_clients, config.fleet.liveness_s)
@@ -95,6 +96,7 @@ class Session:
                                             max_uploads=config.fleet.max_uploads)
         self.started = time.monotonic()
         self.status = StatusBoard(run_dir, config.run.rounds, config.algorithm_name)  # status.json and friends
+        self.tallies = AgentTallies()  # each agent's bytes, refusals, declines and last round; checkpointed
         self.round_walls: list[float] = []
         self.dropouts: list[int] = []  # under differential privacy: the round's drawn clients that were offline
         # bounded influence, the robust rule and the quarantine (``weight_cap``: a local or simulated fleet's
@@ -128,7 +130,8 @@ class Session:
         save_checkpoint(self.run_dir.checkpoint, {**arrays, **self.step.state_dict()}, {
             "round": self.round, "run_id": self.run_id, "algorithm": self.config.algorithm_name,
             "model_hash": self.model_hash, "server": server_meta, **self.registry.state(),
-            **self.trust.state(), **(self.privacy.state() if self.privacy is not None else {}),
+            **self.trust.state(), **self.tallies.state(),
+            **(self.privacy.state() if self.privacy is not None else {}),
             "pending_row": None if self.rows.held is None else plain(self.rows.held.row)})
 
     def load_checkpoint(self) -> None:
@@ -138,6 +141,7 @@ class Session:
                                     meta["server"])
         self.registry.load_state(meta)
         self.trust.load_state(meta)
+        self.tallies.load_state(meta)
         if self.privacy is not None:
             self.privacy.load_state(meta, int(meta["round"]))
         self.protocol.resume(str(meta["run_id"]), int(meta["round"]))
@@ -184,8 +188,10 @@ class Session:
                 case Rejected(peer=peer, code=code, reason=reason):
                     log.warning("rejected a message from %r: %s (%s)", peer, reason, code)
                     client_id = peer.decode(errors="replace")
-                    if code == words.INVALID_UPDATE and self.registry.get(client_id) is not None:
-                        self.trust.refused(client_id)
+                    if self.registry.get(client_id) is not None:
+                        self.tallies.rejected(client_id)
+                        if code == words.INVALID_UPDATE:
+                            self.trust.refused(client_id)
                 case Noted(level=level, text=text):
                     log.log(level, "%s", text)
                 case _:
@@ -246,6 +252,8 @@ class Session:
             if live != announced:
                 log.info("%d of %d expected agents connected", live, expect)
                 announced = live
+            if self.on_waiting is not None:
+                self.on_waiting(live, expect)
             if live >= expect or (time.monotonic() > until and live >= minimum):
                 return True
             self.pump(200)
@@ -305,6 +313,9 @@ class Session:
         ids = {i: self.registry.by_index(i).client_id for i in [*current.updates, *current.unavailable]}
         self.run_dir.append_jsonl("clients.jsonl", *client_rows(number, current, ids, records,
                                                                 attribute_energy(records), bounds))
+        ids.update({i: self.registry.by_index(i).client_id for i in current.bytes_down})
+        self.tallies.note_round(number, ids, current.bytes_down, {i: size for i, (_, size) in ordered},
+                                current.unavailable)
         row["wall_s"] = time.monotonic() - started
         crash_point("clients", number)
         held = self.hold_row(row, number)  # written when its evaluation is done, beside the next round
@@ -334,7 +345,8 @@ class Session:
         self.status.write(phase, force, run_id=self.run_id, round_number=self.round, registry=self.registry,
                           rejections=self.rejections(), bytes_total=self.bytes_total, round_walls=self.round_walls,
                           bounded=self.trust.counts, quarantined=self.trust.quarantine.quarantined,
-                          privacy=self.privacy.status() if self.privacy is not None else None)
+                          privacy=self.privacy.status() if self.privacy is not None else None,
+                          tallies=self.tallies)
 
     def rejections(self) -> dict[str, int]:
         """Messages refused per peer (routing id), the 100 largest counts."""

@@ -2,8 +2,10 @@
 
 ``StatusBoard.write`` turns the registry and the session's counts into those files, at most once a second (unless
 forced, at a round's end): ``status.json`` holds counts and the 100 agents heard from most recently, ``agents.json``
-every agent (every 10 s and when forced; ``coordinator status --agents``), ``fedge.prom`` the same facts as gauges.
-Knows no algorithm and no transport.
+every agent (every 10 s and when forced; ``coordinator status --agents``, the dashboard's agent table),
+``fedge.prom`` the same facts as gauges. ``AgentTallies`` keeps each agent's running totals (bytes each way,
+messages refused, rounds declined, last round aggregated), checkpointed with the session. Knows no algorithm and no
+transport.
 """
 
 from __future__ import annotations
@@ -20,6 +22,40 @@ from fedge.protocol.registry import AgentRegistry
 STATUS_AGENTS = 100   # status.json lists the agents heard from most recently, at most this many
 AGENTS_EVERY_S = 10.0  # agents.json (every agent) is written this often, and at every round's end
 BOUNDED_KINDS = ("capped", "clipped", "rejected")  # per-agent counts of bounded or refused updates
+TALLIES = ("bytes_down", "bytes_up", "rejections", "declined", "last_round")  # AgentTallies' fields, per agent
+
+
+class AgentTallies:
+    """Each agent's running totals, by client id: packet bytes of its tasks and of its aggregated updates, messages
+    of its refused, rounds it declined by its availability rules, and the last round that aggregated its update."""
+
+    def __init__(self) -> None:
+        self.by_client: dict[str, dict[str, int]] = {}
+
+    def of(self, client_id: str) -> dict[str, int]:
+        return self.by_client.setdefault(client_id, dict.fromkeys(TALLIES, 0))
+
+    def note_round(self, number: int, client_ids: Mapping[int, str], bytes_down: Mapping[int, int],
+                   bytes_up: Mapping[int, int], declined: Collection[int]) -> None:
+        """A closed round: ``bytes_down`` per client index sent a task, ``bytes_up`` per index aggregated."""
+        for index, sent in bytes_down.items():
+            self.of(client_ids[index])["bytes_down"] += int(sent)
+        for index, size in bytes_up.items():
+            tally = self.of(client_ids[index])
+            tally["bytes_up"] += int(size)
+            tally["last_round"] = number
+        for index in declined:
+            self.of(client_ids[index])["declined"] += 1
+
+    def rejected(self, client_id: str) -> None:
+        self.of(client_id)["rejections"] += 1
+
+    def state(self) -> dict[str, Any]:
+        return {"agent_tallies": {k: dict(v) for k, v in self.by_client.items()}}
+
+    def load_state(self, meta: Mapping[str, Any]) -> None:
+        self.by_client = {str(k): {t: int(v.get(t, 0)) for t in TALLIES}
+                          for k, v in (meta.get("agent_tallies") or {}).items()}
 
 
 class StatusBoard:
@@ -36,9 +72,11 @@ class StatusBoard:
     def write(self, phase: str, force: bool, *, run_id: str, round_number: int, registry: AgentRegistry,
               rejections: dict[str, int], bytes_total: dict[str, int], round_walls: Sequence[float],
               bounded: Mapping[str, Mapping[str, int]] | None = None,
-              quarantined: Collection[str] = (), privacy: Mapping[str, Any] | None = None) -> None:
+              quarantined: Collection[str] = (), privacy: Mapping[str, Any] | None = None,
+              tallies: AgentTallies | None = None) -> None:
         """``bounded``: client id -> its updates capped, clipped and rejected so far; ``quarantined``: the devices
-        no longer selected (docs/robustness.md); ``privacy``: epsilon so far and its terms (docs/privacy.md)."""
+        no longer selected (docs/robustness.md); ``privacy``: epsilon so far and its terms (docs/privacy.md);
+        ``tallies``: each agent's running totals (agents.json only)."""
         now = time.monotonic()
         if not force and now - self.status_written < 1.0:
             return
@@ -60,7 +98,9 @@ class StatusBoard:
                                   privacy=dict(privacy) if privacy is not None else None)
         if force or now - self.agents_written >= AGENTS_EVERY_S:  # every agent: `coordinator status --agents`
             self.agents_written = now
-            self.run_dir.write_json("agents.json", {"run_id": run_id, "updated_at": time.time(), "agents": agents})
+            every = [{**a, **(tallies.of(a["client_id"]) if tallies is not None else dict.fromkeys(TALLIES, 0))}
+                     for a in agents]
+            self.run_dir.write_json("agents.json", {"run_id": run_id, "updated_at": time.time(), "agents": every})
         self.show(f"{phase}; round {round_number}/{self.rounds}; {connected}/{len(agents)} agents connected"
                   + (f"; ETA {eta_s / 60:.1f} min" if eta_s is not None else ""))
         gauges = fleet_gauges(run_id, round_number, self.rounds, agents, bytes_total, rejections, eta_s)

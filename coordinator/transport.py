@@ -10,6 +10,7 @@ them; it knows nothing of the codec, algorithms, models or torch.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ class AllowList:
 
     def __init__(self, allowed_dir: Path) -> None:
         self.allowed_dir = allowed_dir
+        self.refused: deque[str] = deque(maxlen=100)  # the public keys refused last (z85), for the console
+        self.refused_count = 0
         self.cached: dict[bytes, str] = {}  # z85 public key -> the client id it is allowed as
         self.cached_at: tuple[int, int] | None = None  # (mtime_ns, link count) of the directory when it was read
         self.reads = 0
@@ -105,6 +108,8 @@ class AllowList:
             return True
         log.warning("refused a peer: its CurveZMQ public key %s is not in the allow-list %s",
                     key.decode(errors="replace"), self.allowed_dir)
+        self.refused.append(key.decode(errors="replace"))
+        self.refused_count += 1
         return False
 
 
@@ -138,8 +143,9 @@ class RouterTransport:
         self.socket.setsockopt(zmq.RCVHWM, 2)
         self.socket.setsockopt(zmq.LINGER, 2000)
         self.socket.setsockopt(zmq.SNDHWM, 100)
+        self.allow_list: AllowList | None = None  # CurveZMQ on: the keys it allowed and refused
         if curve is not None:
-            allow = AllowList(curve.allowed_dir)
+            allow = self.allow_list = AllowList(curve.allowed_dir)
             self.authenticator = BindingAuthenticator(self.context, allow)
             self.authenticator.start()
             self.authenticator.configure_curve_callback("*", credentials_provider=allow)

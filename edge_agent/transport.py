@@ -2,7 +2,9 @@
 
 ZeroMQ reconnects by itself with an exponential backoff (RECONNECT_IVL doubling up to RECONNECT_IVL_MAX), so a
 coordinator restart needs nothing from the caller but to say hello again. A socket monitor turns handshake failures
-into a readable reason (for example, the coordinator refused this agent's key). It moves bytes; it knows nothing of
+into a readable reason (for example, the coordinator refused this agent's key). ZeroMQ does not reconnect after the
+coordinator refused the key, so the transport does, after 5 s doubling to 5 min: a device joins once an operator
+has added its key to the allow-list, without a restart. It moves bytes; it knows nothing of
 the codec, algorithms, models or torch.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +23,8 @@ from zmq.utils.monitor import recv_monitor_message
 from fedge.plumbing.keys import AGENT_KEY
 
 log = logging.getLogger("fedge.agent.transport")
+
+REFUSED_RETRY_S = (5.0, 300.0)  # after the coordinator refused the key: the first wait, and the longest
 
 
 
@@ -74,6 +79,8 @@ class DealerTransport:
         self.connected = False
         self.curve = curve is not None
         self.handshakes = 0
+        self.retry_s = REFUSED_RETRY_S[0]
+        self.retry_at: float | None = None  # when to connect again after a refused key
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -87,8 +94,13 @@ class DealerTransport:
                     log.error("%s: %s", self.endpoint, reason)
                 self.last_failure = reason
                 self.connected = False
+                if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # ZeroMQ stops here: connect again later ourselves
+                    self.retry_at = time.monotonic() + self.retry_s
+                    log.warning("trying %s again in %.0f s", self.endpoint, self.retry_s)
+                    self.retry_s = min(2 * self.retry_s, REFUSED_RETRY_S[1])
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.last_failure = ""
+                self.retry_s = REFUSED_RETRY_S[0]
                 self.connected = True
                 self.handshakes += 1
                 log.info("connected to %s", self.endpoint)
@@ -98,6 +110,10 @@ class DealerTransport:
 
     def poll(self, timeout_ms: int) -> list[bytes]:
         self._drain_monitor()
+        if self.retry_at is not None and time.monotonic() >= self.retry_at:
+            self.retry_at = None
+            self.socket.disconnect(self.endpoint)
+            self.socket.connect(self.endpoint)
         frames: list[bytes] = []
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
             self._drain_monitor()

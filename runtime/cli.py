@@ -7,6 +7,8 @@
     coordinator keygen --keys-dir DIR
     coordinator models [--json]
     coordinator report runs/RUN [--vs runs/OTHER] [-o DIR]  # markdown + PNG plots, claims check
+    coordinator dashboard runs/ [--listen 127.0.0.1:0]      # a live web page over the runs (docs/dashboard.md)
+    coordinator export runs/RUN --tensorboard DIR | --mlflow URI   # to the tracking tools (docs/meter.md)
     coordinator sweep --grid benchmarks/grids/small.toml     # the reproduction harness (resumable)
     coordinator partition --dataset fmnist-demo --partition dirichlet --clients 10 --alpha 0.3 --seed 0 [--out DIR]
 
@@ -48,6 +50,8 @@ def add_start(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     start.add_argument("--service", action="store_true",
                        help="run as a service: resume RUN_DIR if it has a checkpoint, else start; notify systemd")
     start.add_argument("--quiet", action="store_true", help="no progress lines, warnings only")
+    start.add_argument("--print-config", action="store_true",
+                       help="print the effective configuration first (it is always written to RUN_DIR/config.toml)")
     start.add_argument("--verbose", action="store_true", help="info logs on stderr beside the progress lines")
     start.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
 
@@ -78,6 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir")
     report.add_argument("--vs", metavar="OTHER_RUN_DIR", help="compare against this run (e.g. FedAvg)")
     report.add_argument("-o", "--out", help="output directory (default: RUN_DIR)")
+    dashboard = sub.add_parser("dashboard", help="serve a live, read-only web page over run directories")
+    dashboard.add_argument("path", nargs="?", default="runs", help="a runs directory or one run (default: runs)")
+    dashboard.add_argument("--listen", default="127.0.0.1:0",
+                           help="HOST:PORT (default 127.0.0.1:0: loopback, a free port); off loopback a token is "
+                                "needed, printed once in the URL")
+    dashboard.add_argument("--token-file", help="where the token is written, mode 0600, outside the served "
+                           "directory (default ~/.config/fedge/dashboard.token)")
+    export = sub.add_parser("export", help="export a run's metrics and configuration to TensorBoard or MLflow")
+    export.add_argument("run_dir", help="the run directory to export (docs/run-dir.md)")
+    export.add_argument("--tensorboard", metavar="DIR",
+                        help="write TensorBoard event files to DIR/RUN_NAME (pip install 'fedge[tensorboard]')")
+    export.add_argument("--mlflow", metavar="URI",
+                        help="log a new MLflow run to this tracking URI (pip install 'fedge[mlflow]')")
+    export.add_argument("--experiment", metavar="NAME", help="the MLflow experiment, created if missing "
+                        "(default fedge)")
     sweep = sub.add_parser("sweep", help="run a grid of sessions (resumable) and tabulate them")
     sweep.add_argument("--grid", required=True, help="grid TOML (see benchmarks/grids/)")
     sweep.add_argument("--out", help="output directory (default runs/sweep-GRID)")
@@ -188,6 +207,21 @@ def command_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_dashboard(args: argparse.Namespace) -> int:
+    from fedge.dashboard.server import make_server
+
+    server, url = make_server(Path(args.path), args.listen, Path(args.token_file) if args.token_file else None)
+    print(url, flush=True)  # the first line: what to open (with the token, off loopback; shown only here)
+    print(f"serving the runs under {Path(args.path).resolve()} read-only; Ctrl-C stops", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -208,6 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(f"wrote {write_report(args.run_dir, vs=args.vs, out_dir=args.out)}")
             return 0
+        if args.command == "dashboard":
+            return command_dashboard(args)
+        if args.command == "export":
+            from fedge.meter.export import command_export
+
+            return command_export(args)
         if args.command == "sweep":
             from fedge.sweep.grid import command_sweep
 
@@ -239,8 +279,10 @@ def one_line_error(exc: Exception) -> int:
         print(f"coordinator: data error: {exc}", file=sys.stderr)
         return EXIT_DATA
     if isinstance(exc, ImportError):
-        print(f"coordinator: error: this command needs {exc.name or exc}, which is not installed (the coordinator "
-              "install has it: bash scripts/install.sh)", file=sys.stderr)
+        hint = str(exc) if "pip install" in str(exc) else (  # an optional extra names its own install
+            f"this command needs {exc.name or exc}, which is not installed (the coordinator install has it: "
+            "bash scripts/install.sh)")
+        print(f"coordinator: error: {hint}", file=sys.stderr)
         return EXIT_CONFIG
     if isinstance(exc, (ConfigError, ValueError, FileNotFoundError, KeyError, OSError)):
         print(f"coordinator: error: {exc}", file=sys.stderr)

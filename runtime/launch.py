@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import math
 import resource
@@ -35,6 +36,7 @@ from fedge.coordinator.transport import (
 from fedge.models import ModelSpec
 from fedge.plumbing.keys import AGENT_KEY
 from fedge.plumbing.logsetup import setup_logging
+from fedge.runtime.console import WaitingLine, serving_lines, summary_line
 from fedge.runtime.localfleet import AgentSpec, LocalFleet, agent_id
 from fedge.runtime.plan import SessionPlan, plan_session
 
@@ -217,7 +219,8 @@ def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
     setup_logging(json_lines=args.log_json, log_file=str(run_dir / "coordinator.log"),
                   quiet=not getattr(args, "verbose", False))  # the progress lines are the live display
     try:
-        report = play(plan, run_dir, resuming, quiet=args.quiet, service=args.service)
+        report = play(plan, run_dir, resuming, quiet=args.quiet, service=args.service,
+                      print_config=getattr(args, "print_config", False))
     finally:
         lock.close()
     if report["status"] == "done":
@@ -239,13 +242,14 @@ def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
 
 
 def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
-         service: bool = False, backend: Any = None) -> dict[str, Any]:
+         service: bool = False, backend: Any = None, print_config: bool = False) -> dict[str, Any]:
     """Run a checked session to its end (or until stopped) and return its report (report.json's content).
-    ``backend``: a simulated fleet's pool of workers kept by the caller across sessions (``fedge.simulation``)."""
+    ``backend``: a simulated fleet's pool of workers kept by the caller across sessions (``fedge.simulation``);
+    ``quiet``: no console lines but warnings; ``print_config``: the effective configuration first."""
     config = plan.config
     if not resuming:
         run_dir.write_text("config.toml", to_toml(config))
-    if not quiet:
+    if print_config:
         print(f"# effective configuration ({run_dir / 'config.toml'})\n{to_toml(config)}", flush=True)
     local = plan.local
     spec = plan.spec
@@ -276,6 +280,17 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
                        python=config.fleet.agent_python, min_agents=max(config.round.min_clients, 1))
     if local and not simulated:
         session.on_tick = fleet.watch
+    if not quiet:
+        say = functools.partial(print, flush=True)
+        say(summary_line(config, num_clients, local, run_dir.path))
+        if not local:
+            for line in serving_lines(transport.endpoint, Path(config.security.keys_dir or run_dir.path / "keys")
+                                      if curve else None):
+                say(line)
+            waiting = WaitingLine(say)
+            allow = getattr(transport, "allow_list", None)
+            session.on_waiting = lambda live, expect: waiting(
+                time.monotonic(), live, expect, allow.refused_count if allow else 0, allow.refused if allow else ())
 
     def stop(signum: int, _frame: object) -> None:
         log.warning("signal %d: stopping after checkpointing the last completed round", signum)

@@ -42,7 +42,7 @@ esac
 case "$profile" in
   default) extras="export,report,svhn,privacy" ;;
   agent) extras="agent" ;;
-  dev) extras="dev,export,report,svhn,ray,privacy" ;;
+  dev) extras="dev,export,report,svhn,ray,privacy,tensorboard,mlflow" ;;
   ray) extras="export,report,svhn,privacy,ray" ;;
   examples) extras="examples,export,report,svhn,privacy" ;;
   flower) extras="export,report,svhn,privacy,flower" ;;

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The layer order, lowest first: a package imports only packages before it (deferred imports and imports for type
 # checking included), so no two packages know each other. docs/architecture.md shows the same order.
-LAYERS = ("fedge", "codec", "plumbing", "fldata", "plugins", "models", "meter", "protocol", "algorithms", "client",
+LAYERS = ("fedge", "codec", "plumbing", "dashboard", "fldata", "plugins", "models", "meter", "protocol", "algorithms", "client",
           "coordinator", "simulation", "edge_agent", "runtime", "sweep", "api")
 # Above every package: the command-line modules, which nothing imports but a ``__main__``.
 CLIS = ("runtime/cli.py", "edge_agent/cli.py", "codec/cli.py")
@@ -26,6 +26,8 @@ FORBIDDEN: dict[str, set[str]] = {
     "fldata": (PACKAGES - {"fldata"}) | {"torch", "zmq"},
     "plugins": (PACKAGES - {"plugins"}) | {"torch", "zmq"},
     "plumbing": (PACKAGES - {"plumbing"}) | {"torch"},
+    # The dashboard reads run directories: nothing of the session, no numerics, no sockets but its HTTP server's.
+    "dashboard": (PACKAGES - {"dashboard", "plumbing"}) | {"torch", "zmq", "numpy"},
     # zmq only where a key pair is generated.
     "plumbing/files.py": {"zmq"},
     "plumbing/logsetup.py": {"zmq"},
@@ -86,7 +88,8 @@ def test_the_rule_catches_a_planted_violation(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("package", "absent"), [("fedge", ("torch", "zmq")), ("fedge.codec", ("torch", "zmq")),
-                                                 ("fedge.fldata", ("torch", "zmq"))])
+                                                 ("fedge.fldata", ("torch", "zmq")),
+                                                 ("fedge.dashboard.server", ("torch", "zmq", "numpy"))])
 def test_importing_a_light_package_loads_no_heavy_one(package: str, absent: tuple[str, ...], tmp_path: Path) -> None:
     code = f"import sys, {package}; print(','.join(m for m in {absent!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)

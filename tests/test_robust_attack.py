@@ -93,6 +93,14 @@ def test_a_device_clipped_rounds_in_a_row_is_quarantined_across_a_resume_until_a
     assert bad.returncode != 0 and "is not a client id" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     resume_to(5)  # let back at the next round start
     assert rounds_of("agent-00") == [1, 2, 5] and "agent-00" not in read_quarantine(run)["quarantined"]
+    # agents.json's running totals survive the resumes: each equals what clients.jsonl recorded of that agent
+    rows = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
+    for agent in json.loads((run / "agents.json").read_text())["agents"]:
+        mine = [r for r in rows if r["client_id"] == agent["client_id"]]
+        assert agent["bytes_down"] == sum(r["bytes_down"] for r in mine) > 0
+        assert agent["bytes_up"] == sum(r["bytes_up"] for r in mine if r.get("available", True))
+        assert agent["last_round"] == max(r["round"] for r in mine if r.get("available", True))
+        assert agent["declined"] == sum(not r.get("available", True) for r in mine) and agent["rejections"] == 0
 
 
 def test_honest_ef_devices_clip_themselves_to_the_announced_bound_and_the_coordinator_still_clips_one_that_does_not(

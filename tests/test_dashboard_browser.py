@@ -1,0 +1,233 @@
+"""The dashboard in a real browser (Debian's chromium and chromium-driver, driven by selenium with the driver's path
+given, so nothing is downloaded): the page shows a real run's id, charts with one point per non-null value of
+metrics.jsonl, one table row per agent and no console error; rows appended to a copied run appear within 2 s, a
+partial line waits for its end, a resume's rewritten file is reloaded; two runs side by side; a live simulated-fleet
+coordinator followed to its end. One browser session serves the module; the dashboard and the coordinator are real
+processes on 127.0.0.1, killed by pid at the end. CI installs the browser (.ci/run); elsewhere the module is
+skipped, with its reason, when the browser is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.simfleet import run_here
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+if not (CHROMIUM and DRIVER):
+    message = "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
+    if os.environ.get("CI"):
+        raise RuntimeError(message)  # CI installs them: their absence there is a failure, not a skip
+    pytest.skip(message, allow_module_level=True)
+
+SHORT_RUN = ["model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=4",
+             "data.train_limit=120", "run.rounds=5", "run.export_onnx=false", "algorithm.name=fedavg"]
+PRIVATE_RUN = ["model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=12",
+               "data.train_limit=120", "run.rounds=4", "round.fraction=0.5", "run.export_onnx=false",
+               "privacy.mode=central", "privacy.noise_multiplier=1.0", "algorithm.name=fedavg",
+               "train.optimizer=sgd"]
+CHART_FIELDS = {"accuracy": ("test_accuracy", "test_loss"), "accuracy_bytes": ("test_accuracy",),
+                "bytes": ("bytes_down", "bytes_up")}
+
+
+def rows_of(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("source") / "run"
+    run_here(SHORT_RUN, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def dashboard(runs_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("dashboard") / "out.txt"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "fedge.runtime.cli", "dashboard", str(runs_root),
+                                    "--listen", "127.0.0.1:0"], stdout=out, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        until = time.monotonic() + 30
+        while not log.read_text().strip() and time.monotonic() < until and process.poll() is None:
+            time.sleep(0.05)
+        url = log.read_text().splitlines()[0]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/"), log.read_text()
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1600",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(DRIVER)))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    until = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > until:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def page_rows(browser: Any, run_id: str) -> int:
+    return int(browser.execute_script("return (window.fedgeRows[arguments[0]] || {length: -1}).length;", run_id))
+
+
+def open_runs(browser: Any, dashboard: str, *run_ids: str) -> None:
+    from urllib.parse import quote
+
+    browser.get(dashboard + "#" + "&".join("run=" + quote(i, safe="") for i in run_ids))
+    browser.refresh()  # a new page: the hash alone would not reload it
+
+
+def console_errors(browser: Any) -> list[dict[str, Any]]:
+    return [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def test_the_page_shows_a_real_runs_charts_and_agents_without_console_errors(
+        browser: Any, dashboard: str, source_run: Path, runs_root: Path, tmp_path: Path) -> None:
+    shutil.copytree(source_run, runs_root / "complete")
+    rows = rows_of(runs_root / "complete" / "metrics.jsonl")
+    open_runs(browser, dashboard, "complete")
+    wait_until(lambda: page_rows(browser, "complete") == len(rows), 10, "the run's rows")
+    assert browser.find_element("css selector", ".run .run-id").text == "complete"
+    assert "done" in browser.find_element("css selector", ".run .run-state").text
+    drawn = browser.execute_script(
+        "const c = window.fedgeCharts['complete']; const out = {};"
+        "for (const name in c) out[name] = c[name].data.slice(1).map(s => s.filter(v => v !== null).length);"
+        "return out;")
+    for chart, fields in CHART_FIELDS.items():
+        assert drawn[chart] == [sum(row.get(f) is not None for row in rows) for f in fields], chart
+    assert drawn["accuracy"][0] == len(rows) > 0
+    agents = json.loads((runs_root / "complete" / "agents.json").read_text())["agents"]
+    table = browser.find_elements("css selector", ".run table.agents tbody tr")
+    assert len(table) == len(agents) == 4
+    assert sorted(row.find_element("css selector", "td").text for row in table) == sorted(a["client_id"] for a in agents)
+    shot = tmp_path / "dashboard.png"
+    browser.save_screenshot(str(shot))
+    print(f"screenshot: {shot}")
+    assert console_errors(browser) == []
+
+
+def test_appended_rows_show_within_2_s_a_partial_line_waits_and_a_resume_is_reloaded(
+        browser: Any, dashboard: str, source_run: Path, runs_root: Path) -> None:
+    run = runs_root / "live"
+    shutil.copytree(source_run, run)
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join(lines[:-2]))
+    open_runs(browser, dashboard, "live")
+    wait_until(lambda: page_rows(browser, "live") == len(lines) - 2, 10, "the rows written so far")
+    with open(metrics, "a") as handle:  # the next real row, cut mid-line
+        handle.write(lines[-2][:20])
+        handle.flush()
+    time.sleep(1.5)
+    assert page_rows(browser, "live") == len(lines) - 2
+    with open(metrics, "a") as handle:
+        handle.write(lines[-2][20:])
+    appended = time.monotonic()
+    wait_until(lambda: page_rows(browser, "live") == len(lines) - 1, 2.0, "the appended row, within 2 s")
+    print(f"the appended row showed after {time.monotonic() - appended:.2f} s")
+    resumed = run / "metrics.jsonl.resumed"  # --resume truncates by writing a new file
+    resumed.write_text("".join(lines[:2]))
+    os.replace(resumed, metrics)
+    wait_until(lambda: page_rows(browser, "live") == 2, 5, "the page to reload the rewritten file")
+    points = browser.execute_script("return window.fedgeCharts['live'].accuracy.data[0].length;")
+    assert points == 2 and console_errors(browser) == []
+
+
+def test_two_runs_side_by_side_and_the_run_list(browser: Any, dashboard: str, source_run: Path,
+                                                runs_root: Path) -> None:
+    for name in ("left", "right"):
+        shutil.copytree(source_run, runs_root / "pair" / name)
+    open_runs(browser, dashboard, "pair/left", "pair/right")
+    wait_until(lambda: page_rows(browser, "pair/right") > 0 and page_rows(browser, "pair/left") > 0, 10,
+               "both runs")
+    shown = [e.text for e in browser.find_elements("css selector", "#runs-shown .run .run-id")]
+    assert shown == ["pair/left", "pair/right"]
+    browser.get(dashboard)
+    browser.refresh()
+    listed = wait_until(lambda: browser.find_elements("css selector", "#runs tbody tr"), 10, "the run list")
+    found = sorted(p.parent.relative_to(runs_root).as_posix() for p in runs_root.rglob("provenance.json"))
+    assert sorted(row.get_attribute("data-run") for row in listed) == found
+    assert console_errors(browser) == []
+
+
+def test_a_running_simulated_fleet_coordinator_is_followed_to_its_end(browser: Any, dashboard: str,
+                                                                       runs_root: Path, tmp_path: Path) -> None:
+    run = runs_root / "running"
+    sets = [f"--set={s}" for s in SHORT_RUN if not s.startswith("run.rounds")]
+    with open(tmp_path / "coordinator.out", "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "fedge.runtime.cli", "start", "--rounds", "12",
+                                    "--run-dir", str(run), "--quiet", *sets], stdout=out, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_until(lambda: (run / "provenance.json").exists(), 60, "the run to start")
+        open_runs(browser, dashboard, "running")
+        seen = wait_until(lambda: page_rows(browser, "running") > 0 and page_rows(browser, "running"), 60,
+                          "a first row")
+        assert process.wait(180) == 0, (tmp_path / "coordinator.out").read_text()
+        assert seen < 12  # the page showed the run before it ended
+        wait_until(lambda: page_rows(browser, "running") == 12, 10, "the last row")
+        wait_until(lambda: "done" in browser.find_element("css selector", ".run .run-state").text, 10,
+                   "the done state")
+        assert len(browser.find_elements("css selector", ".run table.agents tbody tr")) == 4
+        assert console_errors(browser) == []
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+def test_a_private_runs_epsilon_is_charted_against_rounds(browser: Any, dashboard: str, runs_root: Path) -> None:
+    run = runs_root / "private"
+    run_here(PRIVATE_RUN, run)
+    rows = rows_of(run / "metrics.jsonl")
+    open_runs(browser, dashboard, "private")
+    wait_until(lambda: page_rows(browser, "private") == len(rows), 10, "the private run's rows")
+    chart = browser.find_element("css selector", '.run [data-chart="epsilon"]')
+    assert chart.is_displayed()
+    drawn = browser.execute_script("return window.fedgeCharts['private'].epsilon.data[1];")
+    assert drawn == [row["epsilon"] for row in rows] and all(e > 0 for e in drawn)
+    assert "epsilon" in browser.find_element("css selector", ".run .run-state").text
+    open_runs(browser, dashboard, "complete")  # a run without privacy: no epsilon chart
+    wait_until(lambda: page_rows(browser, "complete") > 0, 10, "the non-private run")
+    assert not browser.find_element("css selector", '.run [data-chart="epsilon"]').is_displayed()
+    assert console_errors(browser) == []
