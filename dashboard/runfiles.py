@@ -1,48 +1,67 @@
 """Reading a run directory's files while a coordinator writes them.
 
 ``JsonlTail`` follows one JSON-lines file (metrics.jsonl, clients.jsonl): it reads only what was appended since
-its last look, leaves a partial last line for the next look, keeps at most ``keep`` rows (the newest), starts a
-large file near its end, and notices a file rewritten under it (``--resume`` writes a new file: a new inode, or a
-file shorter than what was read) by starting over with a new ``generation``. ``read_json`` reads a JSON file that
-may be missing or caught mid-write (the coordinator writes them atomically; a half-written copy is still possible
-over network file systems) as None. Neither follows a symbolic link (a coordinator writes none): a link planted in a
-run directory cannot lead a reader out of the served tree. Pure file reading: knows nothing of HTTP or of what the
-fields mean.
+its last look, in bounded chunks, leaves a partial last line for the next look, keeps at most ``keep`` rows (the
+newest, shaped by ``shape``), and starts a large file near its end. It notices a file rewritten under it
+(``--resume`` writes a new file: a new inode, or a file shorter than what was read) and a file that grew by more
+than ``start_within`` since the last look, and then starts over with a new ``generation``. ``read_json`` reads a
+JSON file that may be missing or caught mid-write as None, and anything but a JSON object as None too.
+
+Nothing here follows a symbolic link or opens anything but a regular file (a FIFO would block a reader), and
+nothing reads more than ``MAX_JSON_BYTES`` of a JSON file: a file planted in a run directory can neither lead a
+reader out of the served tree nor stall it. Pure file reading: knows nothing of HTTP or of what the fields mean.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from stat import S_ISREG
 from typing import Any, BinaryIO
 
+MAX_JSON_BYTES = 64 << 20  # a status, report, provenance or agents file larger than this is not read
+CHUNK_BYTES = 4 << 20      # a JSON-lines file is read this much at a time
+PARSE_ERRORS = (ValueError, RecursionError)  # RecursionError: a line nested too deep for the parser
 
-def open_file(path: Path) -> BinaryIO:
-    """``path`` opened for reading; OSError when it is a symbolic link (or missing)."""
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading when it is a regular file; OSError for a link, a FIFO, a device, a directory."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return os.fdopen(fd, "rb")
 
 
-def read_json(path: Path) -> Any:
-    """The file's JSON value, or None when it is missing, a link, unreadable or not (yet) valid JSON."""
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The file's JSON object, or None when it is missing, not a regular file, too large, unreadable, not (yet)
+    valid JSON, or valid JSON that is not an object."""
     try:
-        with open_file(path) as handle:
-            return json.loads(handle.read())
-    except (OSError, ValueError):
+        with open_regular(path) as handle:
+            data = handle.read(MAX_JSON_BYTES + 1)
+        value = json.loads(data) if len(data) <= MAX_JSON_BYTES else None
+    except (OSError, *PARSE_ERRORS):
         return None
+    return value if isinstance(value, dict) else None
 
 
 class JsonlTail:
     """The complete rows of a growing JSON-lines file; ``refresh()`` reads what was appended."""
 
-    def __init__(self, path: Path, keep: int = 100_000, start_within: int = 64 << 20) -> None:
+    def __init__(self, path: Path, keep: int = 100_000, start_within: int = 64 << 20,
+                 shape: Callable[[dict[str, Any]], dict[str, Any]] = dict) -> None:
         self.path = path
         self.keep = keep
-        self.start_within = start_within  # a larger file is read from this many bytes before its end
+        self.start_within = start_within  # a larger file (or growth) is read from this many bytes before its end
+        self.shape = shape                # what is kept of each row
         self.rows: deque[dict[str, Any]] = deque(maxlen=keep)
-        self.generation = 0   # bumped when the file was replaced or truncated: readers reload
+        # bumped when the file was replaced, truncated or jumped: readers reload. Starts at a random value, so that a
+        # page open across a restart of the dashboard cannot take a new reader's generation for its own.
+        self.generation = secrets.randbelow(1 << 30)
         self.total = 0        # complete rows read in this generation (the newest ``keep`` are held)
         self.skipped = 0      # complete lines that were not a JSON object
         self.inode: tuple[int, int] | None = None
@@ -57,46 +76,58 @@ class JsonlTail:
 
     def refresh(self) -> None:
         try:
-            stat = os.lstat(self.path)
-        except OSError:
-            stat = None
-        if stat is None or not S_ISREG(stat.st_mode):  # gone, or a link: nothing to show
+            handle = open_regular(self.path)
+        except OSError:  # gone, or not a regular file: nothing to show
             if self.inode is not None:
                 self.restart()
             return
-        inode = (stat.st_dev, stat.st_ino)
-        if self.inode is not None and (inode != self.inode or stat.st_size < self.offset):
-            self.restart()
-        if self.inode is None:
-            self.inode = inode
-            self.offset = max(0, stat.st_size - self.start_within)
-            if self.offset:  # began inside a line: skip to the next one
-                with open_file(self.path) as handle:
+        with handle:
+            stat = os.fstat(handle.fileno())
+            inode = (stat.st_dev, stat.st_ino)
+            if self.inode is not None and (inode != self.inode or stat.st_size < self.offset
+                                           or stat.st_size - self.offset > self.start_within):
+                self.restart()  # rewritten, cut, or grown past what is worth reading: start near the end again
+            if self.inode is None:
+                self.inode = inode
+                self.offset = max(0, stat.st_size - self.start_within)
+                if self.offset:  # began inside a line: skip to the next one
                     handle.seek(self.offset - 1)
                     self.offset += len(handle.readline()) - 1
-        if stat.st_size <= self.offset:
+            for line in self.complete_lines(handle, stat.st_size):
+                self.take(line)
+
+    def complete_lines(self, handle: BinaryIO, size: int) -> Iterator[bytes]:
+        """The complete lines between the offset and ``size``, in chunks; the offset ends after the last one."""
+        handle.seek(self.offset)
+        pending = b""
+        while self.offset + len(pending) < size:
+            chunk = handle.read(min(CHUNK_BYTES, size - self.offset - len(pending)))
+            if not chunk:
+                break
+            pending += chunk
+            complete = pending.rfind(b"\n") + 1  # a partial last line waits for its end
+            if complete:
+                lines, pending = pending[:complete], pending[complete:]
+                self.offset += complete
+                yield from lines.splitlines()
+            elif len(pending) > self.start_within:  # one line larger than anything worth reading: skip it
+                self.offset += len(pending)
+                pending = b""
+                self.skipped += 1
+
+    def take(self, line: bytes) -> None:
+        if not line.strip():
             return
         try:
-            with open_file(self.path) as handle:
-                handle.seek(self.offset)
-                chunk = handle.read(stat.st_size - self.offset)
-        except OSError:  # a link, or gone since the stat
+            row = json.loads(line)
+        except PARSE_ERRORS:
+            self.skipped += 1
             return
-        complete = chunk.rfind(b"\n") + 1  # a partial last line waits for its end
-        self.offset += complete
-        for line in chunk[:complete].splitlines():
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                self.skipped += 1
-                continue
-            if isinstance(row, dict):
-                self.rows.append(row)
-                self.total += 1
-            else:
-                self.skipped += 1
+        if isinstance(row, dict):
+            self.rows.append(self.shape(row))
+            self.total += 1
+        else:
+            self.skipped += 1
 
     def since(self, count: int) -> list[dict[str, Any]]:
         """The rows after the first ``count`` of this generation (those still held)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -54,36 +55,73 @@ def finite(value: Any) -> Any:
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
         return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (int, str, bool)) or value is None:
+        return value
     if isinstance(value, list):
         return [finite(v) for v in value]
     return value
 
 
-class RunView:
-    """One run's files, followed as they grow."""
+HEADLINES = ("test_accuracy", "test_exact_match", "test_label_accuracy", "test_mse", "test_mae")  # in this order
 
-    def __init__(self, run_id: str, path: Path) -> None:
+
+def headline(rows: Iterable[dict[str, Any]]) -> str | None:
+    """The first figure of ``HEADLINES`` any row has (classification, multi-label, regression), as the console's."""
+    present = {k for row in rows for k in HEADLINES if isinstance(row.get(k), (int, float))}
+    return next((k for k in HEADLINES if k in present), None)
+
+
+class RunView:
+    """One run's files, followed as they grow; ``root``: the served tree, which the run must stay inside."""
+
+    def __init__(self, run_id: str, path: Path, root: Path) -> None:
         self.run_id = run_id
         self.path = path
-        self.metrics = JsonlTail(path / "metrics.jsonl")
-        self.clients = JsonlTail(path / "clients.jsonl", keep=RECENT_UPDATES, start_within=1 << 20)
+        self.root = root
+        self.metrics = JsonlTail(path / "metrics.jsonl", shape=scalars)
+        self.clients = JsonlTail(path / "clients.jsonl", keep=RECENT_UPDATES, start_within=1 << 20,
+                                 shape=lambda row: {k: finite(row.get(k)) for k in UPDATE_FIELDS})
+        self.agents_stamp: tuple[int, int, int] | None = None
+        self.agents: dict[str, Any] = {}
+
+    def in_place(self) -> bool:
+        """The run directory is still a directory inside the served tree, not a link swapped in since it was
+        found (the files in it are opened without following links; this covers the directory itself)."""
+        try:
+            return not self.path.is_symlink() and self.path.is_dir() and \
+                Path(os.path.realpath(self.path)).is_relative_to(self.root)
+        except OSError:
+            return False
 
     def state(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-        """(status.json, report.json, provenance.json), each {} when absent."""
+        """(status.json, report.json, provenance.json), each {} when absent or not a JSON object."""
         return (read_json(self.path / "status.json") or {}, read_json(self.path / "report.json") or {},
                 read_json(self.path / "provenance.json") or {})
 
-    def summary(self) -> dict[str, Any]:
+    def agents_file(self) -> dict[str, Any]:
+        """agents.json, read again only when it changed (it can hold thousands of agents)."""
+        try:
+            stat = os.stat(self.path / "agents.json", follow_symlinks=False)
+            stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            stamp = None
+        if stamp != self.agents_stamp:
+            self.agents_stamp, self.agents = stamp, read_json(self.path / "agents.json") or {}
+        return self.agents
+
+    def summary(self, refresh: bool = True) -> dict[str, Any]:
         status, report, provenance = self.state()
-        self.metrics.refresh()
+        if refresh:
+            self.metrics.refresh()
         last = self.metrics.rows[-1] if self.metrics.rows else {}
-        accuracies = [r["test_accuracy"] for r in self.metrics.rows if isinstance(r.get("test_accuracy"), float)]
-        return {"id": self.run_id, "name": self.path.name,
-                "algorithm": report.get("algorithm") or status.get("algorithm") or last.get("algorithm"),
-                "state": run_state(status, report), "round": status.get("round", last.get("round", 0)),
-                "rounds": report.get("rounds") or status.get("rounds"), "eta_s": status.get("eta_s"),
-                "test_accuracy": finite(accuracies[-1]) if accuracies else None,
-                "started_at": provenance.get("started_at"), "updated_at": status.get("updated_at")}
+        shown = headline(self.metrics.rows)
+        values = [r[shown] for r in self.metrics.rows if shown and isinstance(r.get(shown), (int, float))]
+        return finite({"id": self.run_id, "name": self.path.name,
+                       "algorithm": report.get("algorithm") or status.get("algorithm") or last.get("algorithm"),
+                       "state": run_state(status, report), "round": status.get("round", last.get("round", 0)),
+                       "rounds": report.get("rounds") or status.get("rounds"), "eta_s": status.get("eta_s"),
+                       "headline": shown, "headline_value": values[-1] if values else None,
+                       "started_at": provenance.get("started_at"), "updated_at": status.get("updated_at")})
 
     def detail(self, since: int, generation: int) -> dict[str, Any]:
         """What the run page needs; ``since``: rows the page holds of ``generation`` (after another generation:
@@ -93,19 +131,18 @@ class RunView:
         self.clients.refresh()
         reset = generation != self.metrics.generation
         rows = self.metrics.since(0 if reset else since)
-        listed = read_json(self.path / "agents.json") or {}
-        agents: list[Any] = listed.get("agents") or [] if isinstance(listed.get("agents"), list) else \
-            status.get("agents") or []
-        return {
-            "id": self.run_id, "summary": self.summary(), "generation": self.metrics.generation, "reset": reset,
-            "rows_total": self.metrics.total, "rows": [scalars(r) for r in rows],
-            "status": finite({k: v for k, v in status.items() if k != "agents"}), "report": finite(report),
-            "provenance": finite(provenance),
+        listed = self.agents_file()
+        agents = next((found for found in (listed.get("agents"), status.get("agents")) if isinstance(found, list)), [])
+        return finite({
+            "id": self.run_id, "summary": self.summary(refresh=False), "generation": self.metrics.generation,
+            "reset": reset, "rows_total": self.metrics.total, "rows": rows,
+            "status": {k: v for k, v in status.items() if k != "agents"}, "report": report,
+            "provenance": provenance,
             "agents": [scalars(a) for a in agents[:AGENTS_SHOWN] if isinstance(a, dict)],
             "agents_total": len(agents), "agents_updated_at": listed.get("updated_at"),
-            "updates": [{k: finite(r.get(k)) for k in UPDATE_FIELDS} for r in list(self.clients.rows)[-RECENT_UPDATES:]],
-            "privacy": finite(report.get("privacy") or status.get("privacy")),
-        }
+            "updates": list(self.clients.rows),
+            "privacy": report.get("privacy") or status.get("privacy"),
+        })
 
 
 def run_state(status: dict[str, Any], report: dict[str, Any], now: float | None = None) -> str:

@@ -16,9 +16,11 @@ token file (mode 0600) must lie outside the served tree. No CORS header is ever 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -35,11 +37,16 @@ log = logging.getLogger("fedge.dashboard")
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                 ".css": "text/css; charset=utf-8", ".json": "application/json", ".png": "image/png"}
-COOKIE = "fedge_dashboard"
+COOKIE = "fedge_dashboard_"  # then the port: cookies are not kept apart by port, two dashboards' tokens are
+LOGIN_PAGE = (b'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0;url=/">'
+              b'<title>Fedge dashboard</title><a href="/">open the dashboard</a>\n')
 RUNS_PER_PAGE = 50
 RESCAN_S = 2.0  # the run list is looked for again at most this often
 RESCAN_MISSED_S = 0.25  # or this often, when a page asks for a run not found yet
+VIEWS_KEPT = 200  # runs whose followed files are kept in memory (the least recently asked for go first)
+REQUEST_TIMEOUT_S = 30  # an idle or slow connection is closed after this long
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+DEFAULT_TOKEN_FILE = Path("~/.config/fedge/dashboard.token")
 HEADERS = {"Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:",
            "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer"}
 
@@ -53,7 +60,14 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 
 def is_loopback(host: str) -> bool:
-    return host in LOOPBACK_NAMES or host.startswith("127.")
+    """An address of this machine only: 127.0.0.0/8, ::1 or localhost (a name that merely starts with 127. is
+    not)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def machine_names(host: str) -> set[str]:
@@ -70,24 +84,34 @@ def machine_names(host: str) -> set[str]:
 
 
 def host_name(header: str) -> str:
-    """The name of a Host header without its port ('[::1]:80' -> '::1')."""
+    """The name of a Host header without its port ('[::1]:80' -> '::1'); '' when it is not NAME[:PORT]."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+        name, _, rest = header[1:].partition("]")
+        return name if rest == "" or (rest.startswith(":") and rest[1:].isdigit()) else ""
+    name, colon, port = header.partition(":")
+    return name if not colon or port.isdigit() else ""
 
 
-def write_token(path: Path, served: Path) -> str:
-    """A new token, written to ``path`` (mode 0600), which must lie outside the served tree."""
+def token_path(path: Path, served: Path) -> Path:
+    """The token file's absolute path, refused (ValueError) inside the served tree."""
     path = path.expanduser().absolute()
     if path.resolve().is_relative_to(served.resolve()):
         raise ValueError(f"--token-file {path} lies inside the served directory {served}: put it elsewhere")
+    return path
+
+
+def write_token(path: Path, served: Path) -> str:
+    """A new token, written to ``path`` (mode 0600, set before anything is written; a link there is refused),
+    which must lie outside the served tree."""
+    path = token_path(path, served)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as handle:
+        os.fchmod(fd, 0o600)
+        handle.truncate(0)
         handle.write(token + "\n")
-    os.chmod(path, 0o600)
     return token
 
 
@@ -95,11 +119,11 @@ class Dashboard:
     """What the handler serves: the runs under ``root``, the static files, the token and the allowed Host names."""
 
     def __init__(self, root: Path, token: str | None, hosts: set[str]) -> None:
-        if not root.is_dir():
-            raise FileNotFoundError(f"{root} is not a directory: give a runs directory or a run directory")
+        check_root(root)
         self.root = root.resolve()
         self.token = token
         self.hosts = hosts
+        self.cookie = COOKIE  # the port is added once bound
         self.static = {p.name: p.read_bytes() for p in sorted(STATIC_DIR.iterdir())
                        if p.is_file() and p.suffix in STATIC_TYPES}
         self.lock = threading.Lock()
@@ -116,10 +140,13 @@ class Dashboard:
         path = self.runs().get(run_id) or self.runs(RESCAN_MISSED_S).get(run_id)  # a run that just appeared
         if path is None:
             return None
-        view = self.views.get(run_id)
+        view = self.views.pop(run_id, None)
         if view is None or view.path != path:
-            view = self.views[run_id] = RunView(run_id, path)
-        return view
+            view = RunView(run_id, path, self.root)
+        self.views[run_id] = view  # the most recently used last
+        while len(self.views) > VIEWS_KEPT:
+            self.views.pop(next(iter(self.views)))
+        return view if view.in_place() else None
 
     def run_list(self, page: int) -> dict[str, Any]:
         runs = list(self.runs())
@@ -134,10 +161,16 @@ class Dashboard:
         return None if view is None else view.detail(since, generation)
 
 
+def check_root(root: Path) -> None:
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a directory: give a runs directory or a run directory")
+
+
 def handler_for(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "fedge-dashboard"
         sys_version = ""
+        timeout = REQUEST_TIMEOUT_S
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
             log.debug("%s %s", self.address_string(), format % args)
@@ -166,28 +199,35 @@ def handler_for(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
         def plain(self, code: int, text: str, head: bool) -> None:
             self.reply(code, (text + "\n").encode(), "text/plain; charset=utf-8", head=head)
 
-        def authorised(self, query: dict[str, list[str]], path: str, head: bool) -> bool:
-            if host_name(self.headers.get("Host", "")) not in dashboard.hosts:
+        def authorised(self, query: dict[str, list[str]], head: bool) -> bool:
+            hosts = self.headers.get_all("Host") or []
+            if len(hosts) != 1 or host_name(hosts[0]) not in dashboard.hosts:
                 self.plain(403, "this dashboard is not served under that Host name", head)
                 return False
             if dashboard.token is None:
                 return True
             given = query.get("token", [""])[0]
             if given and hmac.compare_digest(given.encode(), dashboard.token.encode()):
-                self.reply(303, b"", "text/plain", {"Location": path, "Set-Cookie": f"{COOKIE}={dashboard.token}; "
-                                                    "HttpOnly; SameSite=Strict; Path=/"}, head)
+                # a page, not a redirect: a link followed from another site would carry no SameSite=Strict cookie
+                # into the redirected request; this page's own refresh to / is same-site
+                self.reply(200, LOGIN_PAGE, STATIC_TYPES[".html"], {
+                    "Set-Cookie": f"{dashboard.cookie}={dashboard.token}; HttpOnly; SameSite=Strict; Path=/"}, head)
                 return False
             for part in self.headers.get("Cookie", "").split(";"):
                 name, _, value = part.strip().partition("=")
-                if name == COOKIE and hmac.compare_digest(value.encode(), dashboard.token.encode()):
+                if name == dashboard.cookie and hmac.compare_digest(value.encode(), dashboard.token.encode()):
                     return True
-            self.plain(401, "this dashboard needs its token: open the URL it printed at start", head)
+            self.plain(401, "this dashboard needs its token: open the URL it printed at start (the token file "
+                       "holds it too)", head)
             return False
 
         def answer(self, head: bool) -> None:
+            if not self.path.startswith("/") or self.path.startswith("//"):  # absolute-form targets, or //host
+                self.plain(400, "bad request target", head)
+                return
             url = urlsplit(self.path)
             query = parse_qs(url.query)
-            if not self.authorised(query, url.path, head):
+            if not self.authorised(query, head):
                 return
             try:
                 if url.path in ("/", "/index.html"):
@@ -211,6 +251,9 @@ def handler_for(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
                     self.plain(404, "not found", head)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+            except Exception:  # a bug, or a file shaped like nothing expected: one line in the log, a 500, serving on
+                log.exception("dashboard: %s failed", url.path)
+                self.plain(500, "the dashboard could not answer this request (its log says why)", head)
 
         def json(self, value: Any, head: bool) -> None:
             self.reply(200, json.dumps(value, allow_nan=False, default=str).encode(), "application/json", head=head)
@@ -220,7 +263,7 @@ def handler_for(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
 
 def number(query: dict[str, list[str]], key: str, default: int) -> int:
     value = query.get(key, [""])[0]
-    return int(value) if value.lstrip("-").isdigit() and len(value) < 12 else default
+    return int(value) if re.fullmatch(r"-?[0-9]{1,11}", value) else default
 
 
 class Server(ThreadingHTTPServer):
@@ -231,14 +274,23 @@ class IPv6Server(Server):
     address_family = socket.AF_INET6
 
 
+def bind(dashboard: Dashboard, host: str, port: int) -> Server:
+    """A server for ``dashboard`` bound at (host, port); the token's cookie is named after the bound port."""
+    server = (IPv6Server if ":" in host else Server)((host, port), handler_for(dashboard))
+    dashboard.cookie = f"{COOKIE}{server.server_address[1]}"
+    return server
+
+
 def make_server(root: Path, listen: str, token_file: Path | None = None) -> tuple[Server, str]:
     """A bound server and the URL to print (with the token off loopback); serve with ``serve_forever()``."""
     host, port = parse_listen(listen)
-    loopback = is_loopback(host)
-    token = None if loopback else write_token(token_file or Path("~/.config/fedge/dashboard.token"), root)
-    dashboard = Dashboard(root, token, machine_names(host))
-    server = (IPv6Server if ":" in host else Server)((host, port), handler_for(dashboard))
+    check_root(root)
+    tokens = None if is_loopback(host) else token_path(token_file or DEFAULT_TOKEN_FILE, root)
+    dashboard = Dashboard(root, None, machine_names(host))
+    server = bind(dashboard, host, port)
     bound = server.server_address[1]
+    token = dashboard.token = write_token(tokens, root) if tokens is not None else None  # once bound: nothing
+    # is written by a start that fails
     shown = host if host not in ("0.0.0.0", "::") else socket.gethostname()
     shown = f"[{shown}]" if ":" in shown else shown
     return server, f"http://{shown}:{bound}/" + (f"?token={token}" if token else "")

@@ -231,3 +231,24 @@ def test_a_private_runs_epsilon_is_charted_against_rounds(browser: Any, dashboar
     wait_until(lambda: page_rows(browser, "complete") > 0, 10, "the non-private run")
     assert not browser.find_element("css selector", '.run [data-chart="epsilon"]').is_displayed()
     assert console_errors(browser) == []
+
+
+def test_a_regression_runs_figure_is_charted_and_switching_views_leaves_one_refresh_loop(
+        browser: Any, dashboard: str, source_run: Path, runs_root: Path) -> None:
+    run = runs_root / "regression"
+    shutil.copytree(source_run, run)
+    rows = rows_of(run / "metrics.jsonl")
+    (run / "metrics.jsonl").write_text("".join(  # as a regression task writes them: mse, no accuracy
+        json.dumps({**{k: v for k, v in r.items() if k != "test_accuracy"}, "test_accuracy": None,
+                    "test_mse": r["test_accuracy"]}) + "\n" for r in rows))
+    open_runs(browser, dashboard, "regression")
+    wait_until(lambda: page_rows(browser, "regression") == len(rows), 10, "the regression run's rows")
+    assert browser.find_element("css selector", '.run [data-chart="accuracy"] h3').text == "Test mse and loss per round"
+    drawn = browser.execute_script("return window.fedgeCharts['regression'].accuracy.data[1];")
+    assert drawn == [r["test_accuracy"] for r in rows]
+    for target in ("", "run=regression", "", "run=complete&run=complete", "run=regression"):  # quick switches
+        browser.execute_script("location.hash = arguments[0];", target)
+    time.sleep(2.5)
+    shown = [e.text for e in browser.find_elements("css selector", "#runs-shown .run .run-id")]
+    assert shown == ["regression"] and not browser.find_element("css selector", "#list").is_displayed()
+    assert console_errors(browser) == []

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from fedge.dashboard.runfiles import JsonlTail, read_json
-from fedge.dashboard.runs import MAX_DEPTH, RunView, find_runs, run_state
+from fedge.dashboard.runs import MAX_DEPTH, RunView, find_runs, headline, run_state
 
 
 def line(n: int) -> str:
@@ -26,7 +26,7 @@ def test_a_partial_last_line_waits_for_its_end(tmp_path: Path) -> None:
     with open(path, "a") as handle:
         handle.write(line(2)[9:] + line(3))
     tail.refresh()
-    assert [r["round"] for r in tail.since(1)] == [2, 3] and tail.total == 3 and tail.generation == 0
+    assert [r["round"] for r in tail.since(1)] == [2, 3] and tail.total == 3
 
 
 def test_a_file_rewritten_by_a_resume_starts_a_new_generation(tmp_path: Path) -> None:
@@ -34,19 +34,20 @@ def test_a_file_rewritten_by_a_resume_starts_a_new_generation(tmp_path: Path) ->
     path.write_text("".join(line(n) for n in range(1, 6)))
     tail = JsonlTail(path)
     tail.refresh()
+    first = tail.generation
     # --resume truncates to the checkpoint's round by writing a new file: a new inode, here just as long
     replacement = tmp_path / "metrics.jsonl.new"
     replacement.write_text("".join(line(n) for n in (1, 2, 3, 4, 50)))
     os.replace(replacement, path)
     tail.refresh()
-    assert tail.generation == 1 and [r["round"] for r in tail.since(0)] == [1, 2, 3, 4, 50]
+    assert tail.generation == first + 1 and [r["round"] for r in tail.since(0)] == [1, 2, 3, 4, 50]
     with open(path, "r+") as handle:  # the same file cut shorter than what was read
         handle.truncate(len(line(1)))
     tail.refresh()
-    assert tail.generation == 2 and [r["round"] for r in tail.since(0)] == [1]
+    assert tail.generation == first + 2 and [r["round"] for r in tail.since(0)] == [1]
     path.unlink()
     tail.refresh()
-    assert tail.generation == 3 and tail.total == 0
+    assert tail.generation == first + 3 and tail.total == 0
 
 
 def test_a_large_file_is_read_from_near_its_end_and_only_the_newest_rows_are_kept(tmp_path: Path) -> None:
@@ -72,7 +73,7 @@ def test_links_are_not_followed_out_of_the_tree(tmp_path: Path) -> None:
     (run / "status.json").symlink_to(secret)
     (run / "metrics.jsonl").symlink_to(secret)
     assert read_json(run / "status.json") is None
-    detail = RunView("run", run).detail(0, -1)
+    detail = RunView("run", run, tmp_path / "served").detail(0, -1)
     assert detail["rows"] == [] and "hunter2" not in json.dumps(detail)
     (tmp_path / "served" / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     (tmp_path / "elsewhere").mkdir()
@@ -95,3 +96,51 @@ def test_a_run_is_running_until_report_json_says_otherwise_or_its_status_goes_st
     assert run_state({"updated_at": now - 600}, {}, now) == "not running"
     assert run_state({"updated_at": now - 600}, {"status": "budget"}, now) == "budget"
     assert run_state({}, {}, now) == "starting"
+
+
+def test_a_file_that_grew_past_what_is_worth_reading_is_taken_from_near_its_end(tmp_path: Path) -> None:
+    path = tmp_path / "clients.jsonl"
+    path.write_text(line(1))
+    tail = JsonlTail(path, keep=50, start_within=4096)
+    tail.refresh()
+    first = tail.generation
+    with open(path, "a") as handle:
+        handle.write("".join(line(n) for n in range(2, 3001)))
+    tail.refresh()
+    assert tail.generation == first + 1 and list(tail.rows)[-1]["round"] == 3000 and tail.total < 3000
+
+
+def test_hostile_lines_and_files_are_skipped_and_the_rows_after_them_kept(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(line(1) + "[" * 100_000 + "\n" + "[1, 2]\n" + "\xff\xfe\n" + line(2))
+    tail = JsonlTail(path)
+    tail.refresh()
+    assert [r["round"] for r in tail.rows] == [1, 2] and tail.skipped == 3
+    for content in ("[1, 2, 3]", '"text"', "[" * 100_000, "{", "null"):
+        (tmp_path / "status.json").write_text(content)
+        assert read_json(tmp_path / "status.json") is None
+    os.mkfifo(tmp_path / "report.json")  # a FIFO would block a reader that opened it plainly
+    assert read_json(tmp_path / "report.json") is None
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    fifo = JsonlTail(tmp_path / "pipe.jsonl")
+    fifo.refresh()
+    assert fifo.total == 0
+
+
+def test_a_run_directory_swapped_for_a_link_is_no_longer_read(tmp_path: Path) -> None:
+    root = tmp_path / "served"
+    (root / "run").mkdir(parents=True)
+    (root / "run" / "provenance.json").write_text("{}")
+    view = RunView("run", root / "run", root)
+    assert view.in_place()
+    (tmp_path / "outside").mkdir()
+    (root / "run").rename(root / ".old")
+    (root / "run").symlink_to(tmp_path / "outside", target_is_directory=True)
+    assert not view.in_place()
+
+
+def test_the_headline_figure_is_accuracy_else_the_tasks_own() -> None:
+    assert headline([{"test_accuracy": None}, {"test_accuracy": 0.5, "test_mse": 1.0}]) == "test_accuracy"
+    assert headline([{"test_accuracy": None, "test_mse": 2.0}]) == "test_mse"
+    assert headline([{"test_exact_match": 0.1, "test_label_accuracy": 0.9}]) == "test_exact_match"
+    assert headline([{"round": 1}]) is None

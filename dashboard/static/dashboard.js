@@ -6,10 +6,14 @@
 (function () {
   const POLL_MS = 1000;
   const LIST_POLL_MS = 5000;
-  const shown = {};          // run id -> {rows, generation, el, charts, agentsStamp}
+  const shown = {};          // run id -> {rows, total, generation, headline, el, charts, agentsStamp}
   const ticked = new Set();  // run ids ticked in the list, for side by side
   let page = 1;
   let timer = null;
+  let routed = 0;            // bumped by every route: a refresh loop of an earlier route stops at its next step
+  // the figure a run is judged by: the first of these its rows have (classification, multi-label, regression)
+  const HEADLINES = [["test_accuracy", "accuracy", true], ["test_exact_match", "exact match", true],
+                     ["test_label_accuracy", "label accuracy", true], ["test_mse", "mse", false], ["test_mae", "mae", false]];
   window.fedgeCharts = {};
   window.fedgeRows = {};
 
@@ -42,11 +46,12 @@
   }
 
   // ------------------------------------------------------------------------------------------ the run list
-  async function showList() {
+  async function showList(route) {
     $("#list").hidden = false;
     $("#runs-shown").hidden = true;
     try {
       const data = await getJson("/api/runs?page=" + page);
+      if (route !== routed) return;
       page = data.page;
       $("#where").textContent = data.root;
       $("#page").textContent = "page " + data.page + " of " + data.pages + " (" + data.total + " runs)";
@@ -70,65 +75,75 @@
         cell(row, run.algorithm);
         cell(row, run.state).className = "state-" + String(run.state).replace(/ /g, "-");
         cell(row, run.round + (run.rounds ? " / " + run.rounds : ""), true);
-        cell(row, percent(run.test_accuracy), true);
+        const figure = HEADLINES.find((h) => h[0] === run.headline);
+        cell(row, figure ? figure[1] + " " + (figure[2] ? percent(run.headline_value) : dash(run.headline_value)) : "–", true);
         cell(row, run.state === "running" ? duration(run.eta_s) : "–", true);
         row.addEventListener("click", () => { location.hash = "run=" + encodeURIComponent(run.id); });
         body.appendChild(row);
       }
       live(true);
     } catch (error) {
+      if (route !== routed) return;
       live(false, error.message);
     }
-    timer = setTimeout(showList, LIST_POLL_MS);
+    timer = setTimeout(() => showList(route), LIST_POLL_MS);
   }
 
   // ------------------------------------------------------------------------------------------ a run
   const ROUNDS = { label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] };
   const CHARTS = {
     accuracy: {
-      data: (rows) => [rows.map((r) => r.round), rows.map((r) => num(r.test_accuracy)), rows.map((r) => num(r.test_loss))],
-      series: [{ label: "accuracy", stroke: "#1d3557", scale: "acc", value: (u, v) => percent(v) },
-               { label: "loss", stroke: "#e76f51", scale: "loss" }],
-      axes: [ROUNDS, { scale: "acc", values: (u, vs) => vs.map((v) => (100 * v).toFixed(0) + "%") },
-             { scale: "loss", side: 1, grid: { show: false } }],
+      data: (rows, h) => [rows.map((r) => r.round), rows.map((r) => num(r[h[0]])), rows.map((r) => num(r.test_loss))],
+      series: (h) => [figureSeries(h), { label: "loss", stroke: "#e76f51", scale: "loss" }],
+      axes: (h) => [ROUNDS, figureAxis(h), { scale: "loss", side: 1, grid: { show: false } }],
     },
     accuracy_bytes: {
-      data: (rows) => {
+      data: (rows, h) => {
         let sum = 0;
         const x = rows.map((r) => (sum += (num(r.bytes_down) || 0) + (num(r.bytes_up) || 0)) / 1e6);
-        return [x, rows.map((r) => num(r.test_accuracy))];
+        return [x, rows.map((r) => num(r[h[0]]))];
       },
-      series: [{ label: "accuracy", stroke: "#1d3557", scale: "acc", value: (u, v) => percent(v) }],
-      axes: [{ label: "cumulative MB, down + up" }, { scale: "acc", values: (u, vs) => vs.map((v) => (100 * v).toFixed(0) + "%") }],
+      series: (h) => [figureSeries(h)],
+      axes: (h) => [{ label: "cumulative MB, down + up" }, figureAxis(h)],
     },
     bytes: {
       data: (rows) => [rows.map((r) => r.round), rows.map((r) => num(r.bytes_down)), rows.map((r) => num(r.bytes_up))],
-      series: [{ label: "down", stroke: "#457b9d", value: (u, v) => bytes(v) },
-               { label: "up", stroke: "#2a9d8f", value: (u, v) => bytes(v) }],
-      axes: [ROUNDS, { size: 80, values: (u, vs) => vs.map((v) => bytes(v)) }],
+      series: () => [{ label: "down", stroke: "#457b9d", value: (u, v) => bytes(v) },
+                     { label: "up", stroke: "#2a9d8f", value: (u, v) => bytes(v) }],
+      axes: () => [ROUNDS, { size: 80, values: (u, vs) => vs.map((v) => bytes(v)) }],
     },
     epsilon: {
       data: (rows) => [rows.map((r) => r.round), rows.map((r) => num(r.epsilon))],
-      series: [{ label: "epsilon", stroke: "#6d597a" }],
-      axes: [ROUNDS, {}],
+      series: () => [{ label: "epsilon", stroke: "#6d597a" }],
+      axes: () => [ROUNDS, {}],
     },
   };
 
-  function drawChart(run, name, container) {
+  function figureSeries(h) {
+    return { label: h[1], stroke: "#1d3557", scale: "figure", value: (u, v) => (h[2] ? percent(v) : dash(v)) };
+  }
+
+  function figureAxis(h) {
+    return { scale: "figure", values: (u, vs) => vs.map((v) => (h[2] ? (100 * v).toFixed(0) + "%" : String(v))) };
+  }
+
+  function drawChart(run, name, container, rows) {
     const spec = CHARTS[name];
-    const data = spec.data(run.rows);
+    const data = spec.data(rows, run.headline);
     const chart = run.charts[name];
-    if (chart) {
+    if (chart && chart.headline === run.headline) {
       chart.setData(data);
       return;
     }
+    if (chart) chart.destroy();  // the run's headline figure changed: new labels
     const width = Math.max(320, container.clientWidth - 8);
     const options = {
       width: width, height: 220, scales: { x: { time: false } },
-      series: [{}, ...spec.series.map((s) => Object.assign({ spanGaps: true, points: { show: true, size: 4 } }, s))],
-      axes: spec.axes,
+      series: [{}, ...spec.series(run.headline).map((s) => Object.assign({ spanGaps: true, points: { show: true, size: 4 } }, s))],
+      axes: spec.axes(run.headline),
     };
     run.charts[name] = new uPlot(options, data, container);
+    run.charts[name].headline = run.headline;
   }
 
   function showState(run, detail) {
@@ -194,57 +209,76 @@
 
   function apply(run, detail) {
     run.rows = detail.reset ? detail.rows : run.rows.concat(detail.rows);
+    run.total = detail.rows_total;
     run.generation = detail.generation;
     window.fedgeRows[detail.id] = run.rows;
     showState(run, detail);
+    run.headline = HEADLINES.find((h) => run.rows.some((r) => num(r[h[0]]) !== null)) || HEADLINES[0];
+    $('[data-chart="accuracy"] h3', run.el).textContent = "Test " + run.headline[1] + " and loss per round";
+    $('[data-chart="accuracy_bytes"] h3', run.el).textContent = "Test " + run.headline[1] +
+      " against cumulative bytes (down + up)";
     const epsilon = $('[data-chart="epsilon"]', run.el);
     epsilon.hidden = !run.rows.some((r) => num(r.epsilon) !== null);
+    const rows = run.rows.filter((r) => num(r.round) !== null).sort((a, b) => a.round - b.round);
     for (const container of run.el.querySelectorAll(".chart")) {
-      if (!container.hidden) drawChart(run, container.dataset.chart, container);
+      if (!container.hidden) drawChart(run, container.dataset.chart, container, rows);
     }
     window.fedgeCharts[detail.id] = run.charts;
     showAgents(run, detail);
     showUpdates(run, detail);
   }
 
-  async function pollRuns() {
+  async function pollRuns(route) {
     try {
       await Promise.all(Object.entries(shown).map(async ([id, run]) => {
-        const detail = await getJson("/api/run?id=" + encodeURIComponent(id) + "&since=" + run.rows.length +
+        const detail = await getJson("/api/run?id=" + encodeURIComponent(id) + "&since=" + run.total +
                                      "&generation=" + run.generation);
-        apply(run, detail);
+        if (route === routed) apply(run, detail);
       }));
+      if (route !== routed) return;
       live(true);
     } catch (error) {
+      if (route !== routed) return;
       live(false, error.message);
     }
-    timer = setTimeout(pollRuns, POLL_MS);
+    timer = setTimeout(() => pollRuns(route), POLL_MS);
   }
 
-  function showRuns(ids) {
+  function showRuns(ids, route) {
     $("#list").hidden = true;
     const area = $("#runs-shown");
     area.hidden = false;
     area.replaceChildren();
-    for (const key of Object.keys(shown)) delete shown[key];
+    for (const key of Object.keys(shown)) {
+      for (const chart of Object.values(shown[key].charts)) chart.destroy();
+      delete shown[key];
+    }
     for (const id of ids) {
       const el = $("#run-template").content.firstElementChild.cloneNode(true);
       el.dataset.run = id;
       $(".run-id", el).textContent = id;
       area.appendChild(el);
-      shown[id] = { rows: [], generation: -1, el: el, charts: {}, agentsStamp: "" };
+      shown[id] = { rows: [], total: 0, generation: -1, headline: HEADLINES[0], el: el, charts: {}, agentsStamp: "" };
     }
-    pollRuns();
+    pollRuns(route);
   }
 
   function route() {
     clearTimeout(timer);
-    const ids = new URLSearchParams(location.hash.slice(1)).getAll("run").slice(0, 2);
-    if (ids.length) showRuns(ids); else showList();
+    routed += 1;
+    const ids = [...new Set(new URLSearchParams(location.hash.slice(1)).getAll("run"))].slice(0, 2);
+    if (ids.length) showRuns(ids, routed); else showList(routed);
   }
 
-  $("#prev").addEventListener("click", () => { page -= 1; clearTimeout(timer); showList(); });
-  $("#next").addEventListener("click", () => { page += 1; clearTimeout(timer); showList(); });
+  function turnPage(step) {
+    page += step;
+    clearTimeout(timer);
+    routed += 1;
+    showList(routed);
+  }
+
+  $("#prev").addEventListener("click", () => turnPage(-1));
+  $("#next").addEventListener("click", () => turnPage(1));
   $("#compare").addEventListener("click", () => {
     location.hash = [...ticked].map((id) => "run=" + encodeURIComponent(id)).join("&");
   });
