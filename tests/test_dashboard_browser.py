@@ -248,7 +248,13 @@ def test_a_regression_runs_figure_is_charted_and_switching_views_leaves_one_refr
     assert drawn == [r["test_accuracy"] for r in rows]
     for target in ("", "run=regression", "", "run=complete&run=complete", "run=regression"):  # quick switches
         browser.execute_script("location.hash = arguments[0];", target)
-    time.sleep(2.5)
-    shown = [e.text for e in browser.find_elements("css selector", "#runs-shown .run .run-id")]
-    assert shown == ["regression"] and not browser.find_element("css selector", "#list").is_displayed()
+
+    def settled() -> bool:
+        shown = [e.text for e in browser.find_elements("css selector", "#runs-shown .run .run-id")]
+        return shown == ["regression"] and not browser.find_element("css selector", "#list").is_displayed() \
+            and page_rows(browser, "regression") == len(rows)
+
+    wait_until(settled, 10, "the last view alone")
+    time.sleep(2.0)  # an earlier view's refresh loop, had one survived, would have redrawn by now
+    assert settled()
     assert console_errors(browser) == []
