@@ -241,3 +241,15 @@ def test_the_vendored_chart_library_matches_its_record() -> None:
         assert hashlib.sha256(data).hexdigest() == expected["sha256"] and len(data) == expected["bytes"], name
     page = (STATIC_DIR / "index.html").read_text()
     assert "http://" not in page and "https://" not in page  # nothing from a CDN
+
+
+def test_the_run_list_is_paged(tmp_path: Path) -> None:
+    root = tmp_path / "sweep"
+    for i in range(120):
+        (root / f"cell-{i:03d}").mkdir(parents=True)
+        (root / f"cell-{i:03d}" / "provenance.json").write_text("{}")
+    server, _ = make_server(root, "127.0.0.1:0")
+    for port in serve(server):
+        pages = [json.loads(request(port, f"/api/runs?page={n}")[2]) for n in (1, 2, 3, 9)]
+        assert [len(p["runs"]) for p in pages] == [50, 50, 20, 20] and {p["pages"] for p in pages} == {3}
+        assert [r["id"] for p in pages[:3] for r in p["runs"]] == [f"cell-{i:03d}" for i in range(120)]
