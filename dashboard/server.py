@@ -5,7 +5,7 @@
 
 Routes (GET and HEAD only; anything else is 405): ``/`` the page, ``/static/NAME`` one of the files of
 ``static/`` (a fixed list read at start: no path from a request ever reaches the file system), ``/api/runs?page=P``
-the run list (paged), ``/api/run?id=ID&since=N&generation=G`` one run (``runs.RunView.detail``). Every request's
+the run list (paged), ``/api/run?id=ID&since=N&generation=G&agents=KEY`` one run (``runs.RunView.detail``). Every request's
 Host header must name this server (127.0.0.1, localhost, the bound name, or with a non-loopback bind one of this
 machine's names and addresses): that defeats DNS rebinding. Off loopback every request needs the token, from the
 URL once (then kept in an HttpOnly, SameSite=Strict cookie) or from that cookie, compared in constant time; the
@@ -156,9 +156,9 @@ class Dashboard:
         return {"root": str(self.root), "total": len(runs), "page": page, "pages": pages,
                 "runs": [view.summary() for view in (self.view(i) for i in shown) if view is not None]}
 
-    def run_detail(self, run_id: str, since: int, generation: int) -> dict[str, Any] | None:
+    def run_detail(self, run_id: str, since: int, generation: int, agents_key: str) -> dict[str, Any] | None:
         view = self.view(run_id)
-        return None if view is None else view.detail(since, generation)
+        return None if view is None else view.detail(since, generation, agents_key)
 
 
 def check_root(root: Path) -> None:
@@ -242,7 +242,7 @@ def handler_for(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
                 elif url.path == "/api/run":
                     with dashboard.lock:
                         detail = dashboard.run_detail(query.get("id", [""])[0], number(query, "since", 0),
-                                                      number(query, "generation", -1))
+                                                      number(query, "generation", -1), query.get("agents", [""])[0])
                     if detail is None:
                         self.plain(404, "no such run under this dashboard's directory", head)
                     else:

@@ -144,3 +144,18 @@ def test_the_headline_figure_is_accuracy_else_the_tasks_own() -> None:
     assert headline([{"test_accuracy": None, "test_mse": 2.0}]) == "test_mse"
     assert headline([{"test_exact_match": 0.1, "test_label_accuracy": 0.9}]) == "test_exact_match"
     assert headline([{"round": 1}]) is None
+
+
+def test_the_agent_table_is_sent_again_only_when_it_changed(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "provenance.json").write_text("{}")
+    (run / "agents.json").write_text(json.dumps({"updated_at": 1.0, "agents": [{"client_id": "a"}]}))
+    view = RunView("run", run, tmp_path)
+    first = view.detail(0, -1)
+    assert first["agents"] == [{"client_id": "a"}]
+    assert view.detail(0, -1, first["agents_key"])["agents"] is None
+    time.sleep(0.01)
+    (run / "agents.json").write_text(json.dumps({"updated_at": 2.0, "agents": [{"client_id": "a"}, {"client_id": "b"}]}))
+    again = view.detail(0, -1, first["agents_key"])
+    assert [a["client_id"] for a in again["agents"]] == ["a", "b"] and again["agents_key"] != first["agents_key"]

@@ -6,7 +6,7 @@
 (function () {
   const POLL_MS = 1000;
   const LIST_POLL_MS = 5000;
-  const shown = {};          // run id -> {rows, total, generation, headline, el, charts, agentsStamp}
+  const shown = {};          // run id -> {rows, total, generation, headline, el, charts, agentsKey}
   const ticked = new Set();  // run ids ticked in the list, for side by side
   let page = 1;
   let timer = null;
@@ -162,9 +162,8 @@
   }
 
   function showAgents(run, detail) {
-    const stamp = JSON.stringify([detail.agents_updated_at, detail.status.updated_at, detail.agents.length]);
-    if (stamp === run.agentsStamp) return;
-    run.agentsStamp = stamp;
+    if (detail.agents === null) return;  // unchanged since the table the page holds
+    run.agentsKey = detail.agents_key;
     const body = $(".agents tbody", run.el);
     const rows = document.createDocumentFragment();
     for (const a of detail.agents) {
@@ -232,7 +231,7 @@
     try {
       await Promise.all(Object.entries(shown).map(async ([id, run]) => {
         const detail = await getJson("/api/run?id=" + encodeURIComponent(id) + "&since=" + run.total +
-                                     "&generation=" + run.generation);
+                                     "&generation=" + run.generation + "&agents=" + encodeURIComponent(run.agentsKey));
         if (route === routed) apply(run, detail);
       }));
       if (route !== routed) return;
@@ -258,7 +257,7 @@
       el.dataset.run = id;
       $(".run-id", el).textContent = id;
       area.appendChild(el);
-      shown[id] = { rows: [], total: 0, generation: -1, headline: HEADLINES[0], el: el, charts: {}, agentsStamp: "" };
+      shown[id] = { rows: [], total: 0, generation: -1, headline: HEADLINES[0], el: el, charts: {}, agentsKey: "" };
     }
     pollRuns(route);
   }
