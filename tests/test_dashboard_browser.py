@@ -110,9 +110,25 @@ def page_rows(browser: Any, run_id: str) -> int:
     return int(browser.execute_script("return (window.fedgeRows[arguments[0]] || {length: -1}).length;", run_id))
 
 
+def known(dashboard: str, run_id: str) -> bool:
+    """Whether the dashboard has found the run (it looks for new runs at most every 0.25 s: a page asking before
+    then gets a 404, which the browser logs as an error)."""
+    import urllib.error
+    import urllib.request
+    from urllib.parse import quote
+
+    try:
+        with urllib.request.urlopen(f"{dashboard}api/run?id={quote(run_id, safe='')}", timeout=5) as answer:
+            return bool(answer.status == 200)
+    except urllib.error.HTTPError:
+        return False
+
+
 def open_runs(browser: Any, dashboard: str, *run_ids: str) -> None:
     from urllib.parse import quote
 
+    for run_id in run_ids:
+        wait_until(lambda run_id=run_id: known(dashboard, run_id), 10, f"the dashboard to find {run_id}")
     browser.get(dashboard + "#" + "&".join("run=" + quote(i, safe="") for i in run_ids))
     browser.refresh()  # a new page: the hash alone would not reload it
 
@@ -246,7 +262,9 @@ def test_a_regression_runs_figure_is_charted_and_switching_views_leaves_one_refr
     assert browser.find_element("css selector", '.run [data-chart="accuracy"] h3').text == "Test mse and loss per round"
     drawn = browser.execute_script("return window.fedgeCharts['regression'].accuracy.data[1];")
     assert drawn == [r["test_accuracy"] for r in rows]
-    for target in ("", "run=regression", "", "run=complete&run=complete", "run=regression"):  # quick switches
+    shutil.copytree(source_run, runs_root / "other")
+    wait_until(lambda: known(dashboard, "other"), 10, "the dashboard to find the new run")
+    for target in ("", "run=regression", "", "run=other&run=other", "run=regression"):  # quick switches
         browser.execute_script("location.hash = arguments[0];", target)
 
     def settled() -> bool:
