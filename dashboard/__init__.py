@@ -5,5 +5,5 @@ A read-only web page over run directories (docs/dashboard.md): ``runfiles`` read
 (loopback by default, a token elsewhere, GET and HEAD only), ``static/`` holds the page and the chart library it
 ships with (uPlot, vendored: static/VENDOR.json). It reads files a coordinator writes and never writes to a run
 directory, so a running coordinator carries no extra load. Imports nothing of Fedge but ``fedge.plumbing``, and
-never torch, zmq or numpy.
+never imports torch, zmq or numpy itself (``fedge.plumbing`` loads numpy).
 """

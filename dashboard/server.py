@@ -9,14 +9,13 @@ the run list (paged), ``/api/run?id=ID&since=N&generation=G&agents=KEY`` one run
 Host header must name this server (127.0.0.1, localhost, the bound name, or with a non-loopback bind one of this
 machine's names and addresses): that defeats DNS rebinding. Off loopback every request needs the token, from the
 URL once (then kept in an HttpOnly, SameSite=Strict cookie) or from that cookie, compared in constant time; the
-token file (mode 0600) must lie outside the served tree. No CORS header is ever sent. Standard library only
-(``ThreadingHTTPServer``); reads run directories and never writes to them.
+token file (mode 0600) must lie outside the served tree. No CORS header is ever sent. The standard library
+(``ThreadingHTTPServer``) and ``plumbing.net``'s loopback rule; reads run directories and never writes to them.
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from fedge.dashboard.runs import RunView, find_runs
+from fedge.plumbing.net import is_loopback_host
 
 log = logging.getLogger("fedge.dashboard")
 
@@ -57,17 +57,6 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"--listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:8080 (port 0 picks a free one)")
     return host.strip("[]"), int(port)
-
-
-def is_loopback(host: str) -> bool:
-    """An address of this machine only: 127.0.0.0/8, ::1 or localhost (a name that merely starts with 127. is
-    not)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def machine_names(host: str) -> set[str]:
@@ -285,7 +274,7 @@ def make_server(root: Path, listen: str, token_file: Path | None = None) -> tupl
     """A bound server and the URL to print (with the token off loopback); serve with ``serve_forever()``."""
     host, port = parse_listen(listen)
     check_root(root)
-    tokens = None if is_loopback(host) else token_path(token_file or DEFAULT_TOKEN_FILE, root)
+    tokens = None if is_loopback_host(host) else token_path(token_file or DEFAULT_TOKEN_FILE, root)
     dashboard = Dashboard(root, None, machine_names(host))
     server = bind(dashboard, host, port)
     bound = server.server_address[1]

@@ -36,18 +36,16 @@ from fedge.coordinator.transport import (
 from fedge.models import ModelSpec
 from fedge.plumbing.keys import AGENT_KEY
 from fedge.plumbing.logsetup import setup_logging
+from fedge.plumbing.net import is_loopback_host
 from fedge.runtime.console import WaitingLine, serving_lines, summary_line
 from fedge.runtime.localfleet import AgentSpec, LocalFleet, agent_id
 from fedge.runtime.plan import SessionPlan, plan_session
 
 log = logging.getLogger("fedge.coordinator")
 
-LOOPBACK_HOSTS = ("127.", "localhost", "[::1]", "::1")
-
-
 def is_loopback(bind: str) -> bool:
     host = bind.split("://", 1)[-1].rsplit(":", 1)[0]
-    return bind.startswith(("ipc://", "inproc://")) or host.startswith(LOOPBACK_HOSTS)
+    return bind.startswith(("ipc://", "inproc://")) or is_loopback_host(host)
 
 
 def resolve_run(args: argparse.Namespace, flags: dict[str, Any]) -> tuple[SessionPlan, Path, bool]:

@@ -21,10 +21,10 @@ from fedge.dashboard.server import (
     Server,
     bind,
     host_name,
-    is_loopback,
     make_server,
     write_token,
 )
+from fedge.plumbing.net import is_loopback_host as is_loopback
 
 
 def serve(server: Server) -> Iterator[int]:
