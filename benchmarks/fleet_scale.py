@@ -11,7 +11,8 @@ the received model sent back; ef-fedprox: an int8 indexed section of 30 % of the
 public model the task names). Samples the coordinator's CPU time and resident memory through psutil and prints, per
 configuration, over rounds 2 to R: the coordinator's CPU seconds per round (the primary figure: on 2 cores the
 light agents compete for the CPU), its wall time per round (the light agents compute nothing, so this is all
-beyond the slowest agent's compute), its peak RSS, and the bytes each way; and, measured in the same run, the
+beyond the slowest agent's compute), its peak RSS with two earlier readings (once bound, before any agent; once
+every agent has connected and round 1 is under way), and the bytes each way; and, measured in the same run, the
 transport floor: the same frames (one task down to each agent, one update back) through ZeroMQ alone. Uploads are
 paced (``fleet.max_uploads``, ``--max-uploads``; 0: unpaced). ``--bounds``: ``derived`` (the defaults: a bound
 fleet derives its weight cap and norm bound from round 1's claims and norms, so round 1 holds every update until
@@ -249,19 +250,22 @@ def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int,
     while not (endpoint_file.exists() and endpoint_file.read_text().strip()) and time.monotonic() < until:
         time.sleep(0.1)
     endpoint = endpoint_file.read_text().strip()
+    process = psutil.Process(coordinator.pid)
+    bound_rss = process.memory_info().rss  # bound, its model built, no agent yet
     light = [subprocess.Popen([sys.executable, __file__, "--serve-agents", str(first), str(min(per_process,
                                                                                            agents - first)),
                                "--endpoint", endpoint, "--keys-dir", str(keys) if curve else "",
                                "--layout", str(workdir / "layout.json")])
              for first in range(0, agents, per_process)]
-    process = psutil.Process(coordinator.pid)
-    peak_rss, samples, seen = 0, [], 0
+    peak_rss, joined_rss, samples, seen = 0, 0, [], 0
     while coordinator.poll() is None:
         try:
             times, rss = process.cpu_times(), process.memory_info().rss
         except psutil.Error:
             break
         peak_rss = max(peak_rss, rss)
+        if not joined_rss and phase(run_dir).startswith("round"):
+            joined_rss = rss  # every agent connected, round 1 under way: registry, connections, queues
         rows = read_rows(run_dir)
         if len(rows) > seen:
             seen = len(rows)
@@ -278,9 +282,18 @@ def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int,
     return {"algorithm": algorithm, "agents": agents, "curve": curve, "bounds": bounds, "rounds": len(rows),
             "cpu_s": statistics.median(cpu) if cpu else None,
             "wall_s": statistics.median(r["wall_s"] for r in later) if later else None,
-            "rss_mb": peak_rss / 2**20, "down_mb": statistics.median(r["bytes_down"] for r in later) / 1e6,
+            "rss_mb": peak_rss / 2**20, "bound_rss_mb": bound_rss / 2**20, "joined_rss_mb": joined_rss / 2**20,
+            "down_mb": statistics.median(r["bytes_down"] for r in later) / 1e6,
             "up_mb": statistics.median(r["bytes_up"] for r in later) / 1e6, "exit": coordinator.returncode,
             "run_dir": str(run_dir)}
+
+
+def phase(run_dir: Path) -> str:
+    """status.json's phase ('' before it is written or while it is being replaced)."""
+    try:
+        return str(json.loads((run_dir / "status.json").read_text()).get("phase", ""))
+    except (OSError, ValueError):
+        return ""
 
 
 def write_layout(path: Path) -> None:
@@ -321,8 +334,8 @@ def main() -> int:
     write_layout(workdir / "layout.json")
     print(f"# fleet_scale: {os.cpu_count()} CPUs; runs under {workdir}")
     print("| algorithm | agents | CurveZMQ | bounds | coordinator CPU s / round | wall s / round | floor s | "
-          "wall / floor | peak RSS MB | down MB / round | up MB / round |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "wall / floor | peak RSS MB | RSS bound / joined MB | down MB / round | up MB / round |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for algorithm in args.algorithms.split(","):
         for agents in (int(n) for n in args.agents.split(",")):
@@ -340,6 +353,7 @@ def main() -> int:
                 print(f"| {algorithm} | {agents} | {'on' if curve else 'off'} | {bounds} | "
                       f"{result['cpu_s'] or float('nan'):.2f} "
                       f"| {result['wall_s'] or float('nan'):.2f} | {floor:.3f} | {ratio:.1f} | {result['rss_mb']:.0f} | "
+                      f"{result['bound_rss_mb']:.0f} / {result['joined_rss_mb']:.0f} | "
                       f"{result['down_mb']:.1f} | {result['up_mb']:.1f} |" +
                       ("" if result["exit"] == 0 else f" (exit {result['exit']}: {result['run_dir']})"), flush=True)
     return 0

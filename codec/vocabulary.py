@@ -56,7 +56,7 @@ BYE_STOPPING = "stopping"  # the sender stops and may come back (a coordinator t
 BYE_CODES = frozenset({BYE_FINISHED, BYE_STOPPING})
 
 # Capabilities a Hello may list beyond the wire format's minimum.
-TASK_PARTS = "task-parts"  # a Task may come as two ZeroMQ frames, its header and its body (the packet is the two joined)
+TASK_PARTS = "task-parts"  # a Task may come in several ZeroMQ frames, its header then its body (the packet: all joined)
 
 # A Welcome's model map: exactly these keys with these types (``options`` is the model factory's own map).
 MODEL_FIELDS = {"name": "str", "input_shape": "ints", "num_classes": "int", "pan": "str", "pan_a": "float",

@@ -4,11 +4,17 @@ FedAvg, FedProx, SCAFFOLD and a dense FedBN send every selected client the same 
 client was most of the coordinator's time per agent. ``DownlinkBodies.frame`` encodes a Task's body (its tensor
 groups and meta) the first time a payload is seen in the round and joins the cached body to each client's own
 header (``codec.encode(task, body=...)``: the same bytes as encoding the whole Task), or hands out the header and
-the shared body as two parts (``parts``) for the transport to send as two frames. A payload counts as seen when
+the shared body in parts (``parts``) for the transport to send as the frames of one message. A payload counts as seen when
 its groups hold the very same tensors (the same array objects and the same sparse section object: a server half
 that hands every client its one model does) and an equal meta; anything else (ef's catch-ups, pFedLA's personal
 models) is encoded for its client alone. Identity, not content, is compared, so the check costs nothing per
-tensor, and the cached groups are kept referenced for the round so that no identity can be reused. Cleared at every round. Pure bytes in memory: no sockets, no algorithms by name.
+tensor, and the cached groups are kept referenced for the round so that no identity can be reused. Cleared at every round.
+
+``parts`` cuts the body into frames of at most ``BODY_FRAME`` bytes (views of the one body, not copies). Under
+CurveZMQ libzmq encrypts a frame when a connection's engine takes it from its queue and takes the next only once
+that one is written, so a connection holds one frame's ciphertext at a time: a thousand agents being sent a 4.6 MB
+model hold a thousand 128 KiB ciphertexts instead of a thousand whole copies (docs/scale.md). Pure bytes in memory:
+no sockets, no algorithms by name.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 from fedge import codec
 
 MAX_BODIES = 64  # distinct payloads cached in one round (beyond, a payload is encoded for its client alone)
+BODY_FRAME = 128 * 1024  # the largest body frame of a Task sent in parts: one connection's ciphertext under CurveZMQ
 
 
 def same_groups(a: Mapping[str, codec.TensorGroup], b: Mapping[str, codec.TensorGroup]) -> bool:
@@ -57,11 +64,13 @@ class DownlinkBodies:
             self.cached.append((dict(task.groups), dict(task.meta), body))
         return body
 
-    def parts(self, task: codec.Task) -> tuple[bytes, bytes]:
-        """The Task's packet in two parts, its own header and the (shared) body: the packet is their concatenation,
-        and an agent that says it takes ``task-parts`` is sent them as two ZeroMQ frames, so that the body's bytes
-        are queued once however many agents are sent them."""
-        return codec.encode_header(task), self.body(task)
+    def parts(self, task: codec.Task) -> list[bytes | memoryview]:
+        """The Task's packet in parts, its own header and then the (shared) body in frames of at most
+        ``BODY_FRAME`` bytes: the packet is their concatenation, and an agent that says it takes ``task-parts`` is
+        sent them as the frames of one ZeroMQ message, so that the body's bytes are queued once however many
+        agents are sent them."""
+        body = memoryview(self.body(task))
+        return [codec.encode_header(task), *(body[at:at + BODY_FRAME] for at in range(0, len(body), BODY_FRAME))]
 
     def frame(self, task: codec.Task) -> bytes:
         """The Task's packet in one piece."""

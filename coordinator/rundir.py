@@ -23,7 +23,7 @@ import numpy as np
 
 from fedge.plumbing import atomic_write_bytes, fsync_file, load_arrays, save_arrays
 
-__all__ = ["METER_FIELDS", "METRICS_FIELDS", "RunDir", "atomic_write_bytes", "load_arrays", "plain", "save_arrays"]
+__all__ = ["METER_FIELDS", "METRICS_FIELDS", "SPENT_FIELDS", "RunDir", "atomic_write_bytes", "load_arrays", "plain", "save_arrays"]
 
 RUN_DIR_VERSION = 1
 
@@ -33,9 +33,13 @@ METRICS_FIELDS = (
     "test_accuracy", "test_loss",
     "test_f1_macro", "test_exact_match", "test_label_accuracy", "test_mse", "test_mae", "eval_source",
     "eval_samples", "test_accuracy_pruned", "personal_accuracy_mean", "personal_accuracy", "bytes_down", "bytes_up",
-    "bytes_up_tensors", "train_loss", "wall_s", "train_s_max", "eval_s", "checkpoint_s", "epsilon", "clip",
-    "noise_std", "dp_released", "dp_dropouts",
+    "bytes_up_tensors", "train_loss", "wall_s", "train_s_max", "eval_s", "checkpoint_s", "receive_s", "fold_s",
+    "downlink_s", "close_s", "tail_s", "epsilon", "clip", "noise_std", "dp_released", "dp_dropouts",
 )
+# Where a round's time went on the coordinator (seconds; null from a simulated fleet): frames decoded and checked,
+# updates folded, tasks encoded and sent, the aggregate closed, and the tail from the last accepted update to the
+# Commits sent (closing, records and the checkpoint included).
+SPENT_FIELDS = ("receive_s", "fold_s", "downlink_s", "close_s", "tail_s")
 
 # Per-round totals over the agents' meter records (docs/meter.md), also in every metrics.jsonl line.
 METER_FIELDS = (

@@ -30,7 +30,7 @@ from fedge.coordinator.deferred import DeferredRow, PendingRow
 from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.privacy import PrivacyPlan, SessionPrivacy
 from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
-from fedge.coordinator.rundir import RunDir, plain
+from fedge.coordinator.rundir import SPENT_FIELDS, RunDir, plain
 from fedge.coordinator.status import AgentTallies, StatusBoard
 from fedge.coordinator.transport import RouterTransport
 from fedge.coordinator.trust import SessionTrust
@@ -107,6 +107,9 @@ class Session:
         self.step = ServerStep(config.server.lr, config.server.momentum)  # the server's optimizer; checkpointed
         self.aggregation = Aggregation(self.server, 0)  # the round in progress's, on the one aggregation path
         self.checkpoint_s = 0.0  # the time the last checkpoint took to write
+        # where the round's time went on this side (metrics.jsonl: receive_s, fold_s, downlink_s, close_s, tail_s)
+        self.spent = dict.fromkeys(SPENT_FIELDS, 0.0)
+        self.last_accepted = 0.0  # when the round's last update was accepted (the start of its tail)
         self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
         self.bytes_total = {"down": 0, "up": 0}  # packet bytes of the rounds recorded so far (metrics.jsonl)
         # the last round's row, until its evaluation (beside the next round) is done
@@ -173,13 +176,18 @@ class Session:
         for event in events:
             match event:
                 case Send(message=codec.Task() as task, peer=peer, task_of=int(index)):
+                    began = time.monotonic()
                     self.protocol.sent_task(index, self.send_task(peer, task, index))
+                    self.spent["downlink_s"] += time.monotonic() - began
                 case Send(message=message, peer=peer):
                     self.send(peer, message)
                 case SendFrame(peer=peer, frame=frame):
                     self.transport.send(peer, frame)
                 case Accepted(update=update):  # streaming aggregation: folded at once, its tensors then dropped
+                    began = time.monotonic()
                     self.aggregation.fold(update)
+                    self.last_accepted = time.monotonic()
+                    self.spent["fold_s"] += self.last_accepted - began
                 case Checkpoint(round=number):
                     written = time.monotonic()
                     self.save_checkpoint()
@@ -202,14 +210,18 @@ class Session:
         return len(frame) if self.transport.send(peer, frame) else 0
 
     def send_task(self, peer: bytes, task: codec.Task, index: int) -> int:
-        """A Task in two frames (its header, the round's shared body) to an agent that takes them, else in one."""
+        """A Task in parts (its header, the round's shared body in frames) to an agent that takes them, else in
+        one frame."""
         if words.TASK_PARTS not in self.registry.by_index(index).hello.get("capabilities", ()):
             return self.send(peer, task)
-        parts = list(self.downlinks.parts(task))
+        parts = self.downlinks.parts(task)
         return sum(len(part) for part in parts) if self.transport.send_parts(peer, parts) else 0
 
     def handle(self, peer: bytes, frame: bytes, identity: str | None = None) -> None:
-        self.act(self.protocol.receive(peer, frame, time.monotonic(), identity))
+        began = time.monotonic()
+        events = self.protocol.receive(peer, frame, began, identity)
+        self.spent["receive_s"] += time.monotonic() - began
+        self.act(events)
 
     def pump(self, timeout_ms: int) -> None:
         self.progress += 1
@@ -264,6 +276,7 @@ class Session:
         """One round; returns its metrics, or None when the session was asked to stop mid-round."""
         started = time.monotonic()
         self.drain()
+        self.spent, self.last_accepted = dict.fromkeys(SPENT_FIELDS, 0.0), started
         available = self.trust.selectable(self.registry.live_indices(time.monotonic()), self.registry,
                                           max(self.config.round.min_clients, 1))
         self.aggregation = Aggregation(self.server, number, self.trust.influence, self.trust.rule, step=self.step) \
@@ -294,7 +307,9 @@ class Session:
             log.warning("round %d: no update from client(s) %s before the deadline", number, missing)
             self.server.missed(number, missing)
         ordered = sorted(current.updates.items())
+        closing = time.monotonic()
         extra = self.aggregation.close()  # folded as they arrived (or held until now, and bounded)
+        self.spent["close_s"] = time.monotonic() - closing
         bounds = self.trust.note_round(number, self.aggregation.bounded)
         if self.privacy is not None:  # accounted (its release-log line fsynced) before anything derived is written
             extra.update(self.privacy.account(number, self.aggregation.released, len(self.aggregation.clipped)),
@@ -325,7 +340,8 @@ class Session:
         # the round is now the last committed one: its checkpoint is written (crash point 'checkpoint'), then the
         # Commits go out, in the order the protocol gives
         self.act(self.protocol.commits(number))
-        held.row["checkpoint_s"] = self.checkpoint_s
+        self.spent["tail_s"] = time.monotonic() - self.last_accepted
+        held.row.update(self.spent, checkpoint_s=self.checkpoint_s)
         crash_point("committed", number)  # the row may still wait for its evaluation: the checkpoint holds it
         if not held.waiting:
             self.rows.flush()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,8 +187,8 @@ class RouterTransport:
         """Send one frame to a connected peer; False (and a log line) when the peer is gone or its queue is full."""
         return self.send_parts(peer, [frame])
 
-    def send_parts(self, peer: bytes, parts: list[bytes]) -> bool:
-        """Send one message of several frames (a Task's header and body). Frames are sent without a copy
+    def send_parts(self, peer: bytes, parts: Sequence[bytes | memoryview]) -> bool:
+        """Send one message of several frames (a Task's header and body frames). Frames are sent without a copy
         (``copy=False``: pyzmq hands libzmq the buffer of the immutable ``bytes`` and keeps it alive until every
         queue has written it; frames under 64 KiB are copied anyway), so a body sent to many peers is held once
         however many queues wait. With pyzmq's default (``copy=True``) every send copies the frame."""

@@ -250,8 +250,10 @@ class Agent:
                 case _:
                     assert_never(action)
 
-    def handle(self, transport: DealerTransport, frame: bytes) -> None:
-        self.meter.add_bytes("down", len(frame))
+    def handle(self, transport: DealerTransport, frame: bytes, parts: tuple[int, ...] | None = None) -> None:
+        """One packet from the coordinator; ``parts``: the sizes of the ZeroMQ frames it came in (the meter's
+        framing bytes)."""
+        self.meter.add_bytes("down", len(frame), parts)
         cpu_before = time.thread_time()
         actions = self.protocol.receive(frame, time.monotonic())
         self.progress += 1
@@ -297,8 +299,8 @@ class Agent:
         self.meter.start()
         try:
             while not self.stop_requested.is_set():
-                for frame in transport.poll(100):
-                    self.handle(transport, frame)
+                for frame, parts in zip(transport.poll(100), transport.received_parts, strict=True):
+                    self.handle(transport, frame, parts)
                 self.tick(transport)
                 self.progress += 1
             self.act(transport, self.protocol.leaving())

@@ -61,6 +61,7 @@ class DealerTransport:
     def __init__(self, endpoint: str, identity: str, curve: CurveClientKeys | None = None,
                  max_frame_bytes: int = 256 << 20) -> None:
         self.context = zmq.Context()
+        self.received_parts: list[tuple[int, ...]] = []  # set by each poll
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.IDENTITY, identity.encode())
         self.socket.setsockopt(zmq.RECONNECT_IVL, 200)
@@ -115,6 +116,7 @@ class DealerTransport:
             self.socket.disconnect(self.endpoint)
             self.socket.connect(self.endpoint)
         frames: list[bytes] = []
+        self.received_parts = []  # the ZeroMQ frame sizes of each packet returned, in order
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
             self._drain_monitor()
             return frames
@@ -124,7 +126,8 @@ class DealerTransport:
             except zmq.Again:
                 return frames
             self.bytes_in += sum(len(p) for p in parts)
-            frames.append(parts[0] if len(parts) == 1 else b"".join(parts))  # a Task in two parts: header, body
+            frames.append(parts[0] if len(parts) == 1 else b"".join(parts))  # a Task in parts: header, body frames
+            self.received_parts.append(tuple(len(p) for p in parts))
 
     def send(self, frame: bytes) -> bool:
         try:

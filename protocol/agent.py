@@ -53,7 +53,7 @@ from fedge.protocol.states import next_state
 MAX_BACKOFF_S = 900.0
 
 # What a client's Hello says it decodes (every client here decodes every encoding the codec writes).
-# What this side of the protocol takes beyond the wire format's minimum (``words.TASK_PARTS``: a Task in two frames).
+# What this side of the protocol takes beyond the wire format's minimum (``words.TASK_PARTS``: a Task in several frames).
 CAPABILITIES = ("sparse-mask", "sparse-values", "sparse-indices", "f16", "bf16", "int8", words.TASK_PARTS)
 
 

@@ -66,6 +66,11 @@ def test_a_local_fleet_runs_rounds_and_writes_the_documented_run_dir(procs: Proc
         assert row["selected"] == 3 and row["reported"] == 3 and row["dropped"] == 0
         assert 0.0 <= row["test_accuracy"] <= 1.0 and row["wall_s"] > 0
         assert row["bytes_down"] > 0 and row["bytes_up"] > 0
+        # where the coordinator's time went: every part measured, none longer than the round it belongs to, and
+        # the tail (last update to the Commits) holding the close and the checkpoint
+        spent = [row[f] for f in ("receive_s", "fold_s", "downlink_s", "close_s", "tail_s", "checkpoint_s")]
+        assert all(0 < v < row["wall_s"] + row["checkpoint_s"] for v in spent), spent
+        assert row["tail_s"] > row["close_s"] + row["checkpoint_s"]
     assert rows[-1]["test_accuracy"] > 0.4, "3 rounds on Fashion-MNIST should beat chance clearly"
     assert rows[0]["personal_accuracy"] is None and rows[1]["personal_accuracy_mean"] is not None
     assert set(rows[1]["personal_accuracy"]) == {"agent-00", "agent-01", "agent-02"}

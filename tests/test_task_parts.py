@@ -1,6 +1,6 @@
-"""A Task in two frames: an agent whose hello lists ``task-parts`` is sent its header and the round's shared body
-as two ZeroMQ frames, which its transport joins into the packet; an agent that does not list it (an older one) is
-sent the packet in one frame. Real sockets on 127.0.0.1."""
+"""A Task in parts: an agent whose hello lists ``task-parts`` is sent its header and the round's shared body, cut
+into frames of at most ``BODY_FRAME`` bytes, as the frames of one ZeroMQ message, which its transport joins into the
+packet; an agent that does not list it (an older one) is sent the packet in one frame. Real sockets on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import zmq
 
 from fedge import codec
 from fedge.codec import vocabulary as words
-from fedge.coordinator.downlinks import DownlinkBodies
+from fedge.coordinator.downlinks import BODY_FRAME, DownlinkBodies
 from fedge.coordinator.session import Session
 from fedge.coordinator.transport import RouterTransport
 from fedge.edge_agent.transport import DealerTransport
@@ -28,7 +28,7 @@ def received(socket: zmq.Socket[bytes], seconds: float = 10.0) -> list[bytes]:
     return socket.recv_multipart()
 
 
-def test_a_capable_agent_gets_two_frames_and_an_older_one_gets_one_and_both_decode_the_same_task() -> None:
+def test_a_capable_agent_gets_the_body_in_bounded_frames_and_an_older_one_one_frame_and_both_decode_alike() -> None:
     router = RouterTransport("tcp://127.0.0.1:0")
     context = zmq.Context()
     dealers = {}
@@ -51,11 +51,14 @@ def test_a_capable_agent_gets_two_frames_and_an_older_one_gets_one_and_both_deco
             registry.get(name).hello = {"capabilities": capabilities}  # type: ignore[union-attr]
         session.protocol = type("P", (), {"registry": registry})()  # type: ignore[assignment]
         session.transport, session.downlinks = router, DownlinkBodies()
-        model = codec.TensorGroup(dense={"w": np.arange(50_000, dtype=np.float32)})
+        weights = np.random.default_rng(0).standard_normal(150_000).astype(np.float32)  # 600 KB: incompressible
+        model = codec.TensorGroup(dense={"w": weights})
         sizes = {name: session.send_task(name.encode(), task_for(name, model), registry.get(name).index)
                  for name in ("new", "old")}  # type: ignore[union-attr]
         new, old = received(dealers["new"]), received(dealers["old"])
-        assert len(new) == 2 and len(old) == 1 and session.downlinks.encoded == 1
+        body = len(old[0]) - len(new[0])
+        assert body > 3 * BODY_FRAME and len(new) == 1 + -(-body // BODY_FRAME) and len(old) == 1
+        assert max(len(frame) for frame in new[1:]) == BODY_FRAME and session.downlinks.encoded == 1
         assert b"".join(new) == old[0] == codec.encode(task_for("x", model))
         assert sizes["new"] == sizes["old"] == len(old[0])
         decoded = codec.decode(b"".join(new))
@@ -84,6 +87,7 @@ def test_the_agents_transport_joins_a_task_that_comes_in_two_frames() -> None:
         while not frames and time.monotonic() < until:
             frames = agent.poll(100)
         assert frames == [packet] and agent.bytes_in == len(packet)
+        assert agent.received_parts == [(len(head), len(packet) - len(head))]  # the meter counts both frames
     finally:
         agent.close()
         router.close()
