@@ -48,7 +48,7 @@ from fedge.algorithms.keyframes import PublicModel, Replica, float_layout, start
 from fedge.algorithms.sparse import compress
 from fedge.codec import SparseSection, TensorGroup
 
-VALUE_DTYPES = ("f32", "f16", "bf16", "int8", "ternary")
+VALUE_DTYPES = ("f32", "f16", "bf16", "int8", "ternary", "quinary")
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,17 @@ class Config:
     history: int = 8
     keyframe_ratio: float = 6.0
     keyframe_rounds: int = 15
+    down_value_dtype: str = ""      # the coordinator's value encoding ("": value_dtype's)
+    residual_decay: float = 0.5     # a device's residual is multiplied by this for each round its device sat out
 
     def __post_init__(self) -> None:
+        if not self.down_value_dtype:
+            object.__setattr__(self, "down_value_dtype", self.value_dtype)
+        if self.down_value_dtype not in VALUE_DTYPES:
+            raise ValueError(f"algorithm.down_value_dtype must be one of {VALUE_DTYPES}, got "
+                             f"{self.down_value_dtype!r}")
+        if not 0 <= self.residual_decay <= 1:
+            raise ValueError(f"algorithm.residual_decay must lie in [0, 1], got {self.residual_decay}")
         if not 0 < self.keep <= 1:
             raise ValueError(f"algorithm.keep must lie in (0, 1], got {self.keep}")
         if self.value_dtype not in VALUE_DTYPES:
@@ -80,7 +89,7 @@ def make_config(base_module: ModuleType, options: Mapping[str, Any]) -> Config:
 
 
 def start_dtype(config: Config) -> str:
-    return "f32" if config.value_dtype == "f32" else "f16"
+    return "f32" if config.down_value_dtype == "f32" else "f16"
 
 
 class Server(BaseServer):
@@ -94,7 +103,7 @@ class Server(BaseServer):
         self.config = config
         self.context = context
         self.model = PublicModel(start_model(initial, start_dtype(config)), context.num_clients, config.history,
-                                 config.value_dtype, start_dtype(config), config.keyframe_ratio, config.keyframe_rounds,
+                                 config.down_value_dtype, start_dtype(config), config.keyframe_ratio, config.keyframe_rounds,
                                  context.initial_from_seed)
         self.layout = self.model.layout
         self.residual = np.zeros(self.layout.size, dtype=np.float32)
@@ -171,15 +180,14 @@ class Server(BaseServer):
                     "ef_dense_resyncs": self.model.take_resyncs()}
         merged = {name: value.astype(self.public[name].dtype) for name, value in folding.integers.medians().items()}
         exact = folding.mean().astype(np.float32) + self.residual  # S - K
-        sent = compress(self.layout, exact, self.config.keep, self.config.value_dtype, dense=merged)
+        sent = compress(self.layout, exact, self.config.keep, self.config.down_value_dtype, dense=merged)
         keyframe = self.model.clock.due(folding.count)
         self.residual = sent.residual if keyframe else exact
         self.model.publish(round_number, sent, merged, keyframe)
-        behind = float(np.linalg.norm(exact))
+        behind, left = float(np.linalg.norm(exact)), float(np.linalg.norm(sent.residual))
         return {"ef_stale_updates": self.stale, "ef_dense_resyncs": self.model.take_resyncs(),
                 "ef_keyframe": int(keyframe), "ef_sent_down": int(sent.indices.size),
-                "ef_residual_norm": float(np.linalg.norm(sent.residual)),
-                "ef_public_error": float(np.linalg.norm(sent.residual)) / behind if behind else 0.0}
+                "ef_residual_norm": left, "ef_public_error": left / behind if behind else 0.0}
 
 
     def evaluation_arrays(self) -> Arrays | None:
@@ -207,6 +215,7 @@ class Client(WrappedClient):
         self.start: Arrays = {}  # the public model this round trains from (P)
         self.start_version = 0   # ... and its version
         self.residual: np.ndarray | None = None
+        self.residual_base = 0   # the public version the residual's round trained from
         self.clip = 0.0          # the coordinator's norm bound on this round's update (0: none known)
         self.scale = 1.0         # ... and what the last update was scaled by to fit it
 
@@ -237,6 +246,10 @@ class Client(WrappedClient):
         delta = layout.flat(trained) - layout.flat(self.start) if is_model else layout.flat(trained)
         if self.residual is None or self.residual.size != layout.size:
             self.residual = np.zeros(layout.size, dtype=np.float32)
+        missed = self.start_version - self.residual_base - 1
+        if missed > 0 and self.config.residual_decay != 1.0:
+            self.residual = self.residual * np.float32(self.config.residual_decay ** missed)
+        self.residual_base = self.start_version
         integers = {name: value for name, value in trained.items() if name not in layout.names}
         sent = compress(layout, delta + self.residual, self.config.keep, self.config.value_dtype, dense=integers,
                         clip=self.clip)
@@ -249,6 +262,7 @@ class Client(WrappedClient):
         state = self.replica.state_dict()
         if self.residual is not None:
             state["ef/residual"] = self.residual
+            state["ef/residual_base"] = np.array(self.residual_base, dtype=np.int64)
         state.update(self.base.state_dict())
         return state
 
@@ -257,3 +271,4 @@ class Client(WrappedClient):
         self.replica.load_state_dict(state)
         residual = state.get("ef/residual")
         self.residual = None if residual is None else np.array(residual, dtype=np.float32)
+        self.residual_base = int(state.get("ef/residual_base", 0))

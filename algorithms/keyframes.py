@@ -137,6 +137,7 @@ class PublicModel:
         self.clock = KeyframeClock(num_clients, keyframe_ratio, keyframe_rounds)
         self.resyncs = 0
         self.groups: dict[int, tuple[Delta, TensorGroup]] = {}
+        self.compact: dict[int, tuple[Delta, Arrays]] = {}  # each live delta as the checkpoint stores it
         self.sizes: dict[tuple[int, ...], int] = {}
 
     def forget(self, client_index: int) -> None:
@@ -232,8 +233,7 @@ class PublicModel:
         if self.catchup is not None:
             steps["catchup"] = self.catchup
         for name, delta in steps.items():
-            arrays[f"{prefix}{name}/indices"] = delta.indices
-            arrays[f"{prefix}{name}/values"] = delta.values
+            arrays.update({f"{prefix}{name}/{k}": v for k, v in self.stored(delta).items()})
             arrays.update({f"{prefix}{name}/int/{k}": v for k, v in delta.integers.items()})
         meta = {"schema": CHECKPOINT_SCHEMA, "version": self.version, "key_version": self.key_version,
                 "arrived": self.clock.arrived,
@@ -242,11 +242,55 @@ class PublicModel:
                 "catchup": None if self.catchup is None else self.catchup.previous}
         return arrays, meta
 
+    def stored(self, delta: Delta) -> Arrays:
+        """A delta as the checkpoint keeps it, exactly and compactly (it is written every round, and the deltas
+        were most of a round's checkpoint): its positions as a bit mask over the flat model, and its values, when
+        each tensor's take one magnitude (ternary values do), as sign bits and one magnitude a tensor; else as
+        float32. Checked bit for bit when made, and made once per delta."""
+        cached = self.compact.get(id(delta))
+        if cached is not None and cached[0] is delta:
+            return cached[1]
+        form: Arrays = {"indices": delta.indices, "values": delta.values}
+        if not np.any(np.diff(delta.indices) <= 0):  # a mask keeps positions in increasing order only
+            mask = np.zeros(self.layout.size, dtype=bool)
+            mask[delta.indices] = True
+            form = {"mask": np.packbits(mask), "values": delta.values}
+            counts = np.diff(np.searchsorted(delta.indices, np.cumsum([0, *self.layout.sizes])))
+            magnitudes = np.array([np.abs(part).max() if part.size else 0.0
+                                   for part in np.split(delta.values, np.cumsum(counts)[:-1])], dtype=np.float32)
+            signs = np.packbits(np.signbit(delta.values))
+            if np.array_equal(self.signed(signs, magnitudes, counts).view(np.uint32), delta.values.view(np.uint32)):
+                form = {"mask": form["mask"], "signs": signs, "magnitudes": magnitudes}
+        live = {id(d) for d in (*self.history.values(), self.catchup) if d is not None}
+        self.compact = {k: v for k, v in self.compact.items() if k in live}
+        self.compact[id(delta)] = (delta, form)
+        return form
+
+    @staticmethod
+    def signed(signs: np.ndarray, magnitudes: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Values from their sign bits and one magnitude per tensor (``counts`` values each)."""
+        values = np.repeat(magnitudes, counts)
+        negative = np.unpackbits(signs, count=values.size).astype(bool)
+        return np.where(negative, -values, values).astype(np.float32)
+
+    def restored(self, arrays: Arrays, at: str) -> tuple[np.ndarray, np.ndarray]:
+        """The positions and values of a delta ``stored`` wrote (or, from a checkpoint of before, kept as they
+        were)."""
+        if f"{at}indices" in arrays:
+            return arrays[f"{at}indices"].copy(), arrays[f"{at}values"].copy()
+        mask = np.unpackbits(arrays[f"{at}mask"], count=self.layout.size).astype(bool)
+        narrow = np.int32 if self.layout.size < 2**31 else np.int64
+        indices = np.flatnonzero(mask).astype(narrow)
+        if f"{at}signs" in arrays:
+            counts = np.diff(np.searchsorted(indices, np.cumsum([0, *self.layout.sizes])))
+            return indices, self.signed(arrays[f"{at}signs"], arrays[f"{at}magnitudes"], counts)
+        return indices, arrays[f"{at}values"].copy()
+
     def load_state_dict(self, arrays: Arrays, meta: dict[str, Any], prefix: str) -> None:
         def delta(name: str, previous: int) -> Delta:
             ints = f"{prefix}{name}/int/"
-            return Delta(int(previous), arrays[f"{prefix}{name}/indices"].copy(),
-                         arrays[f"{prefix}{name}/values"].copy(),
+            indices, values = self.restored(arrays, f"{prefix}{name}/")
+            return Delta(int(previous), indices, values,
                          {k[len(ints):]: v.copy() for k, v in arrays.items() if k.startswith(ints)})
 
         if meta.get("schema") != CHECKPOINT_SCHEMA:

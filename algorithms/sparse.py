@@ -81,20 +81,32 @@ def decoded_values(group: TensorGroup) -> np.ndarray:
 
 def wire_dtype(value_dtype: str) -> str:
     """The codec's value encoding for a value_dtype: ``ternary`` values travel as int8, the others as named."""
-    return "int8" if value_dtype == "ternary" else value_dtype
+    return "int8" if value_dtype in SIGNED_LEVELS else value_dtype
 
 
-def ternary(layout: FlatLayout, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Each tensor's sent values replaced by sign * (mean |value| of that tensor's sent values).
+# value encodings that replace each tensor's sent values by sign * one of a few magnitudes: how many
+SIGNED_LEVELS = {"ternary": 1, "quinary": 2}
+
+
+def ternary(layout: FlatLayout, indices: np.ndarray, values: np.ndarray, levels: int = 1) -> np.ndarray:
+    """Each tensor's sent values replaced by sign * (mean |value| of that tensor's sent values); with ``levels``
+    = 2 (``quinary``), by sign * the mean |value| of the tensor's sent values at or above their median magnitude,
+    or of those below it.
 
     The ternarisation of sparse ternary compression (Sattler et al., 2019). On the wire it is int8 with one scale
-    per tensor: every value becomes +-127 (or 0), two byte values that zstd codes in under 2 bits each.
+    per tensor: every value becomes +-127 (or 0), two byte values that zstd codes in under 2 bits each (quinary:
+    four byte values, about 2 bits).
     """
     bounds = np.searchsorted(indices, np.cumsum([0, *layout.sizes]))
     out = np.empty_like(values)
     for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
         part = values[start:stop]
-        if part.size:
+        if part.size and levels == 2:
+            size = np.abs(part)
+            high = size >= np.median(size)
+            out[start:stop] = np.sign(part) * np.where(high, np.float32(size[high].mean()),
+                                                       np.float32(size[~high].mean() if (~high).any() else 0))
+        elif part.size:
             out[start:stop] = np.sign(part) * np.float32(np.abs(part).mean())
     return out
 
@@ -133,12 +145,15 @@ def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dt
     scale = 1.0
     for _ in range(CLIP_TRIES):
         scaled = values if scale == 1.0 else (values * np.float32(scale)).astype(np.float32)
-        wire_values = ternary(layout, indices, scaled) if value_dtype == "ternary" else scaled
+        wire_values = ternary(layout, indices, scaled, SIGNED_LEVELS[value_dtype]) \
+            if value_dtype in SIGNED_LEVELS else scaled
         section = SparseSection.with_indices(layout.names, layout.shapes, indices, wire_values)
         group = TensorGroup(dense=dict(dense or {}), sparse=section, value_dtype=wire_dtype(value_dtype))
         received = decoded_values(group)
+        if clip <= 0:
+            break
         norm = float(np.linalg.norm(received.astype(np.float64)))
-        if clip <= 0 or norm <= clip:
+        if norm <= clip:
             break
         scale *= clip / norm * CLIP_MARGIN  # below the bound after the value encoding's rounding
     else:

@@ -6,18 +6,17 @@ checkpoints, device state and models use. Imports nothing of Fedge, never torch 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
-__all__ = ["DirectoryLocked", "atomic_write_bytes", "fsync_directory", "fsync_file", "hold_directory", "load_arrays",
+__all__ = ["DirectoryLocked", "atomic_write", "atomic_write_bytes", "fsync_directory", "fsync_file", "hold_directory", "load_arrays",
            "load_arrays_and_model", "replace_durably", "save_arrays", "without_fsync"]
 
 _local = threading.local()
@@ -96,11 +95,16 @@ def replace_durably(source: Path, target: Path) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file in the same directory, fsync it, rename it over the target, and fsync the
     directory so that the rename survives a power cut."""
+    atomic_write(path, lambda handle: handle.write(data))
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``atomic_write_bytes`` for a writer that streams into the (seekable) file itself: no copy in memory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            write(handle)
             handle.flush()
             _fsync(handle.fileno())
         os.replace(tmp, path)
@@ -114,12 +118,10 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str,
                 model: Mapping[str, np.ndarray] | None = None) -> None:
     """Named arrays plus a JSON meta object in one .npz (``a/NAME``, ``m/NAME`` for ``model``, and ``meta``), written
     atomically, no pickle."""
-    buffer = io.BytesIO()
     payload = {f"a/{k}": np.asarray(v) for k, v in arrays.items()}
     payload.update({f"m/{k}": np.asarray(v) for k, v in (model or {}).items()})
     payload["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    np.savez(buffer, **payload)  # type: ignore[arg-type]
-    atomic_write_bytes(path, buffer.getvalue())
+    atomic_write(path, lambda handle: np.savez(handle, **payload))  # type: ignore[arg-type]
 
 
 def load_arrays(path: Path, prefix: str = "a/") -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -160,7 +160,8 @@ def test_options_are_validated() -> None:
     with pytest.raises(ValueError, match="mu"):
         ef.make_config(fedavg, {"mu": 0.2})
     for bad in ({"keep": 0.0}, {"value_dtype": "f64"}, {"history": 0}, {"keyframe_ratio": -1.0},
-                {"keyframe_rounds": -1}, {"keyframe_rounds": 2.5}):
+                {"keyframe_rounds": -1}, {"keyframe_rounds": 2.5}, {"residual_decay": 1.5},
+                {"residual_decay": -0.1}, {"down_value_dtype": "f64"}):
         with pytest.raises(ValueError):
             ef.make_config(fedavg, bad)
 
@@ -186,6 +187,38 @@ def test_ternary_sends_one_magnitude_per_tensor_and_feeds_back_the_rest() -> Non
     np.testing.assert_array_equal(client.residual[section.indices], sent - section.values)
     broadcast = fleet.server.model.history[1].values  # the coordinator's delta is ternary too
     assert 1 <= len(np.unique(np.abs(broadcast))) <= len(layout.sizes)
+
+
+def test_a_quinary_downlink_sends_two_magnitudes_per_tensor_while_the_devices_stay_ternary(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet = make_fleet("ef-fedavg", {"keep": 0.3, "value_dtype": "ternary", "down_value_dtype": "quinary"},
+                       TINY_MLP, clients=2, seed=9)
+    compressed: list[np.ndarray] = []  # what the coordinator compressed (S - K)
+    real = ef.compress
+    monkeypatch.setattr(ef, "compress", lambda layout, u, keep, dtype, **kw: (compressed.append(u.copy()),
+                                                                            real(layout, u, keep, dtype, **kw))[1])
+    uploads: list[ClientUpdate] = []
+    fold = fleet.server.fold
+    fleet.server.fold = lambda r, update: (uploads.append(update), fold(r, update))[1]
+    run_round(fleet, 1, DATA, ADAM, seed=9)
+    layout, delta = fleet.server.layout, fleet.server.model.history[1]
+    for upload in uploads:  # the devices' values: one magnitude a tensor
+        section = upload.payload.groups["update"].sparse
+        bounds = np.searchsorted(section.indices, np.cumsum([0, *layout.sizes]))
+        assert all(len(np.unique(np.abs(section.values[lo:hi]))) <= 1 for lo, hi in
+                   zip(bounds[:-1], bounds[1:], strict=True))
+    bounds = np.searchsorted(delta.indices, np.cumsum([0, *layout.sizes]))
+    two = 0
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        sent, size = delta.values[lo:hi], np.abs(compressed[-1][delta.indices[lo:hi]])
+        high = size >= np.median(size)
+        np.testing.assert_allclose(np.abs(sent[high]), size[high].mean(), rtol=1e-6)
+        if (~high).any():
+            np.testing.assert_allclose(np.abs(sent[~high]), size[~high].mean(), rtol=1e-6)
+        assert np.array_equal(np.sign(sent), np.sign(compressed[-1][delta.indices[lo:hi]]))
+        two += len(np.unique(np.abs(sent))) == 2
+    assert two >= 2  # each tensor's magnitudes: the mean of its larger half and of its smaller half
+    assert fleet.server.model.group(delta).value_dtype == "int8"
 
 
 def test_ternary_values_cost_about_one_bit_on_the_wire() -> None:
@@ -216,3 +249,25 @@ def test_ef_refuses_a_base_whose_server_half_it_would_silently_replace() -> None
     config = ef.make_config(scaffold, {})
     with pytest.raises(ValueError, match="ef aggregates as FedAvg does.*not fedge.algorithms.scaffold's"):
         ef.Server(config, state_to_arrays(model), context, scaffold)
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.5, 1.0])
+def test_a_residual_left_while_its_client_sat_rounds_out_is_scaled_by_the_decay_per_round_missed(decay: float) -> None:
+    options = {"keep": 0.2, "value_dtype": "f32", "residual_decay": decay, "keyframe_ratio": 0.0}
+    fleet = make_fleet("ef-fedavg", options, TINY_MLP, clients=2, seed=6)
+    run_round(fleet, 1, DATA, ADAM, seed=6)
+    run_round(fleet, 2, DATA, ADAM, seed=6)
+    left = [np.array(client.residual, copy=True) for client in fleet.clients]
+    restart(fleet, "ef-fedavg", options)  # the round the residual was made travels with the device state
+    run_round(fleet, 3, DATA, ADAM, seed=6, participants=[1])
+    uploads: list[ClientUpdate] = []
+    fold = fleet.server.fold
+    fleet.server.fold = lambda r, update: (uploads.append(update), fold(r, update))[1]
+    run_round(fleet, 4, DATA, ADAM, seed=6, participants=[0])
+    client, layout = fleet.clients[0], fleet.server.layout
+    delta = layout.flat(state_to_arrays(fleet.models[0])) - layout.flat(client.start)
+    kept = np.ones(layout.size, dtype=bool)
+    kept[uploads[0].payload.groups["update"].sparse.positions()] = False  # f32: nothing of a sent value is left
+    carried = left[0] * np.float32(decay ** 1)  # one round missed
+    assert np.array_equal(client.residual[kept], (delta + carried)[kept])
+    assert not np.array_equal(carried, left[0]) or decay == 1.0

@@ -198,3 +198,30 @@ def test_clients_that_hold_the_same_keyframe_get_one_body_encoded_once() -> None
         run_round(chains, round_number, DATA, ADAM, seed=8, participants=chosen)
     per_keyframe = frames(chains, 4)  # clients 2 and 3 hold the same keyframe; 0 and 1 others
     assert (per_keyframe.encoded, per_keyframe.shared) == (3, 1)
+
+
+@pytest.mark.parametrize("value_dtype", ["ternary", "f16"])
+def test_the_checkpoint_keeps_each_delta_exactly_and_compactly_and_reads_the_older_form(value_dtype: str) -> None:
+    fleet = make_fleet("ef-fedprox", {**DEFAULT, "value_dtype": value_dtype, "keyframe_ratio": 0.0}, TINY_MLP,
+                       clients=3, seed=8)
+    for round_number in range(1, 4):
+        run_round(fleet, round_number, DATA, ADAM, seed=8)
+    model = fleet.server.model
+    arrays, meta = model.state_dict("")
+    size = model.layout.size
+    assert len(model.history) == 3
+    for version in model.history:
+        assert arrays[f"history/{version}/mask"].nbytes == -(-size // 8)  # one bit a coordinate, not 4 bytes a kept one
+        assert (f"history/{version}/signs" in arrays) == (value_dtype == "ternary")  # one bit a ternary value
+    older = {k: v for k, v in arrays.items() if not k.endswith(("/mask", "/signs", "/magnitudes"))}
+    for version, delta in model.history.items():  # a checkpoint written before the compact form
+        older.pop(f"history/{version}/values", None)
+        older[f"history/{version}/indices"], older[f"history/{version}/values"] = delta.indices, delta.values
+    for stored in (arrays, older):
+        server = ef.Server(fleet.server.config, fleet.server.public, fleet.server.context, fedprox)
+        server.model.load_state_dict(stored, meta, "")
+        for version, delta in model.history.items():
+            restored = server.model.history[version]
+            assert np.array_equal(restored.indices, delta.indices) and restored.indices.dtype == delta.indices.dtype
+            assert np.array_equal(restored.values, delta.values) and restored.values.dtype == np.float32
+        assert public_crc(server.model.public) == public_crc(model.public)
