@@ -13,7 +13,7 @@ tensor, and the cached groups are kept referenced for the round so that no ident
 ``parts`` cuts the body into frames of at most ``BODY_FRAME`` bytes (views of the one body, not copies). Under
 CurveZMQ libzmq encrypts a frame when a connection's engine takes it from its queue and takes the next only once
 that one is written, so a connection holds one frame's ciphertext at a time: a thousand agents being sent a 4.6 MB
-model hold a thousand 128 KiB ciphertexts instead of a thousand whole copies (docs/scale.md). Pure bytes in memory:
+model hold a thousand 64 KiB ciphertexts instead of a thousand whole copies (docs/scale.md). Pure bytes in memory:
 no sockets, no algorithms by name.
 """
 
@@ -25,7 +25,9 @@ from typing import Any
 from fedge import codec
 
 MAX_BODIES = 64  # distinct payloads cached in one round (beyond, a payload is encoded for its client alone)
-BODY_FRAME = 128 * 1024  # the largest body frame of a Task sent in parts: one connection's ciphertext under CurveZMQ
+# the largest body frame of a Task sent in parts (one connection's ciphertext under CurveZMQ), and the smallest
+# frame pyzmq sends without copying it
+BODY_FRAME = 64 * 1024
 
 
 def same_groups(a: Mapping[str, codec.TensorGroup], b: Mapping[str, codec.TensorGroup]) -> bool:
