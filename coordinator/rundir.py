@@ -36,7 +36,7 @@ METRICS_FIELDS = (
     "bytes_up_tensors", "train_loss", "wall_s", "train_s_max", "eval_s", "checkpoint_s", "receive_s", "fold_s",
     "downlink_s", "close_s", "tail_s", "epsilon", "clip", "noise_std", "dp_released", "dp_dropouts",
 )
-# Where a round's time went on the coordinator (seconds; null from a simulated fleet): frames decoded and checked,
+# Where a round's time went on the coordinator (seconds, a simulated fleet's too): frames decoded and checked,
 # updates folded, tasks encoded and sent, the aggregate closed, and the tail from the last accepted update to the
 # Commits sent (closing, records and the checkpoint included).
 SPENT_FIELDS = ("receive_s", "fold_s", "downlink_s", "close_s", "tail_s")
