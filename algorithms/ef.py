@@ -215,7 +215,7 @@ class Client(WrappedClient):
         self.start: Arrays = {}  # the public model this round trains from (P)
         self.start_version = 0   # ... and its version
         self.residual: np.ndarray | None = None
-        self.residual_base = 0   # the public version the residual's round trained from
+        self.residual_base: int | None = 0  # the public version the residual was left against (None: not known)
         self.clip = 0.0          # the coordinator's norm bound on this round's update (0: none known)
         self.scale = 1.0         # ... and what the last update was scaled by to fit it
 
@@ -246,7 +246,8 @@ class Client(WrappedClient):
         delta = layout.flat(trained) - layout.flat(self.start) if is_model else layout.flat(trained)
         if self.residual is None or self.residual.size != layout.size:
             self.residual = np.zeros(layout.size, dtype=np.float32)
-        missed = self.start_version - self.residual_base - 1
+        # a residual saved before its version was kept (an older device state) is added whole, once
+        missed = 0 if self.residual_base is None else self.start_version - self.residual_base - 1
         if missed > 0 and self.config.residual_decay != 1.0:
             self.residual = self.residual * np.float32(self.config.residual_decay ** missed)
         self.residual_base = self.start_version
@@ -262,7 +263,8 @@ class Client(WrappedClient):
         state = self.replica.state_dict()
         if self.residual is not None:
             state["ef/residual"] = self.residual
-            state["ef/residual_base"] = np.array(self.residual_base, dtype=np.int64)
+            if self.residual_base is not None:
+                state["ef/residual_base"] = np.array(self.residual_base, dtype=np.int64)
         state.update(self.base.state_dict())
         return state
 
@@ -271,4 +273,5 @@ class Client(WrappedClient):
         self.replica.load_state_dict(state)
         residual = state.get("ef/residual")
         self.residual = None if residual is None else np.array(residual, dtype=np.float32)
-        self.residual_base = int(state.get("ef/residual_base", 0))
+        self.residual_base = int(state["ef/residual_base"]) if "ef/residual_base" in state else \
+            None if residual is not None else 0

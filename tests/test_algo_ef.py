@@ -13,7 +13,7 @@ from fedge.algorithms import ef, fedavg, fedprox
 from fedge.algorithms.base import ClientUpdate, Payload
 from fedge.algorithms.registry import REGISTRY, AlgorithmSpec
 from fedge.models import state_to_arrays
-from fedge.simulation.inprocess import Fleet, global_arrays, make_fleet, run_round
+from fedge.simulation.inprocess import RUN_ID, Fleet, global_arrays, make_fleet, run_round
 from tests.algo_helpers import ADAM, TINY_CNN_BN, TINY_MLP, client_data, same_arrays
 
 DATA = client_data(TINY_MLP, 4, samples=32)
@@ -271,3 +271,21 @@ def test_a_residual_left_while_its_client_sat_rounds_out_is_scaled_by_the_decay_
     carried = left[0] * np.float32(decay ** 1)  # one round missed
     assert np.array_equal(client.residual[kept], (delta + carried)[kept])
     assert not np.array_equal(carried, left[0]) or decay == 1.0
+
+
+def test_a_residual_saved_before_its_version_was_kept_is_added_whole_once() -> None:
+    options = {"keep": 0.2, "value_dtype": "f32", "residual_decay": 0.0, "keyframe_ratio": 0.0}
+    fleet = make_fleet("ef-fedavg", options, TINY_MLP, clients=1, seed=7)
+    for round_number in (1, 2, 3):
+        run_round(fleet, round_number, DATA, ADAM, seed=7)
+    client, device = fleet.clients[0], fleet.states[0]
+    older = {k: v for k, v in device.committed(RUN_ID).items() if k != "ef/residual_base"}  # a state of before
+    assert "ef/residual" in older and len(older) < len(device.committed(RUN_ID))
+    device.write_pending(RUN_ID, 3, older)
+    assert device.confirm(RUN_ID, 3)
+    left = np.array(older["ef/residual"], copy=True)
+    run_round(fleet, 4, DATA, ADAM, seed=7)  # the device trained round 3: nothing was missed
+    layout = fleet.server.layout
+    delta = layout.flat(state_to_arrays(fleet.models[0])) - layout.flat(client.start)
+    kept = client.residual != 0
+    assert np.array_equal(client.residual[kept], (delta + left)[kept]) and kept.sum() > 0
