@@ -32,6 +32,7 @@ import numpy as np
 
 from fedge import codec
 from fedge.algorithms.base import Arrays, is_float
+from fedge.algorithms.delta_store import compact, expand
 from fedge.algorithms.ef_meta import EfTask, Source
 from fedge.algorithms.sparse import Compressed, FlatLayout, decoded, wire_dtype
 from fedge.codec import SparseSection, TensorGroup
@@ -243,53 +244,20 @@ class PublicModel:
         return arrays, meta
 
     def stored(self, delta: Delta) -> Arrays:
-        """A delta as the checkpoint keeps it, exactly and compactly (it is written every round, and the deltas
-        were most of a round's checkpoint): its positions as a bit mask over the flat model, and its values, when
-        each tensor's take one magnitude (ternary values do), as sign bits and one magnitude a tensor; else as
-        float32. Checked bit for bit when made, and made once per delta."""
+        """A delta as the checkpoint keeps it (``delta_store.compact``), made once per delta."""
         cached = self.compact.get(id(delta))
         if cached is not None and cached[0] is delta:
             return cached[1]
-        form: Arrays = {"indices": delta.indices, "values": delta.values}
-        if not np.any(np.diff(delta.indices) <= 0):  # a mask keeps positions in increasing order only
-            mask = np.zeros(self.layout.size, dtype=bool)
-            mask[delta.indices] = True
-            form = {"mask": np.packbits(mask), "values": delta.values}
-            counts = np.diff(np.searchsorted(delta.indices, np.cumsum([0, *self.layout.sizes])))
-            magnitudes = np.array([np.abs(part).max() if part.size else 0.0
-                                   for part in np.split(delta.values, np.cumsum(counts)[:-1])], dtype=np.float32)
-            signs = np.packbits(np.signbit(delta.values))
-            if np.array_equal(self.signed(signs, magnitudes, counts).view(np.uint32), delta.values.view(np.uint32)):
-                form = {"mask": form["mask"], "signs": signs, "magnitudes": magnitudes}
+        form = compact(self.layout, delta.indices, delta.values)
         live = {id(d) for d in (*self.history.values(), self.catchup) if d is not None}
         self.compact = {k: v for k, v in self.compact.items() if k in live}
         self.compact[id(delta)] = (delta, form)
         return form
 
-    @staticmethod
-    def signed(signs: np.ndarray, magnitudes: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Values from their sign bits and one magnitude per tensor (``counts`` values each)."""
-        values = np.repeat(magnitudes, counts)
-        negative = np.unpackbits(signs, count=values.size).astype(bool)
-        return np.where(negative, -values, values).astype(np.float32)
-
-    def restored(self, arrays: Arrays, at: str) -> tuple[np.ndarray, np.ndarray]:
-        """The positions and values of a delta ``stored`` wrote (or, from a checkpoint of before, kept as they
-        were)."""
-        if f"{at}indices" in arrays:
-            return arrays[f"{at}indices"].copy(), arrays[f"{at}values"].copy()
-        mask = np.unpackbits(arrays[f"{at}mask"], count=self.layout.size).astype(bool)
-        narrow = np.int32 if self.layout.size < 2**31 else np.int64
-        indices = np.flatnonzero(mask).astype(narrow)
-        if f"{at}signs" in arrays:
-            counts = np.diff(np.searchsorted(indices, np.cumsum([0, *self.layout.sizes])))
-            return indices, self.signed(arrays[f"{at}signs"], arrays[f"{at}magnitudes"], counts)
-        return indices, arrays[f"{at}values"].copy()
-
     def load_state_dict(self, arrays: Arrays, meta: dict[str, Any], prefix: str) -> None:
         def delta(name: str, previous: int) -> Delta:
             ints = f"{prefix}{name}/int/"
-            indices, values = self.restored(arrays, f"{prefix}{name}/")
+            indices, values = expand(self.layout, arrays, f"{prefix}{name}/")
             return Delta(int(previous), indices, values,
                          {k[len(ints):]: v.copy() for k, v in arrays.items() if k.startswith(ints)})
 
