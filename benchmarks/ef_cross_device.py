@@ -105,10 +105,13 @@ def main() -> int:
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
 
-    from fedge.coordinator.config import tomllib
+    from fedge.coordinator.config import ConfigError, tomllib
     from fedge.sweep.grid import command_sweep, expand, load_rows
 
-    command_sweep(args.grid, args.out, dry_run=False, quiet=True)
+    try:
+        command_sweep(args.grid, args.out, dry_run=False, quiet=True)
+    except ConfigError as exc:
+        parser.error(str(exc))
     cells, baseline = expand(tomllib.loads(Path(args.grid).read_text()))
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for cell in cells:
