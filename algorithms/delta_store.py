@@ -22,7 +22,7 @@ def compact(layout: FlatLayout, indices: np.ndarray, values: np.ndarray) -> Arra
         return {"indices": indices, "values": values}
     mask = np.zeros(layout.size, dtype=bool)
     mask[indices] = True
-    counts = per_tensor(layout, indices)
+    counts = np.diff(layout.bounds(indices))
     magnitudes = np.array([np.abs(part).max() if part.size else 0.0
                            for part in np.split(values, np.cumsum(counts)[:-1])], dtype=np.float32)
     signs = np.packbits(np.signbit(values))
@@ -38,13 +38,8 @@ def expand(layout: FlatLayout, arrays: Arrays, at: str) -> tuple[np.ndarray, np.
     mask = np.unpackbits(arrays[f"{at}mask"], count=layout.size).astype(bool)
     indices = np.flatnonzero(mask).astype(np.int32 if layout.size < 2**31 else np.int64)
     if f"{at}signs" in arrays:
-        return indices, signed(arrays[f"{at}signs"], arrays[f"{at}magnitudes"], per_tensor(layout, indices))
+        return indices, signed(arrays[f"{at}signs"], arrays[f"{at}magnitudes"], np.diff(layout.bounds(indices)))
     return indices, arrays[f"{at}values"].copy()
-
-
-def per_tensor(layout: FlatLayout, indices: np.ndarray) -> np.ndarray:
-    """How many of the (increasing) positions fall in each tensor of the layout."""
-    return np.diff(np.searchsorted(indices, np.cumsum([0, *layout.sizes])))
 
 
 def signed(signs: np.ndarray, magnitudes: np.ndarray, counts: np.ndarray) -> np.ndarray:

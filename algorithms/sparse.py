@@ -56,6 +56,10 @@ class FlatLayout:
             start += size
         return out
 
+    def bounds(self, indices: np.ndarray) -> np.ndarray:
+        """Where each tensor's positions start and end in increasing flat ``indices`` (one more than tensors)."""
+        return np.searchsorted(indices, np.cumsum([0, *self.sizes]))
+
     def parts(self, flat: np.ndarray) -> Arrays:
         """Named views (not copies) of a flat vector, e.g. of a mask."""
         out: Arrays = {}
@@ -97,7 +101,7 @@ def ternary(layout: FlatLayout, indices: np.ndarray, values: np.ndarray, levels:
     per tensor: every value becomes +-127 (or 0), two byte values that zstd codes in under 2 bits each (quinary:
     four byte values, about 2 bits).
     """
-    bounds = np.searchsorted(indices, np.cumsum([0, *layout.sizes]))
+    bounds = layout.bounds(indices)
     out = np.empty_like(values)
     for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
         part = values[start:stop]
