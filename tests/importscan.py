@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGES = frozenset({"algorithms", "codec", "coordinator", "edge_agent", "fldata", "meter", "models", "plugins", "plumbing",
-                      "api", "simulation", "client", "protocol", "runtime", "sweep", "dashboard"})
+                      "api", "simulation", "client", "protocol", "runtime", "sweep", "dashboard", "secagg"})
 SKIPPED_DIRS = frozenset({".git", ".venv", "build", "dist", "runs", "__pycache__", ".hypothesis", ".mypy_cache",
                           ".ruff_cache", ".pytest_cache"})
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The layer order, lowest first: a package imports only packages before it (deferred imports and imports for type
 # checking included), so no two packages know each other. docs/architecture.md shows the same order.
-LAYERS = ("fedge", "codec", "plumbing", "dashboard", "fldata", "plugins", "models", "meter", "protocol", "algorithms", "client",
+LAYERS = ("fedge", "codec", "secagg", "plumbing", "dashboard", "fldata", "plugins", "models", "meter", "protocol", "algorithms", "client",
           "coordinator", "simulation", "edge_agent", "runtime", "sweep", "api")
 # Above every package: the command-line modules, which nothing imports but a ``__main__``.
 CLIS = ("runtime/cli.py", "edge_agent/cli.py", "codec/cli.py")
@@ -25,6 +25,8 @@ FORBIDDEN: dict[str, set[str]] = {
     "codec": (PACKAGES - {"codec"}) | {"torch", "zmq"},
     "fldata": (PACKAGES - {"fldata"}) | {"torch", "zmq"},
     "plugins": (PACKAGES - {"plugins"}) | {"torch", "zmq"},
+    # Secure aggregation's cryptography and both sides' stage machines: numpy and ``cryptography`` only, no I/O.
+    "secagg": (PACKAGES - {"secagg"}) | {"torch", "zmq", "threading", "time", "socket", "subprocess", "asyncio"},
     "plumbing": (PACKAGES - {"plumbing"}) | {"torch"},
     # The dashboard reads run directories: nothing of the session, no numerics, no sockets but its HTTP server's.
     "dashboard": (PACKAGES - {"dashboard", "plumbing"}) | {"torch", "zmq", "numpy"},

@@ -1,6 +1,7 @@
 """The round protocol is pure all the way down: each of its modules, imported alone in a fresh interpreter, loads
 only the codec, numpy and the protocol package (never torch, zmq, subprocess, asyncio, the meter, an algorithm, a
-model or run-directory code), and no protocol module imports a clock, a thread or a socket."""
+model or run-directory code), and no protocol module imports a clock, a thread or a socket. Secure aggregation's
+package (``fedge.secagg``) loads nothing of Fedge but itself, and nothing impure either."""
 
 from __future__ import annotations
 
@@ -45,4 +46,19 @@ def test_the_check_sees_a_forbidden_module() -> None:
 def test_no_protocol_module_imports_a_clock_a_thread_or_a_socket() -> None:
     found = {str(path.relative_to(ROOT)): sorted({imp.layer for imp in layers_imported(path)} & NO_CLOCK)
              for path in sorted((ROOT / "protocol").glob("*.py"))}
+    assert {path: bad for path, bad in found.items() if bad} == {}
+
+
+def test_each_secure_aggregation_module_loads_only_itself_numpy_and_cryptography() -> None:
+    modules = sorted(f"fedge.secagg.{path.stem}" for path in (ROOT / "secagg").glob("*.py") if path.stem != "__init__")
+    problems = {}
+    for module in modules:
+        loaded = loaded_by(module)
+        problems[module] = [m for m in loaded if m.startswith("fedge.") and not m.startswith("fedge.secagg")] + \
+            [m for m in loaded if m.split(".")[0] in FORBIDDEN]
+    assert {m: p for m, p in problems.items() if p} == {}
+    assert "fedge.secagg.aggregator" in modules and "fedge.secagg.device" in modules
+    # its only touch of the OS is entropy (os.urandom, secrets): no clock, thread or socket
+    found = {path.name: sorted({imp.layer for imp in layers_imported(path)} & (NO_CLOCK - {"os"}))
+             for path in sorted((ROOT / "secagg").glob("*.py"))}
     assert {path: bad for path, bad in found.items() if bad} == {}

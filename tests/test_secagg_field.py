@@ -1,0 +1,52 @@
+"""The field secure aggregation sums in (``secagg.field``): a sum of n devices' quantised values never wraps,
+stochastic rounding is unbiased, and words pack to exactly ``bits`` bits each."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedge.secagg import field
+
+
+@given(st.integers(8, 62), st.integers(1, 10_000))
+@settings(max_examples=80, deadline=None)
+def test_the_levels_leave_room_for_every_devices_extremes(bits: int, devices: int) -> None:
+    if devices * 3 > 1 << bits:
+        with pytest.raises(ValueError, match="raise secagg.bits"):
+            field.levels_for(bits, devices)
+        return
+    levels = field.levels_for(bits, devices)
+    assert devices * (2 * levels + 1) <= 1 << bits < devices * (2 * (levels + 1) + 1)
+    extremes = np.full(devices, levels, np.int64)
+    for sign in (1, -1):
+        total = np.zeros(1, np.uint64)
+        for value in sign * extremes:
+            total = field.add(total, field.lift(np.array([value]), bits), bits)
+        assert int(field.signed(total, bits)[0]) == sign * devices * levels
+
+
+def test_stochastic_rounding_is_unbiased_and_stays_on_the_grid() -> None:
+    rng = np.random.default_rng(0)
+    values = np.array([0.123, -0.456, 0.999, -1.5, 2.0])
+    draws = np.stack([field.quantise(values, 1.0, 10, rng) for _ in range(20_000)])
+    assert draws.min() >= -10 and draws.max() <= 10
+    means = draws.mean(axis=0)
+    assert np.allclose(means, [1.23, -4.56, 9.99, -10, 10], atol=0.03)  # clipped to [-1, 1] first
+    assert np.allclose(field.dequantise(np.round(means).astype(np.int64), 1.0, 10), [0.1, -0.5, 1.0, -1.0, 1.0])
+
+
+@given(st.integers(8, 62), st.lists(st.integers(0, 2**62), min_size=0, max_size=50))
+@settings(max_examples=80, deadline=None)
+def test_words_pack_to_bits_each_and_back(bits: int, raw: list[int]) -> None:
+    words = np.array(raw, dtype=np.uint64) & field.modulus_mask(bits)
+    data = field.pack(words, bits)
+    assert len(data) == -(-len(raw) * bits // 8)
+    assert np.array_equal(field.unpack(data, len(raw), bits), words)
+
+
+def test_a_packed_input_of_the_wrong_length_is_refused() -> None:
+    with pytest.raises(ValueError, match="cannot hold 3 words of 20 bits"):
+        field.unpack(b"\0" * 7, 3, 20)
