@@ -279,7 +279,8 @@ class Session:
         self.spent, self.last_accepted = dict.fromkeys(SPENT_FIELDS, 0.0), started
         available = self.trust.selectable(self.registry.live_indices(time.monotonic()), self.registry,
                                           max(self.config.round.min_clients, 1))
-        self.aggregation = Aggregation(self.server, number, self.trust.influence, self.trust.rule, step=self.step) \
+        self.aggregation = Aggregation(self.server, number, self.trust.influence, self.trust.rule, step=self.step,
+                                       keep=self.trust.spill.keep) \
             if self.privacy is None else Aggregation(self.server, number, private=self.privacy.open_round(),
                                                      step=self.step)
         self.act(self.protocol.open_round(number, self.select(number, available), started,

@@ -1,5 +1,6 @@
 """A session's trust bookkeeping: the bounded influence and robust rule its rounds aggregate with, each device's
-counts of capped, clipped and refused updates, and the quarantine with its files (``coordinator.quarantine``).
+counts of capped, clipped and refused updates, the quarantine with its files (``coordinator.quarantine``), and
+where a round that holds its updates keeps them (``coordinator.spill``).
 ``coordinator.session`` owns one and calls it at each round's start and close; the rules themselves are the
 protocol's (``protocol.influence``, ``protocol.robust_rules``). Knows no transport and no algorithm.
 """
@@ -13,6 +14,7 @@ from typing import Any
 from fedge.coordinator.config import RobustSection
 from fedge.coordinator.quarantine import QUARANTINE_FILE, take_clear_requests
 from fedge.coordinator.rundir import RunDir
+from fedge.coordinator.spill import Spill
 from fedge.protocol.influence import Bounded, Influence, InfluenceLimits, Quarantine
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.robust_rules import RobustRule
@@ -32,6 +34,8 @@ class SessionTrust:
         self.quarantine = Quarantine(robust.quarantine_after)
         self.counts: dict[str, dict[str, int]] = {}  # client id -> {"capped", "clipped", "rejected": n}
         self.refused_round: set[str] = set()  # client ids whose update was refused (invalid) this round
+        self.spill = Spill(run_dir.path / "spill")  # a held round's updates beyond its memory budget
+        self.spill.clear()  # what an interrupted round left
 
     def state(self) -> dict[str, Any]:
         return {"influence": self.influence.state(), "bound_counts": self.counts,
@@ -60,6 +64,10 @@ class SessionTrust:
     def note_round(self, number: int, bounded: Sequence[Bounded]) -> dict[int, dict[str, Any]]:
         """What the bounds did this round: clients.jsonl's fields by client index, each device's counters, and one
         warning line naming (at most 10 of) the devices capped or clipped."""
+        if self.spill.spilled:
+            log.info("round %d: %d held update(s) (%.0f MB) waited on disk for the round's bounds", number,
+                     self.spill.spilled, self.spill.spilled_bytes / 1e6)
+        self.spill.clear()
         bounds: dict[int, dict[str, Any]] = {}
         touched: list[str] = []
         for record in bounded:

@@ -153,11 +153,12 @@ class Influence:
             return {}
         return {name: self.limits.norm_factor * median for name, median in medians.items()}
 
-    def bound(self, update: ClientUpdate, reference: Arrays | None,
-              thresholds: Mapping[str, float]) -> tuple[ClientUpdate, Bounded]:
-        """The update with its claim clamped to the cap and each group's change scaled into its bound."""
+    def bound(self, update: ClientUpdate, reference: Arrays | None, thresholds: Mapping[str, float],
+              norms: Mapping[str, float] | None = None) -> tuple[ClientUpdate, Bounded]:
+        """The update with its claim clamped to the cap and each group's change scaled into its bound (``norms``:
+        its raw norms, when already measured)."""
         references = group_references(update, reference)
-        norms = raw_norms(update, reference)
+        norms = dict(norms) if norms is not None else raw_norms(update, reference)
         groups, scales = dict(update.payload.groups), {}
         for name, norm in norms.items():
             limit = thresholds.get(name, thresholds.get("*"))

@@ -9,7 +9,7 @@ the streaming and batch bases are in ``algorithms.contract``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -94,8 +94,10 @@ class Aggregation:
     ``close_round`` only when something was folded (a round with no update leaves the server state as it was).
 
     With ``influence`` (``protocol.influence``), each update is bounded before the half folds it; a round that
-    cannot be bounded as its updates arrive (the cap or this phase's median not known yet) holds them and folds
-    them, bounded, in client order at ``close``. ``bounded`` lists what the bounds did to each update.
+    cannot be bounded as its updates arrive (the cap or this phase's median not known yet) holds them, each with
+    its raw norms measured on arrival, and folds them, bounded, in client order at ``close``; ``keep`` is how the
+    driver keeps a held update (a session spills the values of a large round to disk: ``coordinator.spill``).
+    ``bounded`` lists what the bounds did to each update.
 
     With a robust ``rule`` (``protocol.robust_rules``), the bounded updates are held, each in its ``shared_form``,
     and, at ``close``, combined by the rule into one change; the half then folds, for every held update, that change
@@ -118,7 +120,7 @@ class Aggregation:
 
     def __init__(self, server: ServerHalf, round_number: int, influence: Influence | None = None,
                  rule: RobustRule | None = None, private: PrivateRound | None = None,
-                 step: ServerStep | None = None) -> None:
+                 step: ServerStep | None = None, keep: Callable[[ClientUpdate], ClientUpdate] | None = None) -> None:
         if private is not None and (influence is not None or (rule is not None and rule.robust)):
             raise ValueError("a private round takes neither the bounds nor a robust rule: its clip replaces them")
         self.server = server
@@ -134,7 +136,8 @@ class Aggregation:
         self.phase = server.influence_phase(round_number) if influence is not None else ""
         self.holding = influence is not None and influence.holds(self.phase)
         self.thresholds = {} if influence is None or self.holding else influence.thresholds(influence.medians)
-        self.held: list[ClientUpdate] = []
+        self.keep = keep if keep is not None else (lambda update: update)
+        self.held: list[tuple[ClientUpdate, dict[str, float]]] = []  # each held update and its raw norms
         self.norms: dict[str, list[float]] = {}
         self.bounded: list[Bounded] = []
         self.rule = rule if rule is not None and rule.robust else None
@@ -156,14 +159,16 @@ class Aggregation:
         self.folded += 1
         if self.influence is None:
             self.give(update)
-        elif self.holding:
-            self.held.append(update)
+        elif self.holding:  # its norms measured now, its values then kept as the driver keeps held updates
+            norms = raw_norms(update, self.server.change_reference(self.round, update.index))
+            self.held.append((self.keep(update), norms))
         else:
             self.fold_bounded(self.influence, update)
 
-    def fold_bounded(self, influence: Influence, update: ClientUpdate) -> None:
+    def fold_bounded(self, influence: Influence, update: ClientUpdate,
+                     norms: dict[str, float] | None = None) -> None:
         reference = self.server.change_reference(self.round, update.index)
-        bounded, record = influence.bound(update, reference, self.thresholds)
+        bounded, record = influence.bound(update, reference, self.thresholds, norms)
         for name, norm in record.norms.items():
             self.norms.setdefault(name, []).append(norm)
         self.bounded.append(record)
@@ -288,15 +293,17 @@ class Aggregation:
     def close(self) -> dict[str, Any]:
         influence = self.influence
         if influence is not None and self.held:
-            held, self.held = sorted(self.held, key=lambda u: u.index), []
-            influence.fix_cap([u.num_samples for u in held])
+            held, self.held = sorted(self.held, key=lambda entry: entry[0].index, reverse=True), []
+            influence.fix_cap([update.num_samples for update, _ in held])
             own: dict[str, list[float]] = {}
-            for update in held:
-                for name, norm in raw_norms(update, self.server.change_reference(self.round, update.index)).items():
+            for _, norms in held:
+                for name, norm in norms.items():
                     own.setdefault(name, []).append(norm)
             self.thresholds = influence.thresholds({name: float(np.median(v)) for name, v in own.items()})
-            for update in held:
-                self.fold_bounded(influence, update)
+            while held:  # in client order, each dropped once folded (a spilled one's map with it)
+                update, norms = held.pop()
+                self.fold_bounded(influence, update, norms)
+                del update
         if influence is not None:
             influence.remember(self.phase, self.norms)
         if self.rule is not None and self.for_rule:
