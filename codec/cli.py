@@ -126,6 +126,15 @@ def cmd_decode(args: argparse.Namespace) -> None:
         np.savez(fh, **out)  # type: ignore[arg-type]
 
 
+def json_ready(value: Any) -> Any:
+    """A field's value for JSON: tuples as lists, bytes (secure aggregation's keys and sealed shares) as hex."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, tuple):
+        return [json_ready(item) for item in value]
+    return value
+
+
 def describe(message: Message, data: bytes) -> dict[str, Any]:
     """Header fields, sizes and the tensor table of a decoded packet, JSON-ready."""
     info: dict[str, Any] = packet_info(data)
@@ -133,7 +142,7 @@ def describe(message: Message, data: bytes) -> dict[str, Any]:
     for attr, value in vars(message).items():
         if attr in ("run_id", "round", "sender", "groups"):
             continue
-        info[attr] = list(value) if isinstance(value, tuple) else value
+        info[attr] = json_ready(value)
     groups = getattr(message, "groups", None)
     if groups is not None:
         info["groups"] = {}

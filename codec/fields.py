@@ -2,8 +2,12 @@
 
 Types: ``str`` (UTF-8, at most 64 KiB), ``code`` (``vocabulary.CODE_PATTERN``), ``int`` (0 ... 2^63 - 1),
 ``float``, ``optfloat``, ``bool``, ``strs`` / ``ints`` / ``floats`` (at most 1,024 items), ``hold`` (None or
-[run id, round]), ``fraction`` (a number in [0, 1]), ``bounds`` (at most 64 names to finite numbers above 0), ``map`` / ``meta`` (plain msgpack-native data, ``plain_data``) and ``groups`` (name to
-``TensorGroup``). ``check_fields`` checks a map with exactly the keys of a table. Every failure is ``Malformed``.
+[run id, round]), ``fraction`` (a number in [0, 1]), ``bounds`` (at most 64 names to finite numbers above 0),
+``map`` / ``meta`` (plain msgpack-native data, ``plain_data``), ``groups`` (name to ``TensorGroup``), ``secagg``
+(None, or a Task's secure-aggregation settings, ``SECAGG_FIELDS``), and the secure-aggregation bodies' types:
+``key`` (32 bytes), ``keyring`` (at most 4,096 [device, key, key], devices distinct), ``sealed`` (at most 4,096
+[device, bytes of at most 1 KiB]) and ``names`` (at most 4,096 device ids). ``check_fields`` checks a map with
+exactly the keys of a table. Every failure is ``Malformed``.
 
 This module must not import torch, zmq or any other Fedge package.
 """
@@ -23,6 +27,14 @@ MAX_TEXT_BYTES = 65536
 MAX_LIST_ITEMS = 1024
 MAX_MAP_DEPTH = 32
 MAX_BOUNDS = 64
+MAX_BODY_ITEMS = 4096   # devices named in one secure-aggregation body
+KEY_BYTES = 32          # an X25519 public key
+MAX_SEALED_BYTES = 1024  # one sealed share, or one share's bytes
+# A Task's secure-aggregation settings (``secagg``, key ``sa``): the field's width, the levels each value is
+# quantised to, the clip range per float tensor (in the model's order), the threshold fraction, the size up to
+# which the neighbour graph is complete, the graph's seed and the attempt (a round redone after a restart).
+SECAGG_FIELDS = {"bits": "int", "levels": "int", "clip": "floats", "threshold": "fraction", "neighbours": "int",
+                 "seed": "int", "attempt": "int"}
 
 
 def _check_text(value: Any, what: str) -> str:
@@ -134,7 +146,49 @@ def check_value(kind: str, value: Any, what: str) -> Any:
             if not isinstance(group, TensorGroup):
                 raise Malformed(f"group {name!r} must be a TensorGroup, got {type(group).__name__}")
         return dict(value)
+    if kind == "secagg":
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise Malformed(f"{what} must be nil or a map of the secure-aggregation settings, got {value!r:.80}")
+        return check_fields(SECAGG_FIELDS, value, what)
+    if kind == "key":
+        return _check_bytes(value, what, KEY_BYTES, KEY_BYTES)
+    if kind == "keyring":
+        ring = tuple((_check_text(device, f"a device of {what}"), _check_bytes(a, f"{what}'s channel key", KEY_BYTES,
+                                                                               KEY_BYTES),
+                      _check_bytes(b, f"{what}'s masking key", KEY_BYTES, KEY_BYTES))
+                     for device, a, b in _check_entries(value, what, 3))
+        if len({device for device, _, _ in ring}) != len(ring):
+            raise Malformed(f"{what} names a device twice")
+        return ring
+    if kind == "sealed":
+        return tuple((_check_text(device, f"a device of {what}"),
+                      _check_bytes(data, f"{what}'s bytes", 1, MAX_SEALED_BYTES))
+                     for device, data in _check_entries(value, what, 2))
+    if kind == "names":
+        return tuple(_check_text(device, f"a device of {what}") for device in _check_entries(value, what, 0))
     raise AssertionError(f"unknown field type {kind}")
+
+
+def _check_bytes(value: Any, what: str, least: int, most: int) -> bytes:
+    if not isinstance(value, (bytes, bytearray)) or not least <= len(value) <= most:
+        raise Malformed(f"{what} must be {least}" + (f" to {most}" if most != least else "") +
+                        f" bytes, got {value!r:.40}")
+    return bytes(value)
+
+
+def _check_entries(value: Any, what: str, width: int) -> tuple[Any, ...]:
+    """A body list of at most ``MAX_BODY_ITEMS`` items, each a sequence of ``width`` items (0: any item)."""
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise Malformed(f"{what} must be a sequence, got {value!r:.80}")
+    items = tuple(value)
+    if len(items) > MAX_BODY_ITEMS:
+        raise Malformed(f"{what} holds at most {MAX_BODY_ITEMS} items, got {len(items)}")
+    if width and any(isinstance(item, (str, bytes, Mapping)) or not hasattr(item, "__len__") or len(item) != width
+                     for item in items):
+        raise Malformed(f"each item of {what} must be a list of {width}")
+    return items
 
 
 def check_fields(table: Mapping[str, str], value: Mapping[str, Any], what: str) -> dict[str, Any]:

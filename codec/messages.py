@@ -130,7 +130,8 @@ class Task(MessageBase):
     deadline, whether to evaluate the received model (``personal_eval``: for its personal accuracy; ``evaluate``:
     the session has no test set of its own), ``paced``: hold the update until a Grant for this round comes, and
     ``norm_bounds``: the L2 bound the coordinator applies to the change of each update group this round, by group
-    name (``*``: every group), empty when none is known before the round closes."""
+    name (``*``: every group), empty when none is known before the round closes; ``secagg``: the round's
+    secure-aggregation settings (``fields.SECAGG_FIELDS``), or None when the round is not securely aggregated."""
 
     groups: Mapping[str, TensorGroup] = _empty()
     meta: Mapping[str, Any] = _empty()
@@ -141,6 +142,7 @@ class Task(MessageBase):
     evaluate: bool = False
     paced: bool = False
     norm_bounds: Mapping[str, float] = _empty()
+    secagg: Mapping[str, Any] | None = None
     kind: ClassVar[str] = "task"
     kind_code: ClassVar[int] = 3
 
@@ -233,7 +235,75 @@ class Grant(MessageBase):
     kind_code: ClassVar[int] = 10
 
 
-Message = Hello | Welcome | Task | Update | Commit | Heartbeat | ErrorMessage | Bye | Cancel | Grant
+@dataclass(frozen=True)
+class SecAggKeys(MessageBase):
+    """Agent -> coordinator, secure aggregation's first stage (docs/secure-aggregation.md): the device's two
+    X25519 public keys for round ``round``'s attempt ``attempt`` (in the body: they are bytes)."""
+
+    attempt: int = 0
+    channel_key: bytes = b""
+    masking_key: bytes = b""
+    kind: ClassVar[str] = "secagg-keys"
+    kind_code: ClassVar[int] = 11
+
+
+@dataclass(frozen=True)
+class SecAggRoster(MessageBase):
+    """Coordinator -> agent: every device that advertised its keys, with them (device, channel key, masking key)."""
+
+    attempt: int = 0
+    keys: tuple[tuple[str, bytes, bytes], ...] = ()
+    kind: ClassVar[str] = "secagg-roster"
+    kind_code: ClassVar[int] = 12
+
+
+@dataclass(frozen=True)
+class SecAggShares(MessageBase):
+    """Agent -> coordinator: the device's sealed shares, one per neighbour (receiver, sealed bytes)."""
+
+    attempt: int = 0
+    shares: tuple[tuple[str, bytes], ...] = ()
+    kind: ClassVar[str] = "secagg-shares"
+    kind_code: ClassVar[int] = 13
+
+
+@dataclass(frozen=True)
+class SecAggDelivery(MessageBase):
+    """Coordinator -> agent: the sealed shares addressed to the device, from the devices that shared (sender,
+    sealed bytes)."""
+
+    attempt: int = 0
+    shares: tuple[tuple[str, bytes], ...] = ()
+    kind: ClassVar[str] = "secagg-delivery"
+    kind_code: ClassVar[int] = 14
+
+
+@dataclass(frozen=True)
+class SecAggUnmask(MessageBase):
+    """Coordinator -> agent: the devices whose masked input is in the sum (``survivors``) and those that shared
+    but sent none (``dropped``); never a device in both."""
+
+    attempt: int = 0
+    survivors: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    kind: ClassVar[str] = "secagg-unmask"
+    kind_code: ClassVar[int] = 15
+
+
+@dataclass(frozen=True)
+class SecAggReveal(MessageBase):
+    """Agent -> coordinator: its share of each surviving neighbour's self-mask seed (``seeds``) and of each dropped
+    neighbour's masking key (``secrets``), as (device, share bytes)."""
+
+    attempt: int = 0
+    seeds: tuple[tuple[str, bytes], ...] = ()
+    secrets: tuple[tuple[str, bytes], ...] = ()
+    kind: ClassVar[str] = "secagg-reveal"
+    kind_code: ClassVar[int] = 16
+
+
+Message = Hello | Welcome | Task | Update | Commit | Heartbeat | ErrorMessage | Bye | Cancel | Grant | SecAggKeys | \
+    SecAggRoster | SecAggShares | SecAggDelivery | SecAggUnmask | SecAggReveal
 
 HEADER_FIELDS: dict[type[MessageBase], tuple[tuple[str, str, str], ...]] = {
     Hello: (("fedge_version", "fv", "str"), ("versions", "vs", "ints"), ("torch_version", "tv", "str"),
@@ -247,7 +317,7 @@ HEADER_FIELDS: dict[type[MessageBase], tuple[tuple[str, str, str], ...]] = {
               ("normalization", "nrm", "map")),
     Task: (("committed_round", "cr", "int"), ("last_accepted_round", "la", "int"), ("deadline_s", "dl", "float"),
            ("personal_eval", "pe", "bool"), ("evaluate", "ev", "bool"), ("paced", "pace", "bool"),
-           ("norm_bounds", "nb", "bounds")),
+           ("norm_bounds", "nb", "bounds"), ("secagg", "sa", "secagg")),
     Update: (("num_samples", "n", "int"), ("steps", "st", "int"), ("train_loss", "tl", "float"),
              ("train_s", "ts", "float"), ("evaluation", "ev", "map"), ("eval_samples", "es", "int"),
              ("personal_accuracy", "pa", "optfloat"), ("record", "rec", "map"), ("clip_scale", "cs", "fraction")),
@@ -257,10 +327,24 @@ HEADER_FIELDS: dict[type[MessageBase], tuple[tuple[str, str, str], ...]] = {
     Bye: (("code", "code", "code"), ("reason", "why", "str")),
     Cancel: (("reason", "why", "str"),),
     Grant: (),
+    SecAggKeys: (("attempt", "at", "int"),),
+    SecAggRoster: (("attempt", "at", "int"),),
+    SecAggShares: (("attempt", "at", "int"),),
+    SecAggDelivery: (("attempt", "at", "int"),),
+    SecAggUnmask: (("attempt", "at", "int"),),
+    SecAggReveal: (("attempt", "at", "int"),),
 }
+# The body of a Task or an Update is its tensor groups and meta (``packet.encode_body``); a secure-aggregation
+# message's body is the map of its fields below (bytes may not travel in the header).
 BODY_FIELDS: dict[type[MessageBase], tuple[tuple[str, str, str], ...]] = {
     Task: (("groups", "g", "groups"), ("meta", "m", "meta")),
     Update: (("groups", "g", "groups"), ("meta", "m", "meta")),
+    SecAggKeys: (("channel_key", "ck", "key"), ("masking_key", "mk", "key")),
+    SecAggRoster: (("keys", "keys", "keyring"),),
+    SecAggShares: (("shares", "sh", "sealed"),),
+    SecAggDelivery: (("shares", "sh", "sealed"),),
+    SecAggUnmask: (("survivors", "sv", "names"), ("dropped", "dr", "names")),
+    SecAggReveal: (("seeds", "sd", "sealed"), ("secrets", "sc", "sealed")),
 }
 KINDS: dict[int, type[MessageBase]] = {cls.kind_code: cls for cls in HEADER_FIELDS}
 

@@ -3,8 +3,9 @@
 A packet is a 12-byte prefix (magic "FEDG", version, kind, flags, the header's length), the header (one msgpack
 map: who, which round, and the message's typed fields; a long one, such as an Update's meter record, in its own
 zstd frame, flagged), a CRC-32 of everything before it, and,
-for a Task or an Update only, the body: exactly one zstd frame (content size declared, content checksum on) around
-one msgpack map of the tensor groups and the algorithm's meta. The body can be encoded on its own
+for a Task or an Update, the body: exactly one zstd frame (content size declared, content checksum on) around
+one msgpack map of the tensor groups and the algorithm's meta; for a secure-aggregation message, a body frame of
+the same kind around the map of its fields (keys and sealed shares are bytes, which the header may not hold). The body can be encoded on its own
 (`encode_body`) and joined to a header later, so an Update's tensors are encoded once and its header can still
 carry the meter's record of that encoding. `decode` checks every size against `Limits` before allocating it, and
 raises only `CodecError` subclasses, whatever the input bytes; `read_header` reads the header alone.
@@ -32,7 +33,7 @@ from fedge.codec.errors import (
     UnknownKind,
     UnsupportedVersion,
 )
-from fedge.codec.fields import plain_data
+from fedge.codec.fields import MAX_BODY_ITEMS, MAX_SEALED_BYTES, plain_data
 from fedge.codec.messages import (
     BODY_FIELDS,
     HEADER_FIELDS,
@@ -125,14 +126,22 @@ def encode_header(message: Message, version: int = PROTOCOL_VERSION) -> bytes:
     return head + struct.pack("<I", zlib.crc32(head))
 
 
+def encode_fields_body(message: Message, level: int = 1) -> bytes:
+    """The body frame of a secure-aggregation message: the map of its body fields (``BODY_FIELDS``)."""
+    fields = {key: [list(item) if isinstance(item, tuple) else item for item in value]
+              if isinstance(value, tuple) else value
+              for attr, key, _ in BODY_FIELDS[type(message)] for value in (getattr(message, attr),)}
+    return frames.compress(msgpack.packb(fields, use_bin_type=True), level=level, checksum=True)
+
+
 def encode(message: Message, *, level: int = 1, body: bytes | None = None) -> bytes:
     """The packet bytes of `message`; `level` is the zstd level of the body (1 is fast and near the best size).
     `body`: the body frame already encoded by `encode_body` from this message's groups and meta."""
     head = encode_header(message)
     if not isinstance(message, (Task, Update)):
         if body is not None:
-            raise Malformed(f"a {type(message).__name__} has no body")
-        return head
+            raise Malformed(f"a {type(message).__name__} has no body of tensor groups to pass in")
+        return head + encode_fields_body(message, level) if type(message) in BODY_FIELDS else head
     if body is None:
         body = encode_body(message.groups, message.meta, level=level)
     return head + body
@@ -227,13 +236,32 @@ def decode_body(frame: memoryview, limits: Limits = DEFAULT_LIMITS) -> tuple[dic
     return decoded, _decode_meta(get_bytes(body, "m", "body"), limits)
 
 
+def decode_fields_body(frame: memoryview, cls: type[MessageBase], limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """The body fields of a secure-aggregation message (checked by its class when it is built)."""
+    if not frame.nbytes:
+        raise Malformed(f"a {cls.__name__} needs its body frame after the header")
+    raw = frames.decompress(frame, max_size=limits.max_decompressed_bytes, where="packet body", need_checksum=True)
+    try:
+        body = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True, max_str_len=MAX_TEXT_BYTES,
+                               max_bin_len=MAX_SEALED_BYTES, max_array_len=MAX_BODY_ITEMS, max_map_len=16,
+                               max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise Malformed(f"packet body is not one valid msgpack value within its limits ({type(exc).__name__}: "
+                        f"{exc})") from None
+    table = BODY_FIELDS[cls]
+    body = exact_map(body, tuple(key for _, key, _ in table), "body")
+    return {attr: body[key] for attr, key, _ in table}
+
+
 def decode(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Message:
     """The message in `data`; raises a `CodecError` subclass for anything that is not a valid packet."""
     header = read_header(data, limits)
     rest = memoryview(data).cast("B")[header.body_at:]
     kwargs = dict(header.fields)
-    if header.cls in BODY_FIELDS:
+    if header.cls in (Task, Update):
         kwargs["groups"], kwargs["meta"] = decode_body(rest, limits)
+    elif header.cls in BODY_FIELDS:
+        kwargs.update(decode_fields_body(rest, header.cls, limits))
     elif rest.nbytes:
         raise Malformed(f"a {header.cls.__name__} has no body, but {rest.nbytes} bytes follow its header")
     try:

@@ -257,6 +257,11 @@ class AgentProtocol:
         if self.state is not AgentState.IDLE:
             level = logging.INFO if task.round == self.holding else logging.WARNING  # a resend of ours is benign
             return [Noted(level, f"ignoring the task of round {task.round}: still holding round {self.holding}")]
+        if task.secagg is not None:  # never answered in plaintext: this agent cannot mask its update yet
+            reason = "this agent cannot take part in secure aggregation (docs/secure-aggregation.md)"
+            return [Noted(logging.WARNING, f"round {task.round}: {reason}"),
+                    Send(codec.ErrorMessage(run_id=self.run_id, round=task.round, sender=self.client_id,
+                                            code=words.ROUND_FAILED, reason=reason))]
         self.move("task", task_round=task.round)
         self.paced, self.declined = task.paced, ""
         return [Train(task)]

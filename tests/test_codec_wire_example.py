@@ -10,6 +10,7 @@ import numpy as np
 from fedge.codec import (
     Bye,
     Heartbeat,
+    SecAggUnmask,
     SparseSection,
     Task,
     TensorGroup,
@@ -98,3 +99,10 @@ def test_the_older_version_refusal_examples() -> None:
     assert version2_error("r1", "coordinator", "protocol-mismatch", "upgrade the agent").hex() in code_blocks()
     version3 = version3_error("r1", "coordinator", "protocol-mismatch", "upgrade the agent")
     assert version3.hex() in code_blocks() and version3[4] == 3 and version3[5] == 7
+
+
+def test_the_secure_aggregation_example_is_byte_exact() -> None:
+    message = SecAggUnmask("r1", 3, "coordinator", attempt=0, survivors=("a7", "b2"), dropped=("c1",))
+    packet = encode(message)
+    assert packet.hex() in code_blocks()
+    assert decode(packet) == message and body_hex(packet) == "82a2737692a26137a26232a2647291a26331"

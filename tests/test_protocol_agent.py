@@ -129,6 +129,18 @@ def test_a_task_is_trained_only_in_the_joined_run_and_only_when_none_is_held() -
     assert kinds(p.finished(2, None, "OOM")) == ["ErrorMessage"]
 
 
+def test_a_securely_aggregated_task_is_never_answered_in_plaintext() -> None:
+    """An agent that cannot mask its update reports the round failed rather than train and send it in the clear."""
+    p = joined()
+    settings = {"bits": 16, "levels": 100, "clip": [0.1], "threshold": 0.6, "neighbours": 50, "seed": 1,
+                "attempt": 0}
+    actions = p.receive(task(1, secagg=settings), 0.0)
+    assert kinds(actions) == ["ErrorMessage"] and p.holding is None
+    error = next(a.message for a in actions if isinstance(a, Send))
+    assert isinstance(error, codec.ErrorMessage) and error.code == "round-failed"
+    assert kinds(p.receive(task(2), 0.1)) == ["Train"]  # a plain round after it is trained as ever
+
+
 def test_a_cancel_stops_the_round_it_names_and_nothing_is_sent_for_it() -> None:
     p = joined()
     p.receive(task(1), 0.0)
