@@ -34,7 +34,6 @@ from fedge.secagg.messages import (
 )
 
 SHARE_CHUNKS = -(-KEY_BYTES // shamir.CHUNK)  # field elements per shared 32-byte secret
-ELEMENT_BYTES = 16
 
 
 class Refused(ValueError):
@@ -71,15 +70,14 @@ def associated(setup: Setup, sender: str, receiver: str) -> bytes:
 
 
 def encode_share(seed: tuple[int, ...], secret: tuple[int, ...]) -> bytes:
-    return b"".join(value.to_bytes(ELEMENT_BYTES, "big") for value in (*seed, *secret))
+    return shamir.to_bytes((*seed, *secret))
 
 
 def decode_share(data: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    if len(data) != 2 * SHARE_CHUNKS * ELEMENT_BYTES:
-        raise Refused(f"a share of {len(data)} bytes; {2 * SHARE_CHUNKS * ELEMENT_BYTES} expected")
-    values = tuple(int.from_bytes(data[at:at + ELEMENT_BYTES], "big") for at in range(0, len(data), ELEMENT_BYTES))
-    if any(value >= shamir.PRIME for value in values):
-        raise Refused("a share element outside the field")
+    try:
+        values = shamir.from_bytes(data, 2 * SHARE_CHUNKS)
+    except ValueError as error:
+        raise Refused(str(error)) from None
     return values[:SHARE_CHUNKS], values[SHARE_CHUNKS:]
 
 

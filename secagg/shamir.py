@@ -79,3 +79,21 @@ def reconstruct_bytes(shares: Mapping[int, Sequence[int]], threshold: int, lengt
             raise ValueError("the shares do not reconstruct a secret of this length (shares of another secret?)")
         out += value.to_bytes(size, "big")
     return out
+
+
+ELEMENT_BYTES = 16  # a field element on the wire, big-endian
+
+
+def to_bytes(values: Sequence[int]) -> bytes:
+    """A share's field elements as bytes (16 each, big-endian)."""
+    return b"".join(value.to_bytes(ELEMENT_BYTES, "big") for value in values)
+
+
+def from_bytes(data: bytes, count: int) -> tuple[int, ...]:
+    """``count`` field elements from bytes; a wrong length or an element outside the field is refused."""
+    if len(data) != count * ELEMENT_BYTES:
+        raise ValueError(f"a share of {len(data)} bytes; {count * ELEMENT_BYTES} expected")
+    values = tuple(int.from_bytes(data[at:at + ELEMENT_BYTES], "big") for at in range(0, len(data), ELEMENT_BYTES))
+    if any(value >= PRIME for value in values):
+        raise ValueError("a share element outside the field")
+    return values

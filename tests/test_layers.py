@@ -45,8 +45,8 @@ FORBIDDEN: dict[str, set[str]] = {
     "coordinator": {"api", "edge_agent", "client"},
     "coordinator/session.py": {"simulation"},
     # The round protocol: pure (tests/test_protocol_purity.py checks it transitively, in a fresh interpreter).
-    "protocol": (PACKAGES - {"protocol", "codec"}) | {"torch", "zmq", "threading", "time", "socket", "subprocess",
-                                                      "asyncio"},
+    "protocol": (PACKAGES - {"protocol", "codec", "secagg"}) | {"torch", "zmq", "threading", "time", "socket",
+                                                                "subprocess", "asyncio"},
     "coordinator/status.py": {"zmq", "threading", "socket", "torch", "algorithms", "simulation"},
     "coordinator/downlinks.py": {"zmq", "threading", "time", "socket", "torch", "algorithms", "simulation"},
     "coordinator/transport.py": {"torch", "codec", "algorithms", "models", "fldata", "meter", "simulation"},
