@@ -23,6 +23,8 @@ import numpy.typing as npt
 
 from fedge.secagg import field
 from fedge.secagg.graph import threshold_of
+from fedge.secagg.keys import round_context, support_digest
+from fedge.secagg.messages import Setup
 
 
 @dataclass(frozen=True)
@@ -86,3 +88,12 @@ def grid_of(settings: Mapping[str, Any], sizes: Sequence[int]) -> Grid:
     threshold_of(2, float(settings["threshold"]))
     return Grid(int(settings["bits"]), int(settings["levels"]), tuple(float(c) for c in settings["clip"]),
                 tuple(int(s) for s in sizes))
+
+
+def setup_of(run_id: str, round_number: int, settings: Mapping[str, Any], size: int,
+             support: npt.NDArray[np.int64] | None = None) -> Setup:
+    """The round's ``Setup`` as both sides derive it from a Task's ``sa`` map: the keys' context binds the run, the
+    round, the attempt and the support masked (None: all ``size`` coordinates)."""
+    context = round_context(run_id, round_number, int(settings["attempt"]), support_digest(support, size))
+    return Setup(context, int(settings["bits"]), size, float(settings["threshold"]), int(settings["neighbours"]),
+                 int(settings["seed"]))

@@ -1,0 +1,110 @@
+"""A device's side of a securely aggregated round, with no I/O: ``secagg.device.SecAggDevice`` behind the codec's
+messages, and how a masked input travels in an Update (docs/secure-aggregation.md).
+
+``SecureDevice`` is made from a Task whose ``secagg`` settings are set, over the device's float tensors' sizes: it
+reads the round's grid and setup (refusing nonsense with ``ValueError``), advertises its keys (``keys``), answers
+the roster with its sealed shares and the unmask request with its reveal (``receive``), keeps its delivery, and
+masks its change once both the change and the delivery are there (``masked_group``). What it refuses raises
+``secagg.device.Refused`` with the reason: the driver reports the round failed and sends nothing more for it. The
+masked words travel as the Update's one group ``secagg``, one dense unsigned tensor ``words`` of the narrowest
+width that holds ``bits`` (``masked_group``, read back by ``masked_words``). No sockets, threads or clocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from fedge import codec
+from fedge.secagg import field, shamir
+from fedge.secagg.device import Refused, SecAggDevice
+from fedge.secagg.encoding import Grid, grid_of, rounding_rng, setup_of
+from fedge.secagg.messages import Delivery, Keys, Roster, SealedShare, UnmaskRequest
+
+MASKED_GROUP = "secagg"
+MASKED_TENSOR = "words"
+
+
+def word_dtype(bits: int) -> np.dtype[np.unsignedinteger]:
+    """The narrowest unsigned integer that holds a word of ``bits`` bits."""
+    for width in (8, 16, 32, 64):
+        if bits <= width:
+            return np.dtype(f"<u{width // 8}")
+    raise ValueError(f"{bits} bits")
+
+
+def masked_group(words: field.U64, bits: int) -> codec.TensorGroup:
+    return codec.TensorGroup(dense={MASKED_TENSOR: np.asarray(words, np.uint64).astype(word_dtype(bits))})
+
+
+def masked_words(groups: Mapping[str, codec.TensorGroup], size: int, bits: int) -> tuple[field.U64 | None, str]:
+    """The masked words an Update carries, or None and why they cannot be used."""
+    group = groups.get(MASKED_GROUP)
+    if set(groups) != {MASKED_GROUP} or group is None or set(group.dense) != {MASKED_TENSOR} or \
+            group.sparse is not None:
+        return None, f"a securely aggregated update carries exactly the group {MASKED_GROUP!r} with its tensor " \
+                     f"{MASKED_TENSOR!r}"
+    words = group.dense[MASKED_TENSOR]
+    if words.dtype != word_dtype(bits) or words.shape != (size,):
+        return None, f"masked words of dtype {words.dtype} and shape {words.shape}; the round needs {size} of " \
+                     f"{word_dtype(bits)}"
+    return np.asarray(words).astype(np.uint64), ""
+
+
+class SecureDevice:
+    """See the module docstring. ``client_index`` and ``run_seed`` draw the rounding of its change."""
+
+    def __init__(self, run_id: str, client_id: str, client_index: int, run_seed: int, task: codec.Task,
+                 sizes: Sequence[int]) -> None:
+        if task.secagg is None:
+            raise ValueError("a task without secure-aggregation settings")
+        self.run_id, self.client_id, self.round = run_id, client_id, task.round
+        self.attempt = int(task.secagg["attempt"])
+        self.grid: Grid = grid_of(task.secagg, sizes)
+        self.setup = setup_of(run_id, task.round, task.secagg, self.grid.size)
+        self.rng = rounding_rng(run_seed, task.round, client_index, self.attempt)
+        self.machine = SecAggDevice(client_id, self.setup)
+        self.delivery: Delivery | None = None
+
+    def keys(self) -> codec.SecAggKeys:
+        keys = self.machine.keys()
+        return codec.SecAggKeys(self.run_id, self.round, self.client_id, attempt=self.attempt,
+                                channel_key=keys.channel, masking_key=keys.masking)
+
+    def receive(self, message: codec.Message) -> list[codec.Message]:
+        """What to send back for a stage message of this round and attempt (raises ``Refused``)."""
+        if message.run_id != self.run_id or message.round != self.round or \
+                getattr(message, "attempt", None) != self.attempt:
+            raise Refused(f"a {type(message).__name__} of another round or attempt")
+        match message:
+            case codec.SecAggRoster():
+                shares = self.machine.share(Roster(tuple(Keys(*entry) for entry in message.keys)))
+                return [codec.SecAggShares(self.run_id, self.round, self.client_id, attempt=self.attempt,
+                                           shares=tuple((s.receiver, s.sealed) for s in shares.shares))]
+            case codec.SecAggDelivery():
+                if self.delivery is not None:
+                    raise Refused("a second delivery of shares")
+                self.delivery = Delivery(tuple(SealedShare(sender, self.client_id, sealed)
+                                               for sender, sealed in message.shares))
+                return []
+            case codec.SecAggUnmask():
+                reveal = self.machine.unmask(UnmaskRequest(message.survivors, message.dropped))
+                return [codec.SecAggReveal(
+                    self.run_id, self.round, self.client_id, attempt=self.attempt,
+                    seeds=tuple((device, shamir.to_bytes(share)) for device, share in reveal.seeds.items()),
+                    secrets=tuple((device, shamir.to_bytes(share)) for device, share in reveal.secrets.items()))]
+        raise Refused(f"a {type(message).__name__} is not a secure-aggregation stage message")
+
+    @property
+    def ready(self) -> bool:
+        """Its delivery is here: a finished change can be masked."""
+        return self.delivery is not None
+
+    def masked_group(self, change: npt.NDArray[np.floating]) -> codec.TensorGroup:
+        """Its flat change on the round's grid, masked, as the Update's group (once, after its delivery)."""
+        if self.delivery is None:
+            raise Refused("no delivery of shares yet: nothing can be masked")
+        masked = self.machine.mask(self.delivery, self.grid.encode(np.asarray(change), self.rng))
+        return masked_group(masked.words, self.grid.bits)
