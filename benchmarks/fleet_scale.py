@@ -45,6 +45,7 @@ from fedge import codec
 from fedge.algorithms.ef_meta import KEY as EF_KEY
 from fedge.algorithms.ef_meta import EfTask, EfUpdate
 from fedge.exhaustive import assert_never
+from fedge.plumbing.threads import one_blas_thread
 from fedge.protocol.agent import AgentProtocol, DeviceFacts
 from fedge.protocol.events import (
     AgentAction,
@@ -260,7 +261,7 @@ def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int,
     peak_rss, joined_rss, samples, seen = 0, 0, [], 0
     while coordinator.poll() is None:
         try:
-            times, rss = process.cpu_times(), process.memory_info().rss
+            times, rss, threads = process.cpu_times(), process.memory_info().rss, process.threads()
         except psutil.Error:
             break
         peak_rss = max(peak_rss, rss)
@@ -269,7 +270,11 @@ def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int,
         rows = read_rows(run_dir)
         if len(rows) > seen:
             seen = len(rows)
-            samples.append((seen, times.user + times.system))
+            by_name: dict[str, float] = {}  # CPU seconds by thread name (the round loop's thread: "main")
+            for t in threads:
+                name = "main" if t.id == coordinator.pid else thread_name(coordinator.pid, t.id) or "?"
+                by_name[name] = by_name.get(name, 0.0) + t.user_time + t.system_time
+            samples.append((seen, times.user + times.system, by_name))
         time.sleep(0.05)
     for child in light:
         try:
@@ -277,15 +282,28 @@ def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int,
         except subprocess.TimeoutExpired:
             child.kill()
     rows = read_rows(run_dir)
-    cpu = [b - a for (_, a), (_, b) in zip(samples, samples[1:], strict=False)]
+    cpu = [b[1] - a[1] for a, b in zip(samples, samples[1:], strict=False)]
+    names = sorted({name for _, _, by_name in samples for name in by_name})
+    threads_cpu = {name: statistics.median(b[2].get(name, 0.0) - a[2].get(name, 0.0)
+                                           for a, b in zip(samples, samples[1:], strict=False))
+                   for name in names} if len(samples) > 1 else {}
     later = rows[1:] or rows
     return {"algorithm": algorithm, "agents": agents, "curve": curve, "bounds": bounds, "rounds": len(rows),
             "cpu_s": statistics.median(cpu) if cpu else None,
+            "main_cpu_s": threads_cpu.get("main"), "threads_cpu_s": threads_cpu,
             "wall_s": statistics.median(r["wall_s"] for r in later) if later else None,
             "rss_mb": peak_rss / 2**20, "bound_rss_mb": bound_rss / 2**20, "joined_rss_mb": joined_rss / 2**20,
             "down_mb": statistics.median(r["bytes_down"] for r in later) / 1e6,
             "up_mb": statistics.median(r["bytes_up"] for r in later) / 1e6, "exit": coordinator.returncode,
             "run_dir": str(run_dir)}
+
+
+def thread_name(pid: int, tid: int) -> str:
+    """A thread's name as Linux shows it (libzmq names its I/O threads ZMQbg/IO/N); '' elsewhere."""
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def phase(run_dir: Path) -> str:
@@ -329,12 +347,14 @@ def main() -> int:
     parser.add_argument("--layout", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_agents:
+        one_blas_thread()  # as a real agent process does
         return serve_agents(args.endpoint, args.serve_agents[0], args.serve_agents[1], args.keys_dir, args.layout)
     workdir = Path(tempfile.mkdtemp(prefix="fedge-fleet-"))
     write_layout(workdir / "layout.json")
     print(f"# fleet_scale: {os.cpu_count()} CPUs; runs under {workdir}")
-    print("| algorithm | agents | CurveZMQ | bounds | coordinator CPU s / round | wall s / round | floor s | "
-          "wall / floor | peak RSS MB | RSS bound / joined MB | down MB / round | up MB / round |")
+    print("| algorithm | agents | CurveZMQ | bounds | coordinator CPU s / round (its round loop's thread) | "
+          "wall s / round | floor s | wall / floor | peak RSS MB | RSS bound / joined MB | down MB / round | "
+          "up MB / round |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for algorithm in args.algorithms.split(","):
@@ -351,11 +371,15 @@ def main() -> int:
                 results.append(result)
                 ratio = result["wall_s"] / floor if result["wall_s"] else float("nan")
                 print(f"| {algorithm} | {agents} | {'on' if curve else 'off'} | {bounds} | "
-                      f"{result['cpu_s'] or float('nan'):.2f} "
+                      f"{result['cpu_s'] or float('nan'):.2f} ({result['main_cpu_s'] or float('nan'):.2f}) "
                       f"| {result['wall_s'] or float('nan'):.2f} | {floor:.3f} | {ratio:.1f} | {result['rss_mb']:.0f} | "
                       f"{result['bound_rss_mb']:.0f} / {result['joined_rss_mb']:.0f} | "
                       f"{result['down_mb']:.1f} | {result['up_mb']:.1f} |" +
                       ("" if result["exit"] == 0 else f" (exit {result['exit']}: {result['run_dir']})"), flush=True)
+                busy = {name: cpu for name, cpu in result["threads_cpu_s"].items() if cpu >= 0.01}
+                print(f"<!-- {algorithm}, {agents} agents: CPU s / round by coordinator thread: " +
+                      ", ".join(f"{name} {cpu:.2f}" for name, cpu in sorted(busy.items(), key=lambda i: -i[1])) +
+                      " -->", flush=True)
     return 0
 
 

@@ -85,8 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
 def run_agent(args: argparse.Namespace) -> int:
     from fedge.edge_agent.config import load_settings
     from fedge.plumbing.logsetup import setup_logging
+    from fedge.plumbing.threads import one_blas_thread
 
     setup_logging(json_lines=args.log_json, log_file=args.log_file)
+    one_blas_thread()  # idle OpenBLAS threads spin, and cost training its cores
     settings = load_settings(args.config, {
         "coordinator": args.coordinator, "client_id": args.client_id, "data": args.data,
         "state_dir": args.state_dir, "device": args.device, "curve": args.curve, "keys_dir": args.keys_dir,

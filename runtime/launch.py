@@ -37,6 +37,7 @@ from fedge.models import ModelSpec
 from fedge.plumbing.keys import AGENT_KEY
 from fedge.plumbing.logsetup import setup_logging
 from fedge.plumbing.net import is_loopback_host
+from fedge.plumbing.threads import one_blas_thread
 from fedge.runtime.console import WaitingLine, serving_lines, summary_line
 from fedge.runtime.localfleet import AgentSpec, LocalFleet, agent_id
 from fedge.runtime.plan import SessionPlan, plan_session
@@ -245,6 +246,7 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
     ``backend``: a simulated fleet's pool of workers kept by the caller across sessions (``fedge.simulation``);
     ``quiet``: no console lines but warnings; ``print_config``: the effective configuration first."""
     config = plan.config
+    one_blas_thread()  # idle OpenBLAS threads spin, and cost the agents sharing these cores their time
     if not resuming:
         run_dir.write_text("config.toml", to_toml(config))
     if print_config:

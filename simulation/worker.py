@@ -25,6 +25,7 @@ from fedge.client.data import DeviceData
 from fedge.client.joining import Refused, join_session
 from fedge.client.round import play_task, update_frame
 from fedge.client.state import DeviceState
+from fedge.plumbing.threads import one_blas_thread
 from fedge.protocol.events import Outcome
 
 log = logging.getLogger("fedge.simulation")
@@ -100,3 +101,4 @@ def worker_setup() -> None:
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = "1"
     torch.set_num_threads(1)
+    one_blas_thread()
