@@ -4,6 +4,7 @@ that keep it sound refuse what would reveal one device's input."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -13,7 +14,7 @@ from fedge.secagg import field
 from fedge.secagg.aggregator import RoundFailed, RoundStage, SecAggRound
 from fedge.secagg.device import Refused, SecAggDevice
 from fedge.secagg.keys import round_context, support_digest
-from fedge.secagg.messages import MaskedInput, Setup, UnmaskRequest
+from fedge.secagg.messages import Delivery, MaskedInput, Setup, UnmaskRequest
 
 BITS = 20
 
@@ -103,19 +104,26 @@ def test_too_few_survivors_fail_the_round_with_its_reason() -> None:
         play(10, silent=[0, 1, 2, 3])  # 6 answer: each survivor's seed has at most 5 shares from its neighbours
 
 
-def masked_round(n: int = 6) -> tuple[SecAggRound, dict[str, SecAggDevice], dict[str, field.U64]]:
-    """A round at its unmask stage: every device has masked, none answered yet."""
-    the_setup = setup(size=256)
-    names = [f"dev-{i}" for i in range(n)]
-    words = inputs(names, the_setup.size)
+def shared(names: Sequence[str], the_setup: Setup) -> tuple[SecAggRound, dict[str, SecAggDevice],
+                                                               dict[str, Delivery]]:
+    """A round whose devices have all advertised their keys and shared: the coordinator, the devices and each
+    device's delivery."""
     devices = {name: SecAggDevice(name, the_setup) for name in names}
-    coordinator = SecAggRound(the_setup, names)
+    coordinator = SecAggRound(the_setup, list(names))
     for name in names:
         coordinator.add_keys(devices[name].keys())
     roster = coordinator.close_keys()
     for name in names:
         coordinator.add_shares(devices[name].share(roster))
-    deliveries = coordinator.close_shares()
+    return coordinator, devices, coordinator.close_shares()
+
+
+def masked_round(n: int = 6) -> tuple[SecAggRound, dict[str, SecAggDevice], dict[str, field.U64]]:
+    """A round at its unmask stage: every device has masked, none answered yet."""
+    the_setup = setup(size=256)
+    names = [f"dev-{i}" for i in range(n)]
+    words = inputs(names, the_setup.size)
+    coordinator, devices, deliveries = shared(names, the_setup)
     return coordinator, devices, {name: devices[name].mask(deliveries[name], words[name]).words for name in names}
 
 
@@ -158,15 +166,7 @@ def test_a_masked_input_after_its_stage_closed_is_refused() -> None:
 def test_masked_words_look_uniform() -> None:
     """A device's masked words, its input all zeros, spread evenly over the field (chi-square over 32 bins)."""
     the_setup = setup(size=32768)
-    names = ["a", "b", "c"]
-    devices = {name: SecAggDevice(name, the_setup) for name in names}
-    coordinator = SecAggRound(the_setup, names)
-    for name in names:
-        coordinator.add_keys(devices[name].keys())
-    roster = coordinator.close_keys()
-    for name in names:
-        coordinator.add_shares(devices[name].share(roster))
-    deliveries = coordinator.close_shares()
+    _, devices, deliveries = shared(["a", "b", "c"], the_setup)
     words = devices["a"].mask(deliveries["a"], np.zeros(the_setup.size, np.uint64)).words
     counts = np.bincount((words >> np.uint64(BITS - 5)).astype(np.int64), minlength=32)
     expected = the_setup.size / 32
@@ -175,16 +175,7 @@ def test_masked_words_look_uniform() -> None:
 
 def test_a_forged_or_misaddressed_share_is_refused() -> None:
     the_setup = setup()
-    names = ["a", "b", "c", "d"]
-    devices = {name: SecAggDevice(name, the_setup) for name in names}
-    coordinator = SecAggRound(the_setup, names)
-    for name in names:
-        coordinator.add_keys(devices[name].keys())
-    roster = coordinator.close_keys()
-    for name in names:
-        coordinator.add_shares(devices[name].share(roster))
-    deliveries = coordinator.close_shares()
-    import dataclasses
+    _, devices, deliveries = shared(["a", "b", "c", "d"], the_setup)
     forged = dataclasses.replace(deliveries["a"].shares[0],
                                  sealed=deliveries["a"].shares[0].sealed[:-1] + bytes([deliveries["a"].shares[0].sealed[-1] ^ 1]))
     with pytest.raises(Refused, match="does not open"):
@@ -201,7 +192,6 @@ def test_a_roster_that_repeats_a_key_is_refused() -> None:
     for device in devices.values():
         coordinator.add_keys(device.keys())
     roster = coordinator.close_keys()
-    import dataclasses
     copied = dataclasses.replace(roster, keys=(roster.keys[0], roster.keys[1],
                                                dataclasses.replace(roster.keys[2], masking=roster.keys[0].masking)))
     with pytest.raises(Refused, match="repeats"):
