@@ -93,7 +93,7 @@ class LightAgent:
                 case SendFrame(frame=frame):
                     self.socket.send(frame, zmq.NOBLOCK)
                 case Join(welcome=w):
-                    self.protocol.joined(w.run_id, w.client_index, w.heartbeat_s, w.liveness_s)
+                    self.protocol.joined(w.run_id, w.client_index, w.heartbeat_s, w.liveness_s, w.seed)
                 case Train(task=task):
                     try:
                         frame = self.update(task)

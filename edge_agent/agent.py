@@ -94,7 +94,8 @@ class Agent:
             self.act(transport, self.protocol.refuse(refusal.code, str(refusal), time.monotonic()))
             return
         self.session = session
-        self.protocol.joined(session.run_id, session.index, session.heartbeat_s, session.liveness_s)
+        self.protocol.joined(session.run_id, session.index, session.heartbeat_s, session.liveness_s,
+                             session.welcome.seed)
         self.begin_session(session)
 
     def join(self, welcome: codec.Welcome) -> JoinedSession:

@@ -7,8 +7,11 @@ answer with a hello; when the finished update goes out (at once, or, for a paced
 from the clock, when to say hello (nothing heard for longer than the liveness) and when to send a heartbeat. A session-level refusal (the
 coordinator's protocol or model mismatch or full session, or this device declining the session's plugin or model)
 does not stop the agent: it says hello again with exponential backoff, capped at 15 minutes, so that a fixed
-coordinator, a new session or a rolling upgrade recovers the fleet with no operator. The agent's state is
-named (``AgentState``) and changes only by ``AGENT_TRANSITIONS``:
+coordinator, a new session or a rolling upgrade recovers the fleet with no operator. A securely aggregated task
+(its ``secagg`` settings set) is held in a ``protocol.secure_device.SecureTask``: its keys go out with the training,
+its stage messages are answered, and its update goes out masked, once its shares have come (a task it cannot mask,
+or a stage it refuses, fails the round: nothing goes out in the clear). The agent's state is named
+(``AgentState``) and changes only by ``AGENT_TRANSITIONS``:
 
     AgentState       event      next
     NO_SESSION       join       IDLE             (the welcome's session was built)
@@ -16,9 +19,12 @@ named (``AgentState``) and changes only by ``AGENT_TRANSITIONS``:
     TRAINING         send       IDLE             (its update, or its failure, goes out)
     TRAINING         hold       AWAITING_GRANT   (a paced task finished: its update waits for a grant)
     AWAITING_GRANT   grant      IDLE             (the update goes out)
+    TRAINING         await shares  AWAITING_SHARES  (a securely aggregated task finished before its shares came)
+    AWAITING_SHARES  send       IDLE             (its delivery came: the masked update goes out)
     TRAINING         decline    IDLE             (this device's availability rules: nothing is trained)
     TRAINING         cancel     IDLE             (a Cancel, another session's welcome, a refusal, a finished bye,
-    AWAITING_GRANT   cancel     IDLE              or a training that ended with no outcome)
+    AWAITING_GRANT   cancel     IDLE              a training that ended with no outcome, or a secure stage
+    AWAITING_SHARES  cancel     IDLE              refused)
     IDLE             leave      NO_SESSION       (a finished bye, a refusal, another session's welcome)
 
 A malformed packet changes nothing: it is logged, a packet of an older wire format is answered by backing off (the coordinator
@@ -48,7 +54,9 @@ from fedge.protocol.events import (
     Stop,
     Train,
 )
+from fedge.protocol.secure_device import SecureTask
 from fedge.protocol.states import next_state
+from fedge.secagg.device import Refused
 
 MAX_BACKOFF_S = 900.0
 
@@ -76,6 +84,7 @@ class AgentState(enum.Enum):
     IDLE = "idle"                      # in a session, holding no task
     TRAINING = "training"              # holding a task whose training runs
     AWAITING_GRANT = "awaiting grant"  # holding a paced task's finished update until its grant
+    AWAITING_SHARES = "awaiting shares"  # holding a securely aggregated task's update until its delivery of shares
 
 
 AGENT_TRANSITIONS: dict[tuple[AgentState, str], AgentState] = {
@@ -87,10 +96,13 @@ AGENT_TRANSITIONS: dict[tuple[AgentState, str], AgentState] = {
     (AgentState.TRAINING, "decline"): AgentState.IDLE,
     (AgentState.TRAINING, "cancel"): AgentState.IDLE,
     (AgentState.AWAITING_GRANT, "cancel"): AgentState.IDLE,
+    (AgentState.TRAINING, "await shares"): AgentState.AWAITING_SHARES,
+    (AgentState.AWAITING_SHARES, "send"): AgentState.IDLE,
+    (AgentState.AWAITING_SHARES, "cancel"): AgentState.IDLE,
     (AgentState.IDLE, "leave"): AgentState.NO_SESSION,
 }
 
-HOLDING = (AgentState.TRAINING, AgentState.AWAITING_GRANT)
+HOLDING = (AgentState.TRAINING, AgentState.AWAITING_GRANT, AgentState.AWAITING_SHARES)
 
 
 class AgentProtocol:
@@ -116,6 +128,8 @@ class AgentProtocol:
         self.hello_after = -1e18         # no hello before this time (backoff)
         self.refused = ""                # why the last session-level refusal happened, until a session is joined
         self.declined = ""               # the last task declined by the availability rules, until the next one
+        self.seed = 0                    # the session's run seed (a secure task's rounding draws from it)
+        self.secure: SecureTask | None = None  # the securely aggregated task held, until its unmask is answered
 
     def move(self, event: str, task_round: int | None = None, update: bytes | None = None) -> None:
         """The one place the state changes: by ``AGENT_TRANSITIONS`` (a RuntimeError names a transition it does
@@ -125,6 +139,8 @@ class AgentProtocol:
             self.task_round = task_round
         elif state is AgentState.AWAITING_GRANT:
             self.update = update
+        elif state is AgentState.AWAITING_SHARES:
+            pass  # its update waits in ``secure``
         else:
             self.task_round, self.update = None, None
         if state is AgentState.NO_SESSION:
@@ -172,6 +188,8 @@ class AgentProtocol:
                 return actions
             case codec.Heartbeat():
                 return []
+            case codec.SecAggRoster() | codec.SecAggDelivery() | codec.SecAggUnmask():
+                return self.on_secure(message)
             case _:
                 return [Noted(logging.WARNING, f"ignored a {type(message).__name__} from the coordinator")]
 
@@ -230,6 +248,7 @@ class AgentProtocol:
     def leave_session(self) -> list[AgentAction]:
         """Stop holding a task (``drop_held_round``) and leave the session, if in one."""
         dropped = self.drop_held_round()
+        self.secure = None
         if self.state is AgentState.IDLE:
             self.move("leave")
         return dropped
@@ -242,9 +261,10 @@ class AgentProtocol:
             self.move("cancel")
         return [CancelTraining(round_number)] if training and round_number is not None else []
 
-    def joined(self, run_id: str, index: int, heartbeat_s: float, liveness_s: float) -> None:
+    def joined(self, run_id: str, index: int, heartbeat_s: float, liveness_s: float, seed: int = 0) -> None:
         self.move("join")
         self.run_id, self.index, self.heartbeat_s, self.liveness_s = run_id, index, heartbeat_s, liveness_s
+        self.seed = seed
         self.refusals, self.refused = 0, ""
 
     def joined_run(self, run_id: str) -> bool:
@@ -257,14 +277,47 @@ class AgentProtocol:
         if self.state is not AgentState.IDLE:
             level = logging.INFO if task.round == self.holding else logging.WARNING  # a resend of ours is benign
             return [Noted(level, f"ignoring the task of round {task.round}: still holding round {self.holding}")]
-        if task.secagg is not None:  # never answered in plaintext: this agent cannot mask its update yet
-            reason = "this agent cannot take part in secure aggregation (docs/secure-aggregation.md)"
-            return [Noted(logging.WARNING, f"round {task.round}: {reason}"),
-                    Send(codec.ErrorMessage(run_id=self.run_id, round=task.round, sender=self.client_id,
-                                            code=words.ROUND_FAILED, reason=reason))]
+        keys: list[AgentAction] = []
+        if task.secagg is not None:  # its keys go out at once; a task it cannot mask is never trained
+            try:
+                if task.paced:
+                    raise ValueError("a paced task cannot be securely aggregated")
+                assert self.index is not None
+                self.secure = SecureTask(self.run_id, self.client_id, self.index, self.seed, task)
+            except (ValueError, Refused) as error:
+                return self.secure_failed(task.round, f"secure aggregation: {error}")
+            keys.append(Send(self.secure.device.keys()))
         self.move("task", task_round=task.round)
         self.paced, self.declined = task.paced, ""
-        return [Train(task)]
+        return [Train(task), *keys]
+
+    def on_secure(self, message: codec.SecAggRoster | codec.SecAggDelivery | codec.SecAggUnmask) -> list[AgentAction]:
+        """A stage message of the securely aggregated task held: its answer; after the delivery, the masked
+        update if training has ended; a message it refuses fails the round."""
+        secure = self.secure
+        if not self.joined_run(message.run_id) or secure is None or message.round != secure.round:
+            return [Noted(logging.INFO, f"ignored a {type(message).__name__} of round {message.round} (no secure "
+                                        "task of it is held)")]
+        try:
+            actions: list[AgentAction] = [Send(reply) for reply in secure.device.receive(message)]
+            if secure.pending is not None and secure.device.ready and self.state is AgentState.AWAITING_SHARES:
+                frame, secure.pending = secure.masked_frame(secure.pending), None
+                self.move("send")
+                actions.append(SendFrame(frame, round=message.round))
+        except Refused as refusal:
+            return self.secure_failed(message.round, f"secure aggregation: {refusal}")
+        if isinstance(message, codec.SecAggUnmask):
+            self.secure = None  # answered once: nothing more of this round
+        return actions
+
+    def secure_failed(self, round_number: int, reason: str) -> list[AgentAction]:
+        """A securely aggregated round this device cannot go on with: reported failed, its training (or held
+        update) dropped, nothing more sent for it."""
+        self.secure = None
+        dropped = self.drop_held_round() if self.holding == round_number else []
+        return [Noted(logging.WARNING, f"round {round_number}: {reason}"), *dropped,
+                Send(codec.ErrorMessage(run_id=self.run_id, round=round_number, sender=self.client_id,
+                                        code=words.ROUND_FAILED, reason=reason))]
 
     def decline_task(self, round_number: int, reason: str) -> list[AgentAction]:
         """This device may not train now (its availability rules): the coordinator is told, nothing is trained, and
@@ -302,11 +355,30 @@ class AgentProtocol:
             self.move("send")
             return [Send(codec.ErrorMessage(run_id=self.run_id, round=round_number, sender=self.client_id,
                                             code=words.ROUND_FAILED, reason=error))]
+        if self.secure is not None and self.secure.round == round_number:
+            return self.finished_secure(self.secure, round_number, frame)
         if self.paced:
             self.move("hold", update=frame)
             return [Send(self.heartbeat())]
         self.move("send")
         return [SendFrame(frame, round=round_number)]
+
+    def finished_secure(self, secure: SecureTask, round_number: int, frame: bytes) -> list[AgentAction]:
+        """A securely aggregated task's training ended: its masked update now, or once its delivery comes."""
+        try:
+            update = codec.decode(frame)
+            if not isinstance(update, codec.Update):
+                raise Refused(f"training produced a {type(update).__name__}, not an Update")
+            if not secure.device.ready:
+                secure.change_of(update)  # refused now rather than when the delivery comes
+                secure.pending = update
+                self.move("await shares")
+                return []
+            masked = secure.masked_frame(update)
+        except (codec.CodecError, Refused) as error:
+            return self.secure_failed(round_number, f"secure aggregation: {error}")
+        self.move("send")
+        return [SendFrame(masked, round=round_number)]
 
     def abandoned(self) -> None:
         """Training stopped without an outcome (cancelled, or the agent is stopping): it holds no task any more."""

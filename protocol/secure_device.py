@@ -4,7 +4,8 @@ messages, and how a masked input travels in an Update (docs/secure-aggregation.m
 ``SecureDevice`` is made from a Task whose ``secagg`` settings are set, over the device's float tensors' sizes: it
 reads the round's grid and setup (refusing nonsense with ``ValueError``), advertises its keys (``keys``), answers
 the roster with its sealed shares and the unmask request with its reveal (``receive``), keeps its delivery, and
-masks its change once both the change and the delivery are there (``masked_group``). What it refuses raises
+masks its change once both the change and the delivery are there (``masked_group``); ``SecureTask`` is what an
+agent holds of such a task (the model it was sent, its plaintext update until the delivery). What it refuses raises
 ``secagg.device.Refused`` with the reason: the driver reports the round failed and sends nothing more for it. The
 masked words travel as the Update's one group ``secagg``, one dense unsigned tensor ``words`` of the narrowest
 width that holds ``bits`` (``masked_group``, read back by ``masked_words``). No sockets, threads or clocks.
@@ -18,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fedge import codec
+from fedge.protocol.payload import DELTA_GROUP, MODEL_GROUP
 from fedge.secagg import field, shamir
 from fedge.secagg.device import Refused, SecAggDevice
 from fedge.secagg.encoding import Grid, grid_of, rounding_rng, setup_of
@@ -108,3 +110,42 @@ class SecureDevice:
             raise Refused("no delivery of shares yet: nothing can be masked")
         masked = self.machine.mask(self.delivery, self.grid.encode(np.asarray(change), self.rng))
         return masked_group(masked.words, self.grid.bits)
+
+
+class SecureTask:
+    """What an agent holds of a securely aggregated task: its ``SecureDevice``, the float tensors of the model it
+    was sent (what its change is measured from, in order) and, once trained, its plaintext update until its delivery
+    of shares comes (``pending``)."""
+
+    def __init__(self, run_id: str, client_id: str, client_index: int, run_seed: int, task: codec.Task) -> None:
+        model = task.groups.get(MODEL_GROUP)
+        if model is None or model.sparse is not None:
+            raise ValueError(f"a securely aggregated task carries its model as the dense group {MODEL_GROUP!r}")
+        self.reference = {name: np.asarray(a, np.float64).ravel() for name, a in model.dense.items()
+                          if np.asarray(a).dtype.kind == "f"}
+        self.round = task.round
+        self.device = SecureDevice(run_id, client_id, client_index, run_seed, task,
+                                   [a.size for a in self.reference.values()])
+        self.pending: codec.Update | None = None
+
+    def change_of(self, update: codec.Update) -> npt.NDArray[np.float64]:
+        """The trained update's change, flat in the model's order: its ``delta`` group, or its ``model`` group less
+        the model sent (raises ``Refused`` for anything else)."""
+        delta = update.groups.get(DELTA_GROUP)
+        trained = delta if delta is not None else update.groups.get(MODEL_GROUP)
+        if trained is None or trained.sparse is not None or set(update.groups) - {MODEL_GROUP, DELTA_GROUP} or \
+                any(name not in trained.dense or trained.dense[name].size != ref.size
+                    for name, ref in self.reference.items()):
+            raise Refused("a securely aggregated update is the model's dense change ('model' or 'delta' group)")
+        pieces = [np.asarray(trained.dense[name], np.float64).ravel() - (0.0 if delta is not None else ref)
+                  for name, ref in self.reference.items()]
+        return np.concatenate(pieces) if pieces else np.zeros(0)
+
+    def masked_frame(self, update: codec.Update) -> bytes:
+        """The Update to send: the change masked, the runtime's fields kept but the evaluation (per-device results
+        the coordinator must not see) dropped."""
+        group = self.device.masked_group(self.change_of(update))
+        return codec.encode(codec.Update(update.run_id, update.round, update.sender, groups={MASKED_GROUP: group},
+                                         num_samples=update.num_samples, steps=update.steps,
+                                         train_loss=update.train_loss, train_s=update.train_s, record=update.record,
+                                         clip_scale=update.clip_scale))

@@ -39,7 +39,8 @@ class LogicalClient:
     def joined(self, welcome: codec.Welcome, frame: bytes) -> None:
         """The session the Welcome describes was joined (as an agent's driver reports it to its protocol)."""
         self.welcome, self.welcome_frame = welcome, frame
-        self.protocol.joined(welcome.run_id, welcome.client_index, welcome.heartbeat_s, welcome.liveness_s)
+        self.protocol.joined(welcome.run_id, welcome.client_index, welcome.heartbeat_s, welcome.liveness_s,
+                             welcome.seed)
 
     def state(self) -> DeviceState:
         return DeviceState(self.state_dir)
