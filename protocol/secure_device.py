@@ -27,6 +27,8 @@ from fedge.secagg.messages import Delivery, Keys, Roster, SealedShare, UnmaskReq
 
 MASKED_GROUP = "secagg"
 MASKED_TENSOR = "words"
+# An Update's fields a securely aggregated round leaves out: computed from the device's data or its change
+DROPPED_FIELDS = ("evaluation", "personal_accuracy", "train_loss", "clip_scale")
 
 
 def word_dtype(bits: int) -> np.dtype[np.unsignedinteger]:
@@ -142,10 +144,11 @@ class SecureTask:
         return np.concatenate(pieces) if pieces else np.zeros(0)
 
     def masked_frame(self, update: codec.Update) -> bytes:
-        """The Update to send: the change masked, the runtime's fields kept but the evaluation (per-device results
-        the coordinator must not see) dropped."""
+        """The Update to send: the change masked; of the runtime's fields only what describes the device's work
+        (samples, steps, training seconds, the meter's record) is kept, and what is computed from its data or its
+        change is dropped (``DROPPED_FIELDS``: the evaluation, the personal accuracy, the training loss, and the
+        clip scale, which would give the change's norm)."""
         group = self.device.masked_group(self.change_of(update))
         return codec.encode(codec.Update(update.run_id, update.round, update.sender, groups={MASKED_GROUP: group},
-                                         num_samples=update.num_samples, steps=update.steps,
-                                         train_loss=update.train_loss, train_s=update.train_s, record=update.record,
-                                         clip_scale=update.clip_scale))
+                                         num_samples=update.num_samples, steps=update.steps, train_s=update.train_s,
+                                         record=update.record))

@@ -15,13 +15,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 
 from fedge.secagg import field, shamir
 from fedge.secagg.device import pair_mask, pair_sign, self_mask
-from fedge.secagg.graph import neighbourhoods, threshold_of
-from fedge.secagg.keys import KEY_BYTES, KeyPair
+from fedge.secagg.graph import MIN_DEVICES, neighbourhoods, threshold_of
+from fedge.secagg.keys import KEY_BYTES, KeyPair, usable_public_key
 from fedge.secagg.messages import (
     Delivery,
     Keys,
@@ -33,8 +34,6 @@ from fedge.secagg.messages import (
     UnmaskRequest,
     UnmaskShares,
 )
-
-MIN_DEVICES = 3  # a sum of two inputs would give each device the other's
 
 
 class RoundStage(enum.Enum):
@@ -87,6 +86,8 @@ class SecAggRound:
             return f"keys from {keys.device!r}, which is not selected or has sent its keys already"
         if len(keys.channel) != KEY_BYTES or len(keys.masking) != KEY_BYTES or keys.channel == keys.masking:
             return "keys that are not two distinct 32-byte X25519 public keys"
+        if not (usable_public_key(keys.channel) and usable_public_key(keys.masking)):
+            return "a public key of low order: no secret can be agreed with it"
         self.keys[keys.device] = keys
         return ""
 
@@ -192,22 +193,30 @@ class SecAggRound:
         if lacking:
             self.fail(f"too few unmask shares for {len(lacking)} device(s) ({', '.join(lacking[:3])}): "
                       f"{len(self.answered)} of {len(self.request.survivors)} survivors answered")
+        try:
+            total = self.unmasked(self.request)
+        except ValueError as error:  # shares that rebuild no secret, a key that agrees none: never a partial sum
+            self.fail(f"the sum cannot be unmasked: {error}")
+        self.stage = RoundStage.SUMMED
+        return SecureSum(total, self.request.survivors)
+
+    def unmasked(self, request: UnmaskRequest) -> field.U64:
+        """The total with every survivor's self mask and every dropped device's pairwise masks taken off."""
         bits, total = self.setup.bits, self.total
-        for device in self.request.survivors:
+        for device in request.survivors:
             seed = shamir.reconstruct_bytes(self.seed_shares[device], self.thresholds[device], KEY_BYTES)
             total = field.subtract(total, self_mask(seed, self.setup, device), bits)
-        for device in self.request.dropped:
+        for device in request.dropped:
             secret = KeyPair.from_private_bytes(
                 shamir.reconstruct_bytes(self.secret_shares[device], self.thresholds[device], KEY_BYTES))
             if secret.public != self.keys[device].masking:
-                self.fail(f"the masking secret rebuilt for {device} does not match its public key")
+                raise ValueError(f"the masking secret rebuilt for {device} does not match its public key")
             for other in self.graph[device]:
                 if other in self.masked:  # it masked with the dropped device, whose share it had received
                     mask = pair_mask(secret.agree(self.keys[other].masking), self.setup, other, device)
                     total = field.subtract(total, mask, bits) if pair_sign(other, device) > 0 else \
                         field.add(total, mask, bits)
-        self.stage = RoundStage.SUMMED
-        return SecureSum(total, self.request.survivors)
+        return total
 
     def need(self, count: int, what: str) -> None:
         if count < MIN_DEVICES:
@@ -223,7 +232,7 @@ class SecAggRound:
                 self.fail(f"{device} has {count} neighbour(s) that {what}, fewer than its threshold "
                           f"{self.thresholds[device]}")
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str) -> NoReturn:
         self.stage, self.reason = RoundStage.FAILED, reason
         raise RoundFailed(reason)
 

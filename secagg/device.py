@@ -7,7 +7,8 @@ its self mask plus, for each neighbour that shared, the pairwise mask it agrees 
 lower id and subtracted by the higher, so each pair cancels in the sum) -> DONE (it answered the one unmask
 request it will ever answer). A device refuses, with its reason (``Refused``): a roster that repeats a key or lacks
 its own, fewer than t live neighbours, a share that does not open, and an unmask request that names a device
-both survivor and dropped, names a device that never shared, lists fewer than t survivors, or comes before its own
+both survivor and dropped, names a device outside the roster, lists fewer than t of its neighbours among the
+survivors, or comes before its own
 masked input or a second time. Nothing of Fedge beyond this package; no I/O.
 """
 
@@ -19,8 +20,18 @@ import os
 import numpy as np
 
 from fedge.secagg import field, shamir
-from fedge.secagg.graph import neighbourhoods, threshold_of
-from fedge.secagg.keys import KEY_BYTES, KeyPair, ShareRefused, derive, keystream, open_sealed, seal
+from fedge.secagg.graph import MIN_DEVICES, neighbourhoods, threshold_of
+from fedge.secagg.keys import (
+    KEY_BYTES,
+    KeyPair,
+    KeyRefused,
+    ShareRefused,
+    derive,
+    keystream,
+    open_sealed,
+    seal,
+    usable_public_key,
+)
 from fedge.secagg.messages import (
     Delivery,
     Keys,
@@ -109,6 +120,10 @@ class SecAggDevice:
             raise Refused("the roster repeats a device or a public key")
         if entries.get(self.device) != self.keys():
             raise Refused("the roster does not carry this device's own keys")
+        if len(entries) < MIN_DEVICES:
+            raise Refused(f"a roster of {len(entries)} devices; secure aggregation needs at least {MIN_DEVICES}")
+        if not all(usable_public_key(key) for key in publics):
+            raise Refused("the roster holds a public key of low order: no secret can be agreed with it")
         self.roster = entries
         self.neighbours = neighbourhoods(list(entries), self.setup.complete_up_to, self.setup.graph_seed)[self.device]
         self.threshold = threshold_of(len(self.neighbours), self.setup.threshold)
@@ -146,10 +161,13 @@ class SecAggDevice:
                           "secrets could not be rebuilt")
         masked = field.add(np.asarray(words, np.uint64) & field.modulus_mask(self.setup.bits),
                            self_mask(self.seed, self.setup, self.device), self.setup.bits)
-        for other in self.live:
-            mask = pair_mask(self.masking.agree(self.roster[other].masking), self.setup, self.device, other)
-            masked = field.add(masked, mask, self.setup.bits) if pair_sign(self.device, other) > 0 else \
-                field.subtract(masked, mask, self.setup.bits)
+        try:
+            for other in self.live:
+                mask = pair_mask(self.masking.agree(self.roster[other].masking), self.setup, self.device, other)
+                masked = field.add(masked, mask, self.setup.bits) if pair_sign(self.device, other) > 0 else \
+                    field.subtract(masked, mask, self.setup.bits)
+        except KeyRefused as error:  # the roster's keys were checked: only a library's change would get here
+            raise Refused(str(error)) from None
         self.stage = DeviceStage.MASKED
         return MaskedInput(self.device, masked)
 
@@ -166,8 +184,9 @@ class SecAggDevice:
         unknown = (survivors | dropped) - set(self.roster)
         if unknown:
             raise Refused(f"the request names devices outside the round: {sorted(unknown)[:3]}")
-        if len(survivors & set(self.neighbours)) + 1 < self.threshold:
-            raise Refused(f"fewer than the threshold {self.threshold} survivors around this device")
+        if len(survivors) < MIN_DEVICES or len(survivors & set(self.neighbours)) < self.threshold:
+            raise Refused(f"fewer than the threshold {self.threshold} survivors around this device (or fewer than "
+                          f"{MIN_DEVICES} in all)")
         self.stage = DeviceStage.DONE
         return UnmaskShares(self.device,
                             seeds={other: self.held[other][0] for other in self.live if other in survivors},

@@ -2,7 +2,8 @@
 
 A device quantises each coordinate of its change to an integer in [-L, L] on a grid the coordinator publishes
 for the round (``clip``: the value that maps to L, per coordinate), with unbiased stochastic rounding (the
-expected integer is exactly the scaled value), and lifts it into the field. The sum of n devices' integers lies in
+expected integer is exactly the scaled value; L is at most 2^52, where float64 still rounds exactly), and lifts it
+into the field. The sum of n devices' integers lies in
 [-nL, nL]; with n(2L + 1) <= 2^bits (``levels_for``) it is read back from the field sum without ambiguity
 (``signed``). Words are uint64 (every modulus 2^bits divides 2^64, so uint64 wrap-around is the field's addition)
 and travel packed at ``bits`` bits each (``pack``). Pure numpy; nothing of Fedge, no I/O.
@@ -18,6 +19,7 @@ import numpy.typing as npt
 
 U64 = npt.NDArray[np.uint64]
 MIN_BITS, MAX_BITS = 8, 62
+MAX_LEVELS = 1 << 52  # a wider field adds headroom, not levels
 
 
 def check_bits(bits: int) -> None:
@@ -36,6 +38,7 @@ def levels_for(bits: int, devices: int, headroom: float = 1.0) -> int:
     if devices < 1 or headroom < 1.0:
         raise ValueError("levels_for needs at least one device and a headroom of at least 1")
     levels = (math.floor(Fraction(1 << bits) / (devices * Fraction(headroom))) - 1) // 2  # exact above 2^53
+    levels = min(levels, MAX_LEVELS)  # stochastic rounding in float64 stays exact below 2^52
     if levels < 1:
         raise ValueError(f"{bits} bits cannot hold the sum of {devices} devices' values: raise secagg.bits")
     return levels
@@ -48,10 +51,15 @@ def quantise(values: npt.NDArray[np.floating], clip: npt.NDArray[np.floating] | 
     bound = np.asarray(clip, dtype=np.float64)
     if np.any(bound <= 0) or not np.all(np.isfinite(bound)):
         raise ValueError("the quantisation grid's clip must be positive and finite")
-    scaled = np.clip(np.asarray(values, np.float64), -bound, bound) / bound * levels
+    if not 1 <= levels <= MAX_LEVELS:
+        raise ValueError(f"{levels} levels: at most 2^52 (float64 rounds exactly only below)")
+    values = np.asarray(values, np.float64)
+    if not np.all(np.isfinite(values)):
+        raise ValueError("a change with a NaN or infinite value cannot be quantised")
+    scaled = np.clip(values, -bound, bound) / bound * levels
     low = np.floor(scaled)
     up = rng.random(scaled.shape) < (scaled - low)
-    rounded: npt.NDArray[np.int64] = np.clip(low + up, -levels, levels).astype(np.int64)
+    rounded: npt.NDArray[np.int64] = np.clip((low + up).astype(np.int64), -levels, levels)  # integer bounds
     return rounded
 
 

@@ -33,6 +33,11 @@ class ShareRefused(ValueError):
     """A share that does not open: forged, damaged, or meant for another device, round or attempt."""
 
 
+class KeyRefused(ValueError):
+    """A public key no secret can be agreed with: of the wrong length, or a low-order point (every shared secret
+    with it is zero, whatever the private key)."""
+
+
 @dataclass(frozen=True)
 class KeyPair:
     """An X25519 key pair; ``public`` is its 32 raw bytes."""
@@ -54,10 +59,23 @@ class KeyPair:
         return self.private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
 
     def agree(self, peer_public: bytes) -> bytes:
-        """The X25519 shared secret with a peer's public key (a low-order key is refused by the library)."""
+        """The X25519 shared secret with a peer's public key; ``KeyRefused`` for one of the wrong length or of low
+        order (the library refuses an all-zero secret)."""
         if len(peer_public) != KEY_BYTES:
-            raise ValueError(f"an X25519 public key has {KEY_BYTES} bytes, not {len(peer_public)}")
-        return self.private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+            raise KeyRefused(f"an X25519 public key has {KEY_BYTES} bytes, not {len(peer_public)}")
+        try:
+            return self.private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+        except ValueError:
+            raise KeyRefused("a public key of low order: no secret can be agreed with it") from None
+
+
+def usable_public_key(raw: bytes) -> bool:
+    """Whether a secret can be agreed with this public key (a throwaway exchange: a low-order key gives none)."""
+    try:
+        KeyPair.generate().agree(raw)
+    except KeyRefused:
+        return False
+    return True
 
 
 def round_context(session: str, round_number: int, attempt: int, support_digest: bytes) -> bytes:

@@ -1,6 +1,7 @@
 """The agent's side of a securely aggregated round (``protocol.agent`` with ``protocol.secure_device``), against the
 coordinator's (``protocol.secure_round``), every message a real packet: keys go out with the training, an update
-finished before its shares came waits for them, the masked Update carries no evaluation, the unmask request is
+finished before its shares came waits for them, the masked Update carries nothing computed from the device's data or
+its change, the unmask request is
 answered after the update, and the coordinator's mean is exactly the survivors' quantised mean change; a secure
 task the agent cannot mask, or a stage it refuses, fails the round and sends nothing in the clear."""
 
@@ -42,7 +43,8 @@ def trained(name: str, change: np.ndarray, evaluation: dict[str, Any] | None = N
     model = {"w": MODEL["w"] + change[:12].reshape(3, 4).astype(np.float32), "b": MODEL["b"] + change[12:].astype(
         np.float32)}
     return codec.encode(codec.Update("r1", 3, name, groups={"model": codec.TensorGroup(dense=model)}, num_samples=50,
-                                     evaluation=evaluation or {}))
+                                     evaluation=evaluation or {}, personal_accuracy=0.8, train_loss=0.7,
+                                     clip_scale=0.25, steps=4))
 
 
 def sends(actions: list[Any]) -> list[codec.Message]:
@@ -80,7 +82,10 @@ def test_a_round_of_four_agents_gives_the_coordinator_their_quantised_mean_chang
         updates[name] = frame
     for name, frame in updates.items():
         update = codec.decode(frame)
-        assert isinstance(update, codec.Update) and update.evaluation == {} and set(update.groups) == {"secagg"}
+        assert isinstance(update, codec.Update) and set(update.groups) == {"secagg"}
+        # nothing computed from its data or its change (the clip scale would give its norm); its work is kept
+        assert (update.evaluation, update.personal_accuracy, update.train_loss, update.clip_scale) == ({}, None, 0.0, 1.0)
+        assert (update.num_samples, update.steps) == (50, 4)
         words, why = masked_words(update.groups, sum(SIZES), 16)
         assert words is not None and coordinator.masked(name, words) == "", why
     for send in coordinator.close_inputs(0.2):

@@ -19,7 +19,8 @@ def test_the_levels_leave_room_for_every_devices_extremes(bits: int, devices: in
             field.levels_for(bits, devices)
         return
     levels = field.levels_for(bits, devices)
-    assert devices * (2 * levels + 1) <= 1 << bits < devices * (2 * (levels + 1) + 1)
+    assert devices * (2 * levels + 1) <= 1 << bits
+    assert levels == field.MAX_LEVELS or 1 << bits < devices * (2 * (levels + 1) + 1)  # the most that fit, or 2^52
     extremes = np.full(devices, levels, np.int64)
     for sign in (1, -1):
         total = np.zeros(1, np.uint64)
@@ -50,3 +51,18 @@ def test_words_pack_to_bits_each_and_back(bits: int, raw: list[int]) -> None:
 def test_a_packed_input_of_the_wrong_length_is_refused() -> None:
     with pytest.raises(ValueError, match="cannot hold 3 words of 20 bits"):
         field.unpack(b"\0" * 7, 3, 20)
+
+
+def test_a_wide_field_never_wraps_and_a_non_finite_change_is_refused() -> None:
+    """Above 2^52 levels float64 cannot round exactly: the levels stop there, and n devices at the clip sum to
+    exactly n times it at every width (a float bound let 59 bits and 5 devices wrap to minus the clip)."""
+    rng = np.random.default_rng(0)
+    for bits in (53, 57, 59, 62):
+        for devices in (1, 5, 299):
+            levels = field.levels_for(bits, devices)
+            total = np.zeros(1, np.uint64)
+            for _ in range(devices):
+                total = field.add(total, field.lift(field.quantise(np.array([1.0]), 1.0, levels, rng), bits), bits)
+            assert int(field.signed(total, bits)[0]) == devices * levels
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        field.quantise(np.array([0.1, np.nan]), 1.0, 10, rng)

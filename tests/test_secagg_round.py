@@ -13,8 +13,9 @@ import pytest
 from fedge.secagg import field
 from fedge.secagg.aggregator import RoundFailed, RoundStage, SecAggRound
 from fedge.secagg.device import Refused, SecAggDevice
+from fedge.secagg.graph import threshold_of
 from fedge.secagg.keys import round_context, support_digest
-from fedge.secagg.messages import Delivery, MaskedInput, Setup, UnmaskRequest
+from fedge.secagg.messages import Delivery, Keys, MaskedInput, Setup, UnmaskRequest
 
 BITS = 20
 
@@ -196,3 +197,41 @@ def test_a_roster_that_repeats_a_key_is_refused() -> None:
                                                dataclasses.replace(roster.keys[2], masking=roster.keys[0].masking)))
     with pytest.raises(Refused, match="repeats"):
         devices["c"].share(copied)
+
+
+def test_a_low_order_public_key_is_refused_by_the_coordinator_and_by_every_device() -> None:
+    """An all-zero key agrees a zero secret with anyone: accepted, it made every honest device raise (review)."""
+    the_setup = setup()
+    coordinator = SecAggRound(the_setup, ["a", "b", "c", "evil"])
+    devices = {name: SecAggDevice(name, the_setup) for name in ("a", "b", "c")}
+    for device in devices.values():
+        assert coordinator.add_keys(device.keys()) == ""
+    assert "low order" in coordinator.add_keys(Keys("evil", bytes(32), b"\x01" + bytes(31)))
+    roster = coordinator.close_keys()
+    bad = dataclasses.replace(roster, keys=(*roster.keys, Keys("evil", bytes(32), b"\x01" + bytes(31))))
+    with pytest.raises(Refused, match="low order"):
+        devices["a"].share(bad)
+
+
+def test_shares_that_rebuild_no_secret_fail_the_round_with_its_reason() -> None:
+    coordinator, devices, masked = masked_round()
+    for name, words in masked.items():
+        coordinator.add_masked(MaskedInput(name, words))
+    request = coordinator.close_inputs()
+    for name in request.survivors:
+        coordinator.add_unmask(devices[name].unmask(request))
+    victim = request.survivors[0]
+    point = next(iter(coordinator.seed_shares[victim]))
+    coordinator.seed_shares[victim][point] = (1, 2, 3)  # a survivor lying about its share
+    with pytest.raises(RoundFailed, match="cannot be unmasked"):
+        coordinator.finish()
+    assert coordinator.stage is RoundStage.FAILED
+
+
+def test_three_devices_whose_ring_would_join_them_all_share_as_a_complete_graph() -> None:
+    total, expected, _ = play(3, the_setup=setup(complete_up_to=2))  # a ring of half 3 over 3 devices
+    assert np.array_equal(total, expected)
+
+
+def test_every_threshold_is_above_half_of_its_neighbourhood() -> None:
+    assert all(2 * threshold_of(k, 0.5 + 1e-14) > k for k in range(1, 200))
