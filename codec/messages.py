@@ -238,11 +238,13 @@ class Grant(MessageBase):
 @dataclass(frozen=True)
 class SecAggKeys(MessageBase):
     """Agent -> coordinator, secure aggregation's first stage (docs/secure-aggregation.md): the device's two
-    X25519 public keys for round ``round``'s attempt ``attempt`` (in the body: they are bytes)."""
+    X25519 public keys for round ``round``'s attempt ``attempt`` and its 32-byte commitment to its self-mask seed
+    (in the body: they are bytes)."""
 
     attempt: int = 0
     channel_key: bytes = b""
     masking_key: bytes = b""
+    seed_digest: bytes = b""
     kind: ClassVar[str] = "secagg-keys"
     kind_code: ClassVar[int] = 11
 
@@ -339,7 +341,7 @@ HEADER_FIELDS: dict[type[MessageBase], tuple[tuple[str, str, str], ...]] = {
 BODY_FIELDS: dict[type[MessageBase], tuple[tuple[str, str, str], ...]] = {
     Task: (("groups", "g", "groups"), ("meta", "m", "meta")),
     Update: (("groups", "g", "groups"), ("meta", "m", "meta")),
-    SecAggKeys: (("channel_key", "ck", "key"), ("masking_key", "mk", "key")),
+    SecAggKeys: (("channel_key", "ck", "key"), ("masking_key", "mk", "key"), ("seed_digest", "sd", "key")),
     SecAggRoster: (("keys", "keys", "keyring"),),
     SecAggShares: (("shares", "sh", "sealed"),),
     SecAggDelivery: (("shares", "sh", "sealed"),),

@@ -75,7 +75,7 @@ class SecureDevice:
     def keys(self) -> codec.SecAggKeys:
         keys = self.machine.keys()
         return codec.SecAggKeys(self.run_id, self.round, self.client_id, attempt=self.attempt,
-                                channel_key=keys.channel, masking_key=keys.masking)
+                                channel_key=keys.channel, masking_key=keys.masking, seed_digest=keys.seed_digest)
 
     def receive(self, message: codec.Message) -> list[codec.Message]:
         """What to send back for a stage message of this round and attempt (raises ``Refused``)."""

@@ -58,7 +58,8 @@ class SecureRound:
                                         f"round or attempt (this is round {self.number}, attempt {self.attempt})")]
         match message:
             case codec.SecAggKeys():
-                reason = self.machine.add_keys(Keys(client_id, message.channel_key, message.masking_key))
+                reason = self.machine.add_keys(Keys(client_id, message.channel_key, message.masking_key,
+                                                    message.seed_digest))
             case codec.SecAggShares():
                 reason = self.machine.add_shares(Shares(client_id, tuple(
                     SealedShare(client_id, receiver, sealed) for receiver, sealed in message.shares)))

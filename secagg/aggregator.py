@@ -22,7 +22,7 @@ import numpy as np
 from fedge.secagg import field, shamir
 from fedge.secagg.device import pair_mask, pair_sign, self_mask
 from fedge.secagg.graph import MIN_DEVICES, neighbourhoods, threshold_of
-from fedge.secagg.keys import KEY_BYTES, KeyPair, usable_public_key
+from fedge.secagg.keys import KEY_BYTES, KeyPair, seed_commitment, usable_public_key
 from fedge.secagg.messages import (
     Delivery,
     Keys,
@@ -88,6 +88,8 @@ class SecAggRound:
             return "keys that are not two distinct 32-byte X25519 public keys"
         if not (usable_public_key(keys.channel) and usable_public_key(keys.masking)):
             return "a public key of low order: no secret can be agreed with it"
+        if len(keys.seed_digest) != 32:
+            return "keys without a 32-byte commitment to the device's seed"
         self.keys[keys.device] = keys
         return ""
 
@@ -105,7 +107,7 @@ class SecAggRound:
         self.graph = neighbourhoods(list(self.keys), self.setup.complete_up_to, self.setup.graph_seed)
         self.thresholds = {device: threshold_of(len(others), self.setup.threshold)
                            for device, others in self.graph.items()}
-        roster = Roster(tuple(kept))
+        roster = Roster(tuple(Keys(entry.device, entry.channel, entry.masking) for entry in kept))
         self.points = roster.points()
         self.stage = RoundStage.SHARES
         return roster
@@ -205,6 +207,8 @@ class SecAggRound:
         bits, total = self.setup.bits, self.total
         for device in request.survivors:
             seed = shamir.reconstruct_bytes(self.seed_shares[device], self.thresholds[device], KEY_BYTES)
+            if seed_commitment(seed, self.setup.context, device) != self.keys[device].seed_digest:
+                raise ValueError(f"the seed rebuilt for {device} does not match its commitment (a share was wrong)")
             total = field.subtract(total, self_mask(seed, self.setup, device), bits)
         for device in request.dropped:
             secret = KeyPair.from_private_bytes(

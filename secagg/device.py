@@ -30,6 +30,7 @@ from fedge.secagg.keys import (
     keystream,
     open_sealed,
     seal,
+    seed_commitment,
     usable_public_key,
 )
 from fedge.secagg.messages import (
@@ -109,7 +110,8 @@ class SecAggDevice:
         self.held: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # sender -> (seed share, secret share)
 
     def keys(self) -> Keys:
-        return Keys(self.device, self.channel.public, self.masking.public)
+        return Keys(self.device, self.channel.public, self.masking.public,
+                    seed_commitment(self.seed, self.setup.context, self.device))
 
     def share(self, roster: Roster) -> Shares:
         """Stage 2: its seed and masking secret in t-of-k shares, one sealed share for each neighbour."""
@@ -118,7 +120,8 @@ class SecAggDevice:
         publics = [key for entry in roster.keys for key in (entry.channel, entry.masking)]
         if len(entries) != len(roster.keys) or len(set(publics)) != len(publics):
             raise Refused("the roster repeats a device or a public key")
-        if entries.get(self.device) != self.keys():
+        own = entries.get(self.device)
+        if own is None or (own.channel, own.masking) != (self.channel.public, self.masking.public):
             raise Refused("the roster does not carry this device's own keys")
         if len(entries) < MIN_DEVICES:
             raise Refused(f"a roster of {len(entries)} devices; secure aggregation needs at least {MIN_DEVICES}")

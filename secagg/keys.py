@@ -92,6 +92,12 @@ def support_digest(indices: np.ndarray | None, size: int) -> bytes:
     return digest.digest()
 
 
+def seed_commitment(seed: bytes, context: bytes, device: str) -> bytes:
+    """SHA-256 over the round's context, the device and its 32-byte random seed: binding (a rebuilt seed that differs
+    is caught) and, the seed being secret and random, hiding."""
+    return hashlib.sha256(b"fedge-secagg-seed/" + context + b"/" + _ids(device, device) + seed).digest()
+
+
 def derive(secret: bytes, context: bytes, purpose: bytes, first: str, second: str) -> bytes:
     """A 32-byte key from ``secret`` by HKDF-SHA256, bound to the context, its purpose and the two ids."""
     info = context + b"/" + purpose + b"/" + _ids(first, second)

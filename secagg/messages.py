@@ -34,11 +34,14 @@ class Setup:
 
 @dataclass(frozen=True)
 class Keys:
-    """A device's two public keys: ``channel`` to receive its shares, ``masking`` for the pairwise masks."""
+    """A device's two public keys: ``channel`` to receive its shares, ``masking`` for the pairwise masks; and
+    ``seed_digest``, its commitment to its self-mask seed (``keys.seed_commitment``), which the coordinator keeps to
+    check the seed it rebuilds (a roster carries the keys alone)."""
 
     device: str
     channel: bytes
     masking: bytes
+    seed_digest: bytes = b""
 
 
 @dataclass(frozen=True)

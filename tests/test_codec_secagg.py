@@ -30,7 +30,7 @@ def key() -> bytes:
 
 
 MESSAGES = [
-    SecAggKeys("r1", 4, "a1", attempt=1, channel_key=key(), masking_key=key()),
+    SecAggKeys("r1", 4, "a1", attempt=1, channel_key=key(), masking_key=key(), seed_digest=key()),
     SecAggRoster("r1", 4, "coordinator", attempt=1, keys=(("a1", key(), key()), ("a2", key(), key()))),
     SecAggShares("r1", 4, "a1", attempt=1, shares=(("a2", os.urandom(124)), ("a3", os.urandom(124)))),
     SecAggDelivery("r1", 4, "coordinator", attempt=1, shares=(("a2", os.urandom(124)),)),
@@ -58,7 +58,7 @@ def test_a_task_carries_the_rounds_settings_or_nil() -> None:
 
 def test_malformed_bodies_are_refused_with_their_reason() -> None:
     with pytest.raises(Malformed, match="32 bytes"):
-        SecAggKeys("r1", 1, "a", channel_key=b"short", masking_key=key())
+        SecAggKeys("r1", 1, "a", channel_key=b"short", masking_key=key(), seed_digest=key())
     with pytest.raises(Malformed, match="names a device twice"):
         SecAggRoster("r1", 1, "c", keys=(("a", key(), key()), ("a", key(), key())))
     with pytest.raises(Malformed, match="at most 4096"):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from fedge.secagg import field
+from fedge.secagg import field, shamir
 from fedge.secagg.aggregator import RoundFailed, RoundStage, SecAggRound
 from fedge.secagg.device import Refused, SecAggDevice
 from fedge.secagg.graph import threshold_of
@@ -206,7 +206,7 @@ def test_a_low_order_public_key_is_refused_by_the_coordinator_and_by_every_devic
     devices = {name: SecAggDevice(name, the_setup) for name in ("a", "b", "c")}
     for device in devices.values():
         assert coordinator.add_keys(device.keys()) == ""
-    assert "low order" in coordinator.add_keys(Keys("evil", bytes(32), b"\x01" + bytes(31)))
+    assert "low order" in coordinator.add_keys(Keys("evil", bytes(32), b"\x01" + bytes(31), bytes(32)))
     roster = coordinator.close_keys()
     bad = dataclasses.replace(roster, keys=(*roster.keys, Keys("evil", bytes(32), b"\x01" + bytes(31))))
     with pytest.raises(Refused, match="low order"):
@@ -235,3 +235,27 @@ def test_three_devices_whose_ring_would_join_them_all_share_as_a_complete_graph(
 
 def test_every_threshold_is_above_half_of_its_neighbourhood() -> None:
     assert all(2 * threshold_of(k, 0.5 + 1e-14) > k for k in range(1, 200))
+
+
+def test_a_seed_share_shifted_to_rebuild_another_seed_is_caught_by_the_commitment() -> None:
+    """A survivor that knows the Lagrange weights can shift its share so that the seed rebuilt is off by exactly one
+    (still 32 bytes): without the commitment the sum came out wrong, unnoticed (review)."""
+    coordinator, devices, masked = masked_round()
+    for name, words in masked.items():
+        coordinator.add_masked(MaskedInput(name, words))
+    request = coordinator.close_inputs()
+    for name in request.survivors:
+        coordinator.add_unmask(devices[name].unmask(request))
+    victim = request.survivors[0]
+    shares = coordinator.seed_shares[victim]
+    used = sorted(shares)[:coordinator.thresholds[victim]]
+    liar = used[0]
+    weight = 1
+    for x in used[1:]:
+        weight = weight * x * pow(x - liar, -1, shamir.PRIME) % shamir.PRIME
+    first, *rest = shares[liar]
+    shares[liar] = ((first + pow(weight, -1, shamir.PRIME)) % shamir.PRIME, *rest)  # the seed's first chunk + 1
+    rebuilt = shamir.reconstruct_bytes(shares, coordinator.thresholds[victim], 32)
+    assert rebuilt != devices[victim].seed and len(rebuilt) == 32  # a valid seed, but another one
+    with pytest.raises(RoundFailed, match="does not match its commitment"):
+        coordinator.finish()

@@ -35,7 +35,7 @@ class Device:
     def keys(self) -> codec.Message:
         keys = self.machine.keys()
         return wire(codec.SecAggKeys("r1", 4, self.name, attempt=0, channel_key=keys.channel,
-                                     masking_key=keys.masking))
+                                     masking_key=keys.masking, seed_digest=keys.seed_digest))
 
     def answer(self, message: codec.Message) -> codec.Message | None:
         match message:
@@ -141,7 +141,7 @@ def test_a_message_of_another_attempt_or_a_late_one_is_noted_and_changes_nothing
     device = Device("a0", setup)
     keys = device.keys()
     other = codec.SecAggKeys("r1", 4, "a0", attempt=1, channel_key=keys.channel_key,  # type: ignore[attr-defined]
-                             masking_key=keys.masking_key)  # type: ignore[attr-defined]
+                             masking_key=keys.masking_key, seed_digest=keys.seed_digest)  # type: ignore[attr-defined]
     assert "another round or attempt" in secure.receive("a0", other, 0.0)[0].text  # type: ignore[union-attr]
     assert secure.machine.keys == {}
     secure.receive("a0", keys, 0.0)
