@@ -213,14 +213,20 @@ def test_a_low_order_public_key_is_refused_by_the_coordinator_and_by_every_devic
         devices["a"].share(bad)
 
 
-def test_shares_that_rebuild_no_secret_fail_the_round_with_its_reason() -> None:
+def answered_round() -> tuple[SecAggRound, dict[str, SecAggDevice]]:
+    """A round whose every device has masked and answered the unmask request: ready to ``finish``."""
     coordinator, devices, masked = masked_round()
     for name, words in masked.items():
         coordinator.add_masked(MaskedInput(name, words))
     request = coordinator.close_inputs()
     for name in request.survivors:
         coordinator.add_unmask(devices[name].unmask(request))
-    victim = request.survivors[0]
+    return coordinator, devices
+
+
+def test_shares_that_rebuild_no_secret_fail_the_round_with_its_reason() -> None:
+    coordinator, devices = answered_round()
+    victim = sorted(coordinator.masked)[0]  # the first survivor
     point = next(iter(coordinator.seed_shares[victim]))
     coordinator.seed_shares[victim][point] = (1, 2, 3)  # a survivor lying about its share
     with pytest.raises(RoundFailed, match="cannot be unmasked"):
@@ -240,13 +246,8 @@ def test_every_threshold_is_above_half_of_its_neighbourhood() -> None:
 def test_a_seed_share_shifted_to_rebuild_another_seed_is_caught_by_the_commitment() -> None:
     """A survivor that knows the Lagrange weights can shift its share so that the seed rebuilt is off by exactly one
     (still 32 bytes): without the commitment the sum came out wrong, unnoticed (review)."""
-    coordinator, devices, masked = masked_round()
-    for name, words in masked.items():
-        coordinator.add_masked(MaskedInput(name, words))
-    request = coordinator.close_inputs()
-    for name in request.survivors:
-        coordinator.add_unmask(devices[name].unmask(request))
-    victim = request.survivors[0]
+    coordinator, devices = answered_round()
+    victim = sorted(coordinator.masked)[0]  # the first survivor
     shares = coordinator.seed_shares[victim]
     used = sorted(shares)[:coordinator.thresholds[victim]]
     liar = used[0]
