@@ -226,8 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "start":
+            from fedge.plumbing.threads import one_blas_thread
             from fedge.runtime.launch import command_start
 
+            one_blas_thread()  # a bad FEDGE_BLAS_THREADS is refused before the run directory is made
             return command_start(args, flags_of(args))
         if args.command == "status":
             return command_status(args)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,12 @@ def test_one_thread_by_default_another_count_when_asked_and_the_librarys_own_wit
 def test_a_bad_count_is_one_line() -> None:
     result = run("lots")
     assert result.returncode != 0 and "FEDGE_BLAS_THREADS='lots': expected a whole number" in result.stderr
+
+
+def test_coordinator_start_refuses_a_bad_count_in_one_line_before_making_its_run_directory(tmp_path: Path) -> None:
+    env = {**os.environ, "FEDGE_BLAS_THREADS": "lots"}
+    result = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--rounds", "1", "--run-dir",
+                             str(tmp_path / "run")], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "coordinator: error: FEDGE_BLAS_THREADS='lots': expected a whole number (0: the library's own)"]
+    assert not (tmp_path / "run").exists()
