@@ -1,12 +1,12 @@
 """The field secure aggregation sums in: integers modulo 2^bits, how real values are put on it and taken back.
 
-A device quantises each coordinate of its change to an integer in [-L, L] on a grid the coordinator publishes
-for the round (``clip``: the value that maps to L, per coordinate), with unbiased stochastic rounding (the
-expected integer is exactly the scaled value; L is at most 2^52, where float64 still rounds exactly), and lifts it
-into the field. The sum of n devices' integers lies in
-[-nL, nL]; with n(2L + 1) <= 2^bits (``levels_for``) it is read back from the field sum without ambiguity
-(``signed``). Words are uint64 (every modulus 2^bits divides 2^64, so uint64 wrap-around is the field's addition)
-and travel packed at ``bits`` bits each (``pack``). Pure numpy; nothing of Fedge, no I/O.
+A device quantises each coordinate of its change to an integer in [-L, L] on a grid the coordinator publishes for
+the round (``clip``: the value that maps to L, per coordinate), with unbiased stochastic rounding (the expected
+integer is exactly the scaled value; L is at most 2^52, where float64 still rounds exactly), and lifts it into the
+field. The sum of n devices' integers lies in [-nL, nL]; with n(2L + 1) <= 2^bits (``levels_for``) it is read back
+from the field sum without ambiguity (``signed``). Words are uint64 (every modulus 2^bits divides 2^64, so uint64
+wrap-around is the field's addition); on the wire they travel as unsigned integers of 8, 16, 32 or 64 bits
+(``protocol.secure_device.masked_group``). Pure numpy; nothing of Fedge, no I/O.
 """
 
 from __future__ import annotations
@@ -86,26 +86,3 @@ def add(a: U64, b: U64, bits: int) -> U64:
 
 def subtract(a: U64, b: U64, bits: int) -> U64:
     return (a - b) & modulus_mask(bits)
-
-
-def pack(words: U64, bits: int) -> bytes:
-    """Words of ``bits`` bits each, packed little-endian bit by bit (ceil(n * bits / 8) bytes)."""
-    check_bits(bits)
-    words = np.ascontiguousarray(words, dtype=np.uint64) & modulus_mask(bits)
-    if bits in (8, 16, 32):
-        return words.astype(f"<u{bits // 8}").tobytes()
-    bit_rows = np.unpackbits(words.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-    return np.packbits(bit_rows[:, :bits].reshape(-1), bitorder="little").tobytes()
-
-
-def unpack(data: bytes, count: int, bits: int) -> U64:
-    """The inverse of ``pack``; a wrong length is refused."""
-    check_bits(bits)
-    if len(data) != -(-count * bits // 8):
-        raise ValueError(f"{len(data)} bytes cannot hold {count} words of {bits} bits")
-    if bits in (8, 16, 32):
-        return np.frombuffer(data, dtype=f"<u{bits // 8}").astype(np.uint64)
-    bit_rows = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")[:count * bits].reshape(count, bits)
-    full = np.zeros((count, 64), np.uint8)
-    full[:, :bits] = bit_rows
-    return np.packbits(full, axis=1, bitorder="little").view("<u8").reshape(count).astype(np.uint64)
