@@ -10,8 +10,9 @@ them; it knows nothing of the codec, algorithms, models or torch.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,37 +59,53 @@ class AllowList:
 
     The keys are cached and read again when the directory changes (a key file added, removed or replaced moves the
     directory's modification time), so a thousand handshakes read it once, and adding or removing an agent's key
-    needs no restart.
+    needs no restart. The directory's time does not always move, though: a file's content written after it was
+    created (``cp`` creates, then writes), or a change in the same tick of the file system's coarse clock as the
+    last read. So the cache is trusted for good only once it read every file and the directory had not changed for
+    ``SETTLE_S`` before the read; until then it is read again at most every ``RECHECK_S``.
     """
 
-    def __init__(self, allowed_dir: Path) -> None:
+    SETTLE_S = 2.0
+    RECHECK_S = 0.25
+
+    def __init__(self, allowed_dir: Path, now_ns: Callable[[], int] = time.time_ns) -> None:
         self.allowed_dir = allowed_dir
+        self.now_ns = now_ns  # wall-clock nanoseconds, as the directory's modification time is
         self.refused: deque[str] = deque(maxlen=100)  # the public keys refused last (z85), for the console
         self.refused_count = 0
         self.cached: dict[bytes, str] = {}  # z85 public key -> the client id it is allowed as
         self.cached_at: tuple[int, int] | None = None  # (mtime_ns, link count) of the directory when it was read
+        self.read_at = 0  # when it was read (ns)
+        self.settled = False  # whether that read can be trusted until the directory's stamp moves
         self.reads = 0
 
     def allowed_keys(self) -> dict[bytes, str]:
         try:
             stat = self.allowed_dir.stat()
-            stamp = (stat.st_mtime_ns, stat.st_nlink)
+            stamp: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_nlink)
         except OSError:
             stamp = None
-        if stamp is not None and stamp == self.cached_at:
+        now = self.now_ns()
+        if stamp is not None and stamp == self.cached_at and (
+                self.settled or now - self.read_at < self.RECHECK_S * 1e9):
             return self.cached
-        self.cached, self.cached_at = self.read_keys(), stamp
+        self.cached, complete = self.read_keys()
+        self.cached_at, self.read_at = stamp, now
+        self.settled = complete and stamp is not None and now - stamp[0] >= self.SETTLE_S * 1e9
         return self.cached
 
-    def read_keys(self) -> dict[bytes, str]:
+    def read_keys(self) -> tuple[dict[bytes, str], bool]:
+        """The keys allowed, and whether every key file could be read."""
         self.reads += 1
         files: dict[bytes, list[Path]] = {}
+        complete = True
         if self.allowed_dir.is_dir():
             for path in sorted(self.allowed_dir.glob("*.key")):
                 try:
                     public, _ = zmq.auth.load_certificate(path)
                 except (OSError, ValueError) as exc:
                     log.warning("ignoring unreadable key file %s: %s", path, exc)
+                    complete = False
                     continue
                 files.setdefault(public, []).append(path)
         keys: dict[bytes, str] = {}
@@ -98,7 +115,7 @@ class AllowList:
                             ", ".join(str(p) for p in paths))
                 continue
             keys[public] = paths[0].name[:-len(".key")]
-        return keys
+        return keys, complete
 
     def client_id(self, key: bytes) -> str | None:
         """The client id a (z85) public key is allowed as; None when it is not allowed."""

@@ -66,22 +66,56 @@ def two_agent_keys(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def test_the_allow_list_is_read_once_until_its_directory_changes(tmp_path: Path) -> None:
-    import time
-
     from fedge.coordinator.transport import AllowList
 
     allowed, first, second = two_agent_keys(tmp_path)
     (allowed / "a.key").write_bytes(first.read_bytes())
-    allow = AllowList(allowed)
+    clock = [allowed.stat().st_mtime_ns + 3_000_000_000]  # the directory last changed 3 s before the first read
+    allow = AllowList(allowed, now_ns=lambda: clock[0])
     key_a = zmq.auth.load_certificate(first)[0]
     key_b = zmq.auth.load_certificate(second)[0]
     assert all(allow.callback("*", key_a) for _ in range(1000)) and allow.reads == 1
     assert not allow.callback("*", key_b)
     (allowed / "b.key").write_bytes(second.read_bytes())
-    os.utime(allowed, ns=(time.time_ns(), time.time_ns() + 1_000_000))  # a coarse clock must still see it
+    os.utime(allowed, ns=(clock[0], clock[0] + 1_000_000))  # a coarse clock must still see it
     assert allow.callback("*", key_b) and allow.reads == 2
     (allowed / "a.key").unlink()
     assert not allow.callback("*", key_a) and allow.reads == 3
+
+
+def test_a_key_written_after_its_file_was_made_or_in_the_clock_tick_of_the_last_read_is_seen(tmp_path: Path) -> None:
+    """The directory's time does not move when a key file's content is written after the file was created (`cp`
+    does both), nor when a change falls in the same tick of the file system's clock as the last read: the key is
+    still allowed within a recheck (the list is read again at most every RECHECK_S until it has settled)."""
+    from fedge.coordinator.transport import AllowList
+    from fedge.plumbing.keys import generate_keys
+
+    allowed, first, second = two_agent_keys(tmp_path)
+    third = generate_keys(tmp_path / "c", "agent")[0]
+    key_a, key_b, key_c = (zmq.auth.load_certificate(path)[0] for path in (first, second, third))
+    (allowed / "a.key").write_bytes(first.read_bytes())
+    tick = allowed.stat().st_mtime_ns
+    clock = [tick]  # the first read falls in the tick the directory last changed
+    allow = AllowList(allowed, now_ns=lambda: clock[0])
+    assert allow.callback("*", key_a) and not allow.callback("*", key_b)
+    (allowed / "b.key").write_bytes(second.read_bytes())
+    os.utime(allowed, ns=(tick, tick))  # in the same tick: the directory's stamp stays as it was read
+    clock[0] += int(AllowList.RECHECK_S * 1e9)
+    assert allow.callback("*", key_b)
+    reads = allow.reads
+    clock[0] += int(AllowList.SETTLE_S * 1e9)  # settled: trusted until the directory changes
+    assert allow.callback("*", key_b) and allow.reads == reads + 1
+    clock[0] += 10 * int(AllowList.RECHECK_S * 1e9)
+    assert allow.callback("*", key_b) and allow.reads == reads + 1
+
+    (allowed / "c.key").touch()  # created empty; its content comes later, with no change to the directory
+    settled = allowed.stat().st_mtime_ns
+    clock[0] = settled + 10 * int(AllowList.SETTLE_S * 1e9)
+    assert not allow.callback("*", key_c)
+    (allowed / "c.key").write_bytes(third.read_bytes())
+    os.utime(allowed, ns=(settled, settled))
+    clock[0] += int(AllowList.RECHECK_S * 1e9)
+    assert allow.callback("*", key_c) and allow.client_id(key_c) == "c"
 
 
 def test_a_key_is_allowed_as_the_client_its_file_names_and_one_key_in_two_files_as_none(tmp_path: Path) -> None:

@@ -98,35 +98,40 @@ def test_a_hostile_peer_is_answered_with_reasons_and_the_session_goes_on(procs: 
 
 def test_an_agent_without_an_allowed_key_or_claiming_another_devices_id_is_refused(procs: Processes,
                                                                                   tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    coordinator = procs.coordinator("--rounds", "3", "--local-fleet", "2", "--run-dir", str(run_dir),
-                                    "--set", "security.curve=on", "--set", "round.min_clients=2", *FAST)
+    """The session waits for two honest devices that join only after both refusals were seen, so a loaded machine
+    cannot finish it before the impostor says hello (it did, twice, when the session had its own local fleet)."""
+    data, run_dir = shards(tmp_path, 2), tmp_path / "run"
+    coordinator = procs.coordinator("--bind", "tcp://127.0.0.1:0", "--expect", "2", "--rounds", "3", "--run-dir",
+                                    str(run_dir), "--set", "security.curve=on", "--set", "data.clients=2",
+                                    "--set", "round.min_clients=2", *FAST)
     address = endpoint(run_dir)
     assert json.loads((run_dir / "provenance.json").read_text())["curve"] is True
-    keys = tmp_path / "intruder-keys"
-    subprocess.run([sys.executable, "-m", "fedge.edge_agent", "keygen", "--keys-dir", str(keys)], check=True,
-                   capture_output=True, timeout=60)
-    intruder = procs.agent("--coordinator", address, "--client-id", "intruder", "--data",
-                           str(run_dir / "data" / "client-000.npz"), "--state-dir", str(tmp_path / "intruder"),
-                           "--curve", "on", "--keys-dir", str(keys),
-                           "--coordinator-key", str(run_dir / "keys" / "coordinator.key"), name="intruder")
-    # a device whose key is allowed, as "impostor", that claims to be agent-00
-    impostor_keys = tmp_path / "impostor-keys"
-    subprocess.run([sys.executable, "-m", "fedge.edge_agent", "keygen", "--keys-dir", str(impostor_keys)], check=True,
-                   capture_output=True, timeout=60)
-    (run_dir / "keys" / "allowed" / "impostor.key").write_bytes((impostor_keys / "agent.key").read_bytes())
-    impostor = procs.agent("--coordinator", address, "--client-id", "agent-00", "--data",
-                           str(run_dir / "data" / "client-001.npz"), "--state-dir", str(tmp_path / "impostor"),
-                           "--curve", "on", "--keys-dir", str(impostor_keys),
-                           "--coordinator-key", str(run_dir / "keys" / "coordinator.key"), name="impostor")
+    allowed = run_dir / "keys" / "allowed"
+
+    def device(name: str, client_id: str, shard: int, allowed_as: str | None) -> subprocess.Popen[bytes]:
+        keys = tmp_path / f"{name}-keys"
+        subprocess.run([sys.executable, "-m", "fedge.edge_agent", "keygen", "--keys-dir", str(keys)], check=True,
+                       capture_output=True, timeout=60)
+        if allowed_as is not None:  # added while the coordinator runs: no restart needed
+            (allowed / f"{allowed_as}.key").write_bytes((keys / "agent.key").read_bytes())
+        return procs.agent("--coordinator", address, "--client-id", client_id, "--data",
+                           str(data / f"client-{shard:03d}.npz"), "--state-dir", str(tmp_path / f"{name}-state"),
+                           "--curve", "on", "--keys-dir", str(keys), "--after-session", "exit",
+                           "--coordinator-key", str(run_dir / "keys" / "coordinator.key"), name=name)
+
+    intruder = device("intruder", "intruder", 0, allowed_as=None)
+    impostor = device("impostor", "agent-00", 1, allowed_as="impostor")  # allowed, but claims another device's id
     wait_for(lambda: "refused" in procs.output("intruder"), 60, "the intruder to be told it is refused")
     wait_for(lambda: "identity-mismatch" in procs.output("impostor"), 60, "the impostor to be told it is refused")
+    honest = [device(f"agent-0{i}", f"agent-0{i}", i, allowed_as=f"agent-0{i}") for i in range(2)]
     assert finished(coordinator, 240) == 0, procs.output("coordinator")
     log = (run_dir / "coordinator.log").read_text()
     assert "not in the allow-list" in log
     assert "allowed as client 'impostor', not as 'agent-00'" in log, log
-    assert all(r["selected"] == 2 for r in metrics(run_dir))
+    assert [r["selected"] for r in metrics(run_dir)] == [2, 2, 2]
     assert "intruder" not in (run_dir / "clients.jsonl").read_text()
+    for i, agent in enumerate(honest):
+        assert agent.wait(60) == 0, procs.output(f"agent-0{i}")
     for process in (intruder, impostor):
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
