@@ -31,6 +31,7 @@ from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.privacy import PrivacyPlan, SessionPrivacy
 from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
 from fedge.coordinator.rundir import SPENT_FIELDS, RunDir, plain
+from fedge.coordinator.secure import SessionSecAgg
 from fedge.coordinator.status import AgentTallies, StatusBoard
 from fedge.coordinator.transport import RouterTransport
 from fedge.coordinator.trust import SessionTrust
@@ -42,6 +43,7 @@ from fedge.protocol.coordinator import CoordinatorProtocol
 from fedge.protocol.events import Accepted, Checkpoint, CoordinatorEvent, Noted, Rejected, Send, SendFrame
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.round import RoundState
+from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.selection import choose, selection_count
 from fedge.protocol.server_half import Aggregation
 from fedge.protocol.server_step import ServerStep
@@ -105,6 +107,8 @@ class Session:
         # differential privacy (docs/privacy.md): the clip, the private generator, the accountant; checkpointed
         self.privacy = SessionPrivacy(privacy, run_dir) if privacy is not None else None
         self.step = ServerStep(config.server.lr, config.server.momentum)  # the server's optimizer; checkpointed
+        # secure aggregation (docs/secure-aggregation.md): each round's grid, settings and masked stages
+        self.secagg = SessionSecAgg(config.secagg, run_dir) if config.secagg.enabled else None
         self.aggregation = Aggregation(self.server, 0)  # the round in progress's, on the one aggregation path
         self.checkpoint_s = 0.0  # the time the last checkpoint took to write
         # where the round's time went on this side (metrics.jsonl: receive_s, fold_s, downlink_s, close_s, tail_s)
@@ -168,7 +172,8 @@ class Session:
         personal = self.config.eval.personal_every
         return {"personal_eval": bool(personal and number % personal == 0),
                 "evaluate": self.evaluator is None and self.rows.due(number),
-                "norm_bounds": self.privacy.norm_bounds if self.privacy is not None else self.aggregation.norm_bounds}
+                "norm_bounds": self.privacy.norm_bounds if self.privacy is not None else self.aggregation.norm_bounds,
+                **(self.secagg.task_fields(number) if self.secagg is not None else {})}
 
     # ----------------------------------------------------------------------------------------- driving the protocol
     def act(self, events: list[CoordinatorEvent]) -> None:
@@ -279,26 +284,52 @@ class Session:
         self.spent, self.last_accepted = dict.fromkeys(SPENT_FIELDS, 0.0), started
         available = self.trust.selectable(self.registry.live_indices(time.monotonic()), self.registry,
                                           max(self.config.round.min_clients, 1))
-        self.aggregation = Aggregation(self.server, number, self.trust.influence, self.trust.rule, step=self.step,
-                                       keep=self.trust.spill.keep) \
-            if self.privacy is None else Aggregation(self.server, number, private=self.privacy.open_round(),
-                                                     step=self.step)
-        self.act(self.protocol.open_round(number, self.select(number, available), started,
-                                          self.config.round.deadline_s, self.config.round.target))
+        if self.secagg is not None:
+            self.aggregation = Aggregation(self.server, number, step=self.step)
+        elif self.privacy is None:
+            self.aggregation = Aggregation(self.server, number, self.trust.influence, self.trust.rule,
+                                           step=self.step, keep=self.trust.spill.keep)
+        else:
+            self.aggregation = Aggregation(self.server, number, private=self.privacy.open_round(), step=self.step)
+        selected = self.select(number, available)
+        secure = self.open_secure(number, selected, started) if self.secagg is not None and selected else None
+        self.act(self.protocol.open_round(number, selected, started, self.config.round.deadline_s,
+                                          self.config.round.target, secure=secure))
         while not self.protocol.complete(time.monotonic()):
             if self.stopping:
                 self.protocol.abandon_round()
                 return None
             self.pump(100)
+            if secure is not None:  # the keys and shares stages close by their deadlines too
+                self.act(secure.tick(time.monotonic()))
             current = self.protocol.current
             if current is not None:
                 self.write_status(f"round {number}: {len(current.updates)}/{len(current.selected)} updates")
         current, cancels = self.protocol.close_round(time.monotonic())
         self.act(cancels)
+        while secure is not None and not secure.done:  # the unmask stage: the survivors' answers
+            if self.stopping:
+                self.protocol.abandon_round()
+                return None
+            self.pump(100)
+            self.act(secure.tick(time.monotonic()))
+            self.write_status(f"round {number}: unmasking the sum")
         if current.awaited() and time.monotonic() < current.deadline:
             log.warning("round %d: every agent still awaited (%s) is gone; closing the round", number,
                         current.awaited())
         return self.finish_round(current, started)
+
+    def open_secure(self, number: int, selected: list[int], now: float) -> SecureRound:
+        """Round ``number``'s secure stages (``coordinator.secure``), over the model the selected are sent."""
+        assert self.secagg is not None
+        agents = self.registry
+
+        def peer_of(client_id: str) -> bytes | None:
+            agent = agents.get(client_id)
+            return agent.peer if agent is not None and agent.connected and agent.peer else None
+
+        return self.secagg.open(self.run_id, number, [agents.by_index(i).client_id for i in selected],
+                                self.server.change_reference(number, selected[0]) or {}, peer_of, now)
 
     def finish_round(self, current: RoundState, started: float) -> dict[str, Any]:
         number = current.number
@@ -309,7 +340,9 @@ class Session:
             self.server.missed(number, missing)
         ordered = sorted(current.updates.items())
         closing = time.monotonic()
+        secure: dict[str, Any] = self.fold_secure(number) if self.secagg is not None else {}
         extra = self.aggregation.close()  # folded as they arrived (or held until now, and bounded)
+        extra.update(secure)
         self.spent["close_s"] = time.monotonic() - closing
         bounds = self.trust.note_round(number, self.aggregation.bounded)
         if self.privacy is not None:  # accounted (its release-log line fsynced) before anything derived is written
@@ -341,6 +374,8 @@ class Session:
         # the round is now the last committed one: its checkpoint is written (crash point 'checkpoint'), then the
         # Commits go out, in the order the protocol gives
         self.act(self.protocol.commits(number))
+        if self.secagg is not None:
+            self.secagg.close()
         self.spent["tail_s"] = time.monotonic() - self.last_accepted
         held.row.update(self.spent, checkpoint_s=self.checkpoint_s)
         crash_point("committed", number)  # the row may still wait for its evaluation: the checkpoint holds it
@@ -348,6 +383,20 @@ class Session:
             self.rows.flush()
         self.round_walls.append(row["wall_s"])
         return row
+
+    def fold_secure(self, number: int) -> dict[str, Any]:
+        """A securely aggregated round's mean change, folded once (``Aggregation.fold_secure_mean``); a round whose
+        sum could not be unmasked leaves the model as it was. Its fields of metrics.jsonl."""
+        assert self.secagg is not None
+        change, secure = self.secagg.mean_change(), self.secagg.round
+        if change is not None and secure is not None:
+            first = min((self.registry.agents[c].index, c) for c in secure.contributors)
+            self.aggregation.fold_secure_mean(change, (first[1], first[0]))
+        record = self.secagg.record()
+        if record.get("secagg_failed"):
+            log.warning("round %d: secure aggregation failed (%s); the model stays as it was", number,
+                        record["secagg_failed"])
+        return record
 
     def hold_row(self, row: dict[str, Any], number: int) -> DeferredRow:
         return self.rows.hold(row, number, self.server.evaluation_arrays, self.server.pruned_evaluation_arrays)

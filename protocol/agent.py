@@ -259,6 +259,7 @@ class AgentProtocol:
         training, round_number = self.state is AgentState.TRAINING, self.task_round
         if self.state in HOLDING:
             self.move("cancel")
+            self.secure = None  # a secure task dropped before its masked input went out is never masked
         return [CancelTraining(round_number)] if training and round_number is not None else []
 
     def joined(self, run_id: str, index: int, heartbeat_s: float, liveness_s: float, seed: int = 0) -> None:

@@ -40,6 +40,7 @@ from fedge.protocol.pacing import UploadPacer
 from fedge.protocol.payload import ClientUpdate, Payload
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.round import RoundPhase, RoundState, next_phase
+from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.selection import censored, measured
 from fedge.protocol.server_half import ServerHalf
 from fedge.protocol.validation import check_update
@@ -70,6 +71,7 @@ class CoordinatorProtocol:
         self.closed: RoundState | None = None   # the round while it is CLOSED (awaiting its checkpoint)
         self.declined: dict[str, None] = {}   # client ids that declined the session (bounded, oldest dropped)
         self.pacer = UploadPacer(max_uploads)  # paced uploads (fleet.max_uploads; 0: unpaced)
+        self.secure: SecureRound | None = None  # a securely aggregated round's stages, from its opening to its commit
 
     def resume(self, run_id: str, committed_round: int) -> None:
         """A checkpoint was loaded: the session is run ``run_id``, and ``committed_round`` its last committed
@@ -127,8 +129,13 @@ class CoordinatorProtocol:
                         agent.index not in self.current.body_up:
                     self.current.body_up[agent.index] = len(frame) - codec.read_header(frame).body_at
                 return outcome
+            case codec.SecAggKeys() | codec.SecAggShares() | codec.SecAggReveal():
+                if self.secure is None:
+                    return [Noted(logging.INFO, f"a {type(message).__name__} from {client_id} with no securely "
+                                                "aggregated round open")]
+                return self.secure.receive(client_id, message, now)
             case codec.Bye():
-                return self.on_bye(client_id, agent.index, message)
+                return self.on_bye(client_id, agent.index, message) + self.secure_gone(client_id, now)
             case codec.ErrorMessage():
                 return self.on_report(peer, client_id, agent.index, message, now)
             case _:
@@ -150,7 +157,13 @@ class CoordinatorProtocol:
             self.on_unavailable(index, message.round, message.reason)
         elif message.code in words.JOIN_REFUSALS:
             events += self.on_declined(client_id, index)
-        return events
+        else:
+            return events
+        return events + self.secure_gone(client_id, now)
+
+    def secure_gone(self, client_id: str, now: float) -> list[CoordinatorEvent]:
+        """A device that left, failed or declined: a securely aggregated round's open stage stops waiting for it."""
+        return self.secure.gone(client_id, now) if self.secure is not None else []
 
     def refuse(self, peer: bytes, code: str, reason: str, now: float, older: int = 0) -> list[CoordinatorEvent]:
         """Answer (and log) a refusal, at a bounded rate per peer; ``older``: the wire-format version of the packet
@@ -219,6 +232,13 @@ class CoordinatorProtocol:
             return self.refuse(peer, words.DUPLICATE, f"a second update from client {index} in round {update.round}",
                                now)
         agent = self.registry.by_index(index)
+        if self.secure is not None:  # a masked input joins the round's masked sum; nothing of it is kept here
+            problem = self.secure.masked_update(agent.client_id, update)
+            if problem:
+                return self.refuse(peer, words.INVALID_UPDATE, problem, now)
+            current.accept(index, dataclasses.replace(update, groups={}, meta={}), size)
+            agent.round_s = measured(agent.round_s, max(now - current.started, 0.0))
+            return []
         decoded = ClientUpdate(client_id=agent.client_id, index=index, num_samples=update.num_samples,
                                payload=Payload(groups=dict(update.groups), meta=dict(update.meta)),
                                clip_scale=update.clip_scale)
@@ -281,10 +301,13 @@ class CoordinatorProtocol:
 
     # ------------------------------------------------------------------------------------------ the round
     def open_round(self, number: int, selected: Sequence[int], now: float, deadline_s: float,
-                   target: int = 0) -> list[CoordinatorEvent]:
+                   target: int = 0, secure: SecureRound | None = None) -> list[CoordinatorEvent]:
         """Start round ``number`` with the selected clients: their tasks. ``target``: close it once this many
-        updates arrived (over-selection)."""
+        updates arrived (over-selection). ``secure``: the round is securely aggregated (its tasks carry the
+        ``secagg`` settings of ``task_flags``): its updates are masked inputs, summed by ``secure`` and never
+        handed out one by one, and its stage messages go to it until the round is committed."""
         self.phase = next_phase(self.phase, "open")
+        self.secure = secure
         self.current = RoundState(number=number, selected=list(selected), started=now, deadline=now + deadline_s,
                                   target=target)
         self.pacer.reset()
@@ -343,13 +366,16 @@ class CoordinatorProtocol:
             return True
         if current.target and len(current.updates) >= current.target:
             return True
+        if self.secure is not None and self.secure.done:  # it failed before its inputs: nothing will be summed
+            return True
         if not current.pending or now >= current.deadline:
             return True
         return not any(self.registry.alive(self.registry.by_index(i), now) for i in current.pending)
 
     def close_round(self, now: float) -> tuple[RoundState, list[CoordinatorEvent]]:
         """Close the round in progress: its state, and a Cancel to each selected agent still training it (whose
-        round-time estimate is then censored: it did not finish in the time it had)."""
+        round-time estimate is then censored: it did not finish in the time it had); a securely aggregated round's
+        unmask requests follow (its sum is then ``secure``'s once ``secure.done``)."""
         current = self.current
         if current is None:
             raise RuntimeError("no round is open")
@@ -362,11 +388,13 @@ class CoordinatorProtocol:
             if agent.connected and agent.peer:
                 cancels.append(Send(peer=agent.peer, message=codec.Cancel(run_id=self.run_id, round=current.number, sender=COORDINATOR,
                                                              reason="the round closed without your update")))
+        if self.secure is not None:
+            cancels += self.secure.close_inputs(now)
         return current, cancels
 
     def abandon_round(self) -> None:
         self.phase = next_phase(self.phase, "abandon")
-        self.current = None
+        self.current, self.closed, self.secure = None, None, None
 
     def commits(self, number: int) -> list[CoordinatorEvent]:
         """Commit round ``number``, the round last closed: each agent whose update it aggregated has it as its last
@@ -378,10 +406,14 @@ class CoordinatorProtocol:
         self.phase = next_phase(self.phase, "commit")
         self.round = number
         self.closed = None
-        for index in closed.updates:
+        aggregated = set(closed.updates)
+        if self.secure is not None:  # only the inputs of a sum that was unmasked were aggregated
+            aggregated = {self.registry.agents[c].index for c in self.secure.contributors}
+            self.secure = None
+        for index in aggregated:
             self.registry.by_index(index).last_accepted_round = number
         return [Checkpoint(number), *(Send(peer=self.registry.by_index(i).peer, message=codec.Commit(
-            run_id=self.run_id, round=number, sender=COORDINATOR)) for i in sorted(closed.updates))]
+            run_id=self.run_id, round=number, sender=COORDINATOR)) for i in sorted(aggregated))]
 
     def byes(self, code: str, reason: str) -> list[CoordinatorEvent]:
         """A Bye to every connected agent (``code``: vocabulary.BYE_FINISHED ends their session, and hellos are no

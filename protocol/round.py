@@ -6,6 +6,7 @@ progress.
     NONE, COMMITTED       open           OPEN
     OPEN                  close          CLOSED      (awaiting its checkpoint)
     OPEN                  abandon        NONE        (the session stops mid-round)
+    CLOSED                abandon        NONE        (it stops while a secure round unmasks its sum)
     CLOSED                commit         COMMITTED
 
     ClientOutcome         event          next
@@ -43,6 +44,7 @@ ROUND_TRANSITIONS: dict[tuple[RoundPhase, str], RoundPhase] = {
     (RoundPhase.COMMITTED, "open"): RoundPhase.OPEN,
     (RoundPhase.OPEN, "close"): RoundPhase.CLOSED,
     (RoundPhase.OPEN, "abandon"): RoundPhase.NONE,
+    (RoundPhase.CLOSED, "abandon"): RoundPhase.NONE,
     (RoundPhase.CLOSED, "commit"): RoundPhase.COMMITTED,
 }
 

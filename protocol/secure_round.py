@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 from fedge import codec
 from fedge.protocol.events import COORDINATOR, CoordinatorEvent, Noted, Send
+from fedge.protocol.secure_device import masked_words
 from fedge.secagg.aggregator import RoundFailed, RoundStage, SecAggRound, SecureSum
 from fedge.secagg.device import SHARE_CHUNKS
 from fedge.secagg.field import U64
@@ -32,6 +33,7 @@ class SecureRound:
     def __init__(self, run_id: str, number: int, attempt: int, setup: Setup, selected: list[str],
                  peer_of: Callable[[str], bytes | None], stage_timeout_s: float, now: float) -> None:
         self.run_id, self.number, self.attempt = run_id, number, attempt
+        self.setup = setup
         self.machine = SecAggRound(setup, selected)
         self.peer_of = peer_of
         self.stage_timeout_s = stage_timeout_s
@@ -79,16 +81,40 @@ class SecureRound:
         return self.advance(now) if not self.waiting else []
 
     def masked(self, client_id: str, words: U64) -> str:
-        """A masked input (from an Update): '' when it joined the sum, else why not."""
+        """A masked input: '' when it joined the sum, else why not."""
         return self.machine.add_masked(MaskedInput(client_id, words))
+
+    def masked_update(self, client_id: str, update: codec.Update) -> str:
+        """An Update's masked input (``protocol.secure_device.masked_group``): '' when it joined the sum, else why
+        not (the Update is then refused)."""
+        words, problem = masked_words(update.groups, self.setup.size, self.setup.bits)
+        return problem if words is None else self.masked(client_id, words)
+
+    def gone(self, client_id: str, now: float) -> list[CoordinatorEvent]:
+        """A device left or failed its round: the open stage no longer waits for it (it closes now when it waited
+        for no one else)."""
+        if client_id not in self.waiting:
+            return []
+        self.waiting.discard(client_id)
+        return self.advance(now) if not self.waiting else []
 
     def inputs_complete(self) -> bool:
         """Every device that shared has sent its masked input."""
         return self.machine.stage is RoundStage.INPUTS and self.machine.masked == set(self.machine.sealed)
 
     def close_inputs(self, now: float) -> list[CoordinatorEvent]:
-        """The round's update stage has ended: the unmask requests go out."""
-        if self.machine.stage is not RoundStage.INPUTS:
+        """The round's update stage has ended: the unmask requests go out (or, when it ended before the shares were
+        delivered, the round fails)."""
+        stage = self.machine.stage
+        if stage in (RoundStage.KEYS, RoundStage.SHARES):
+            self.waiting = set()
+            try:
+                self.machine.fail(f"the round's updates closed in the {stage.value} stage, before any masked "
+                                  "input could come")
+            except RoundFailed as failure:
+                return [Noted(logging.WARNING, f"secure aggregation, round {self.number}: the round fails: "
+                                               f"{failure}")]
+        if stage is not RoundStage.INPUTS:
             return []
         return self.advance(now)
 

@@ -1,0 +1,95 @@
+"""A session's secure aggregation (``[secagg]``; docs/secure-aggregation.md): for each round, the grid its devices
+quantise on, the ``secagg`` settings its tasks carry, the ``protocol.secure_round.SecureRound`` that runs its stages,
+and, once its sum is unmasked, the survivors' mean change laid out as the model's tensors.
+
+Attempts: the settings name the round's attempt (it enters every key the devices derive). Before a round's tasks go
+out, its number and attempt are written durably to ``RUN/secagg.json``; a coordinator that restarts and opens the
+same round again opens its next attempt, so its devices mask with fresh keys. The layout is taken from what the
+server half sends (``change_reference``: the model every device of the round was sent), float tensors only (a model
+with integer buffers is refused by the plan). Must not import torch, a transport or an algorithm by name.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fedge.coordinator.rundir import RunDir
+from fedge.coordinator.sections import SecAggSection
+from fedge.protocol.payload import Arrays
+from fedge.protocol.secure_round import SecureRound
+from fedge.secagg.encoding import Grid, grid_for, setup_of, task_settings
+
+ATTEMPTS_FILE = "secagg.json"
+
+
+class SessionSecAgg:
+    """See the module docstring."""
+
+    def __init__(self, section: SecAggSection, run_dir: RunDir) -> None:
+        self.section = section
+        self.run_dir = run_dir
+        self.round: SecureRound | None = None
+        self.grid: Grid | None = None
+        self.layout: list[tuple[str, tuple[int, ...]]] = []
+        self.settings: dict[str, Any] = {}
+
+    def next_attempt(self, number: int) -> int:
+        """The attempt of round ``number`` to open now (0, or one past the last opened), written durably."""
+        path = self.run_dir / ATTEMPTS_FILE
+        last = json.loads(path.read_text()) if path.exists() else {}
+        attempt = int(last["attempt"]) + 1 if last.get("round") == number else 0
+        self.run_dir.write_json(ATTEMPTS_FILE, {"round": number, "attempt": attempt})
+        return attempt
+
+    def open(self, run_id: str, number: int, selected: Sequence[str], reference: Mapping[str, np.ndarray],
+             peer_of: Callable[[str], bytes | None], now: float) -> SecureRound:
+        """Round ``number``'s secure stages over the ``selected`` devices, whose change is measured from
+        ``reference`` (the model they are sent)."""
+        s = self.section
+        self.layout = [(name, tuple(np.shape(array))) for name, array in reference.items()
+                       if np.asarray(array).dtype.kind == "f"]
+        grid = self.grid = grid_for(s.bits, s.clip_range, [int(np.prod(shape)) for _, shape in self.layout],
+                                    len(selected))
+        attempt = self.next_attempt(number)
+        self.settings = task_settings(grid, s.threshold, s.neighbours, secrets.randbits(62), attempt)
+        self.round = SecureRound(run_id, number, attempt, setup_of(run_id, number, self.settings, grid.size),
+                                 list(selected), peer_of, s.stage_timeout_s, now)
+        return self.round
+
+    def task_fields(self, number: int) -> dict[str, Any]:
+        """The ``secagg`` field of round ``number``'s tasks."""
+        if self.round is None or self.round.number != number:
+            return {}
+        return {"secagg": self.settings}
+
+    def mean_change(self) -> Arrays | None:
+        """The survivors' mean change as the model's float tensors, once the sum is unmasked (else None)."""
+        secure, grid = self.round, self.grid
+        total = secure.total() if secure is not None else None
+        if secure is None or grid is None or total is None:
+            return None
+        flat = grid.mean(total, len(secure.contributors))
+        change: dict[str, np.ndarray] = {}
+        at = 0
+        for name, shape in self.layout:
+            size = int(np.prod(shape))
+            change[name] = flat[at:at + size].reshape(shape).astype(np.float32)
+            at += size
+        return change
+
+    def record(self) -> dict[str, Any]:
+        """The round's fields of metrics.jsonl: its attempt, how many masked inputs were summed, and why it failed
+        ('' when it did not)."""
+        secure = self.round
+        if secure is None:
+            return {}
+        return {"secagg_attempt": secure.attempt, "secagg_summed": len(secure.contributors),
+                "secagg_failed": secure.failed or ("" if secure.done else "the round ended before its unmask stage")}
+
+    def close(self) -> None:
+        self.round, self.grid = None, None
