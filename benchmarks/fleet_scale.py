@@ -53,6 +53,7 @@ from fedge.protocol.events import (
     Confirm,
     Join,
     Left,
+    Masked,
     Noted,
     Send,
     SendFrame,
@@ -104,7 +105,7 @@ class LightAgent:
                 case Stop() | Left():
                     self.act(self.protocol.leaving())
                     self.done = True
-                case CancelTraining() | Confirm() | Noted():
+                case CancelTraining() | Confirm() | Masked() | Noted():
                     continue  # a light agent trains at once, keeps no state and logs nothing
                 case _:
                     assert_never(action)

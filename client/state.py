@@ -19,6 +19,7 @@ Beside the client half's state, each round's file holds the model the device wou
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fedge.plumbing import load_arrays_and_model, replace_durably, save_arrays
+from fedge.plumbing import atomic_write_bytes, load_arrays_and_model, replace_durably, save_arrays
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class DeviceState:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.committed_path = self.dir / "committed.npz"
         self.pending_path = self.dir / "pending.npz"
+        self.masked_path = self.dir / "masked.json"  # the last round a masked input was sent for
         self.sessions_dir = self.dir / "sessions"
         self.keep_sessions = keep_sessions
         self.current_run: str | None = None  # the run of committed.npz, once read (a commit keeps it up to date)
@@ -113,6 +115,21 @@ class DeviceState:
     def write_pending(self, run_id: str, round_number: int, arrays: dict[str, np.ndarray],
                       model: dict[str, np.ndarray] | None = None, model_meta: dict[str, Any] | None = None) -> None:
         _save(self.pending_path, StoredState(run_id, round_number, arrays, dict(model or {}), dict(model_meta or {})))
+
+    def note_masked(self, run_id: str, round_number: int) -> None:
+        """Remember durably the last round this device masked an input of (``protocol.events.Masked``)."""
+        atomic_write_bytes(self.masked_path, json.dumps({"run_id": run_id, "round": round_number}).encode())
+
+    def last_masked(self) -> tuple[str, int] | None:
+        """The (run id, round) this device last masked an input of, or None."""
+        try:
+            noted = json.loads(self.masked_path.read_text())
+            return str(noted["run_id"]), int(noted["round"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as error:  # unreadable: assume the worst, mask nothing of it
+            raise ValueError(f"{self.masked_path} cannot be read ({error}): remove it only if no secure session "
+                             "is in progress") from None
 
     def committed_model(self) -> StoredState | None:
         """The latest committed state with its prediction model (of whatever run), or None before the first

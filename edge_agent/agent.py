@@ -41,6 +41,7 @@ from fedge.protocol.events import (
     Confirm,
     Join,
     Left,
+    Masked,
     Noted,
     Outcome,
     Send,
@@ -72,6 +73,7 @@ class Agent:
                             input_shape=tuple(self.data.input_shape), num_outputs=self.data.num_outputs)
         self.protocol = AgentProtocol(settings.client_id, settings.hello_interval_s, facts,
                                       stay=settings.after_session == "wait")
+        self.protocol.masked_before = self.state.last_masked()  # the restart rule of secure aggregation
         self.progress = 0      # main-loop iterations and messages handled
         self.train_steps = 0   # optimizer steps taken by the training thread
         self.exit_code = 0
@@ -241,6 +243,8 @@ class Agent:
                         self.start_task(task, decode_cpu_s)
                 case Confirm(round=round_number):
                     self.on_commit(round_number)
+                case Masked(run_id=run_id, round=round_number):
+                    self.state.note_masked(run_id, round_number)
                 case Left(run_id=run_id):
                     self.leave_session(transport, run_id)
                 case Stop(exit_code=exit_code):

@@ -10,7 +10,11 @@ does not stop the agent: it says hello again with exponential backoff, capped at
 coordinator, a new session or a rolling upgrade recovers the fleet with no operator. A securely aggregated task
 (its ``secagg`` settings set) is held in a ``protocol.secure_device.SecureTask``: its keys go out with the training,
 its stage messages are answered, and its update goes out masked, once its shares have come (a task it cannot mask,
-or a stage it refuses, fails the round: nothing goes out in the clear). The agent's state is named
+or a stage it refuses, fails the round: nothing goes out in the clear). A masked update goes out after a
+``Masked`` action (the driver writes it durably first), and a device never masks a second input of a round of
+which it sent one (``masked_before``): a coordinator that restarted redoes the round with fresh keys, and two sums
+of the same inputs over different devices would give one device's update away, so it reports the round failed
+instead. The agent's state is named
 (``AgentState``) and changes only by ``AGENT_TRANSITIONS``:
 
     AgentState       event      next
@@ -48,6 +52,7 @@ from fedge.protocol.events import (
     Confirm,
     Join,
     Left,
+    Masked,
     Noted,
     Send,
     SendFrame,
@@ -130,6 +135,9 @@ class AgentProtocol:
         self.declined = ""               # the last task declined by the availability rules, until the next one
         self.seed = 0                    # the session's run seed (a secure task's rounding draws from it)
         self.secure: SecureTask | None = None  # the securely aggregated task held, until its unmask is answered
+        # the (run, round) this device last masked an input of (its driver loads it from the device's state): it
+        # masks nothing more of that round or an earlier one of that run
+        self.masked_before: tuple[str, int] | None = None
 
     def move(self, event: str, task_round: int | None = None, update: bytes | None = None) -> None:
         """The one place the state changes: by ``AGENT_TRANSITIONS`` (a RuntimeError names a transition it does
@@ -283,6 +291,11 @@ class AgentProtocol:
             try:
                 if task.paced:
                     raise ValueError("a paced task cannot be securely aggregated")
+                if self.masked_before is not None and self.masked_before[0] == task.run_id and \
+                        task.round <= self.masked_before[1]:
+                    raise ValueError(f"this device masked an input of round {self.masked_before[1]} already (an "
+                                     "earlier attempt): two sums over different devices would give one device's "
+                                     "update away")
                 assert self.index is not None
                 self.secure = SecureTask(self.run_id, self.client_id, self.index, self.seed, task)
             except (ValueError, Refused) as error:
@@ -304,7 +317,7 @@ class AgentProtocol:
             if secure.pending is not None and secure.device.ready and self.state is AgentState.AWAITING_SHARES:
                 frame, secure.pending = secure.masked_frame(secure.pending), None
                 self.move("send")
-                actions.append(SendFrame(frame, round=message.round))
+                actions += self.send_masked(frame, message.round)
         except Refused as refusal:
             return self.secure_failed(message.round, f"secure aggregation: {refusal}")
         if isinstance(message, codec.SecAggUnmask):
@@ -379,7 +392,12 @@ class AgentProtocol:
         except (codec.CodecError, Refused) as error:
             return self.secure_failed(round_number, f"secure aggregation: {error}")
         self.move("send")
-        return [SendFrame(masked, round=round_number)]
+        return self.send_masked(masked, round_number)
+
+    def send_masked(self, frame: bytes, round_number: int) -> list[AgentAction]:
+        """A masked update goes out once it is remembered (``Masked``, written by the driver first)."""
+        self.masked_before = (self.run_id, round_number)
+        return [Masked(self.run_id, round_number), SendFrame(frame, round=round_number)]
 
     def abandoned(self) -> None:
         """Training stopped without an outcome (cancelled, or the agent is stopping): it holds no task any more."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -236,7 +237,8 @@ class CoordinatorProtocol:
             problem = self.secure.masked_update(agent.client_id, update)
             if problem:
                 return self.refuse(peer, words.INVALID_UPDATE, problem, now)
-            current.accept(index, dataclasses.replace(update, groups={}, meta={}), size)
+            # the masked Update has no training loss: kept as unknown (NaN), never as the codec's 0.0
+            current.accept(index, dataclasses.replace(update, groups={}, meta={}, train_loss=math.nan), size)
             agent.round_s = measured(agent.round_s, max(now - current.started, 0.0))
             return []
         decoded = ClientUpdate(client_id=agent.client_id, index=index, num_samples=update.num_samples,

@@ -99,6 +99,15 @@ class Confirm:
 
 
 @dataclass(frozen=True)
+class Masked:
+    """Write durably, before the action that follows (its masked update), that this device masked an input of
+    ``round`` of run ``run_id``: it never masks another of that round (``protocol.agent``'s restart rule)."""
+
+    run_id: str
+    round: int
+
+
+@dataclass(frozen=True)
 class Left:
     """The session finished and the agent stays up for the next one: forget the session (the protocol has)."""
 
@@ -123,4 +132,4 @@ class Outcome:
 
 
 CoordinatorEvent = Send | SendFrame | Noted | Rejected | Accepted | Checkpoint
-AgentAction = Send | SendFrame | Noted | Join | Train | CancelTraining | Confirm | Left | Stop
+AgentAction = Send | SendFrame | Noted | Join | Train | CancelTraining | Confirm | Masked | Left | Stop

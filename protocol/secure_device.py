@@ -29,6 +29,8 @@ MASKED_GROUP = "secagg"
 MASKED_TENSOR = "words"
 # An Update's fields a securely aggregated round leaves out: computed from the device's data or its change
 DROPPED_FIELDS = ("evaluation", "personal_accuracy", "train_loss", "clip_scale")
+# The meter's fields it sends as null: counted from the change (how many parameters it moved)
+DROPPED_RECORD_FIELDS = frozenset({"params_updated"})
 
 
 def word_dtype(bits: int) -> np.dtype[np.unsignedinteger]:
@@ -147,8 +149,10 @@ class SecureTask:
         """The Update to send: the change masked; of the runtime's fields only what describes the device's work
         (samples, steps, training seconds, the meter's record) is kept, and what is computed from its data or its
         change is dropped (``DROPPED_FIELDS``: the evaluation, the personal accuracy, the training loss, and the
-        clip scale, which would give the change's norm)."""
+        clip scale, which would give the change's norm; of the meter's record, ``DROPPED_RECORD_FIELDS``: how many
+        parameters the change moved)."""
         group = self.device.masked_group(self.change_of(update))
+        record = {**update.record, **dict.fromkeys(DROPPED_RECORD_FIELDS & set(update.record))}
         return codec.encode(codec.Update(update.run_id, update.round, update.sender, groups={MASKED_GROUP: group},
                                          num_samples=update.num_samples, steps=update.steps, train_s=update.train_s,
-                                         record=update.record))
+                                         record=record))

@@ -158,6 +158,8 @@ def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     initial = initial_weights(config, model) if config.model.init else None
     limit = frame_limit(model)
     privacy = private_plan(config, model, dataset) if config.privacy.on else None
+    if config.secagg.enabled:
+        check_secure(model)
     shards = local_shards(config, dataset) if local else []
     plan = SessionPlan(config, spec, dataset, plugins, mean, std, initial, shards, limit, privacy)
     check_welcome(plan)
@@ -178,6 +180,15 @@ def private_plan(config: Config, model: Any, dataset: Any | None) -> Any:
         raise ConfigError("privacy.mode = \"central\" needs a test set on the coordinator (data.dataset): the "
                           "devices' own evaluations would be released unnoised")
     return make_plan(config)
+
+
+def check_secure(model: Any) -> None:
+    """Secure aggregation sums the model's float tensors: a model with integer buffers is refused (the coordinator
+    could not take their median of updates it never sees)."""
+    integers = [name for name, tensor in model.state_dict().items() if not tensor.is_floating_point()]
+    if integers:
+        raise ConfigError(f"secagg.enabled refuses a model with integer buffers ({', '.join(integers[:3])}): "
+                          "the devices mask float changes only; use a model without BatchNorm counters")
 
 
 def check_welcome(plan: SessionPlan) -> None:

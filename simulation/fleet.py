@@ -26,6 +26,7 @@ from fedge.protocol.events import (
     Confirm,
     Join,
     Left,
+    Masked,
     Noted,
     Send,
     SendFrame,
@@ -117,6 +118,8 @@ class SimulatedFleet:
                 case Train():
                     self.jobs += 1
                     self.backend.submit(Job(self.clients[client_id], client.welcome_frame, frame, self.rule))
+                case Masked(run_id=run_id, round=round_number):
+                    client.state().note_masked(run_id, round_number)
                 case Confirm(round=round_number):
                     if not client.confirm(round_number):
                         log.warning("client %s had no pending state of round %d to commit", client_id, round_number)

@@ -7,13 +7,14 @@ task the agent cannot mask, or a stage it refuses, fails the round and sends not
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
 from fedge import codec
 from fedge.protocol.agent import AgentProtocol, AgentState, DeviceFacts
-from fedge.protocol.events import Send, SendFrame, Train
+from fedge.protocol.events import Masked, Send, SendFrame, Train
 from fedge.protocol.secure_device import masked_words
 from fedge.protocol.secure_round import SecureRound, peers_by_id
 from fedge.secagg import field
@@ -44,7 +45,7 @@ def trained(name: str, change: np.ndarray, evaluation: dict[str, Any] | None = N
         np.float32)}
     return codec.encode(codec.Update("r1", 3, name, groups={"model": codec.TensorGroup(dense=model)}, num_samples=50,
                                      evaluation=evaluation or {}, personal_accuracy=0.8, train_loss=0.7,
-                                     clip_scale=0.25, steps=4))
+                                     clip_scale=0.25, steps=4, record={"params_updated": 15, "flops_train": 99}))
 
 
 def sends(actions: list[Any]) -> list[codec.Message]:
@@ -74,18 +75,21 @@ def test_a_round_of_four_agents_gives_the_coordinator_their_quantised_mean_chang
         name = send.peer.decode()
         actions = agents[name].receive(codec.encode(send.message), 0.1)
         updates.update((name, a.frame) for a in actions if isinstance(a, SendFrame))
+        assert [a for a in actions if isinstance(a, (Masked, SendFrame))][:1] in ([], [Masked("r1", 3)])
         for reply in sends(actions):
             outbox += coordinator.receive(name, codec.decode(codec.encode(reply)), 0.1)
     assert set(updates) == {"a0"} and agents["a0"].state is AgentState.IDLE
     for name in names[1:3]:  # a3 never finishes: it is dropped
-        (frame,) = [a.frame for a in agents[name].finished(3, trained(name, changes[name])) if isinstance(a, SendFrame)]
-        updates[name] = frame
+        finished = agents[name].finished(3, trained(name, changes[name]))
+        assert [type(a) for a in finished] == [Masked, SendFrame]  # remembered durably before it goes out
+        updates[name] = finished[1].frame  # type: ignore[union-attr]
     for name, frame in updates.items():
         update = codec.decode(frame)
         assert isinstance(update, codec.Update) and set(update.groups) == {"secagg"}
         # nothing computed from its data or its change (the clip scale would give its norm); its work is kept
         assert (update.evaluation, update.personal_accuracy, update.train_loss, update.clip_scale) == ({}, None, 0.0, 1.0)
         assert (update.num_samples, update.steps) == (50, 4)
+        assert update.record == {"params_updated": None, "flops_train": 99}  # its work, not what it moved
         words, why = masked_words(update.groups, sum(SIZES), 16)
         assert words is not None and coordinator.masked(name, words) == "", why
     for send in coordinator.close_inputs(0.2):
@@ -101,6 +105,12 @@ def test_a_round_of_four_agents_gives_the_coordinator_their_quantised_mean_chang
     assert np.array_equal(np.round(grid.mean(total, 3) * 3 / step).astype(np.int64), quantised)
     assert agents["a3"].secure is not None  # still training: its unmask request never came
     assert all(agents[name].secure is None for name in names[:3])  # answered once
+    # the restart rule: the round again (a coordinator that restarted, with fresh keys) is refused by a device that
+    # masked an input of it, and nothing is trained or sent but the failure
+    retry = dataclasses.replace(secure_task(), secagg={**(secure_task().secagg or {}), "attempt": 1})
+    again = agents["a1"].receive(codec.encode(retry), 1.0)
+    assert [type(a).__name__ for a in again] == ["Noted", "Send"]
+    assert "masked an input of round 3 already" in sends(again)[0].reason  # type: ignore[attr-defined]
 
 
 def test_a_secure_task_it_cannot_mask_fails_the_round_and_nothing_is_trained() -> None:

@@ -1,0 +1,175 @@
+"""Secure aggregation in whole sessions (``[secagg]``): the model moves by exactly the survivors' quantised mean
+change, a simulated fleet equals a fleet of agent processes bit for bit, what the guarantee cannot hold with is
+refused in one line before anything is written, and a coordinator that crashed after unmasking a round's sum
+redoes the round with devices that refuse to mask a second input of it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedge import codec
+from fedge.coordinator.config import ConfigError, load_config
+from fedge.protocol.agent import AgentProtocol, DeviceFacts
+from fedge.protocol.events import Send
+from fedge.secagg import field
+from fedge.secagg.encoding import Grid, grid_for, task_settings
+from tests.simfleet import differences, finish_cli, overrides, read_jsonl, records, run_here, start_cli
+
+SECURE = ("algorithm.name=fedavg", "secagg.enabled=true")
+
+
+def test_the_model_moves_by_exactly_the_survivors_quantised_mean(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every device's field words are recorded as the shipped grid encodes them (before masking); the change the
+    coordinator folds is their sum, read back as the grid's mean, bit for bit, and never one device's."""
+    from fedge.protocol.server_half import Aggregation
+
+    encoded: list[tuple[Grid, np.ndarray]] = []
+    folded: list[dict[str, np.ndarray]] = []
+    encode, fold = Grid.encode, Aggregation.fold_secure_mean
+
+    def recording_encode(self: Grid, change: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        words = encode(self, change, rng)
+        encoded.append((self, words.copy()))
+        return words
+
+    def recording_fold(self: Aggregation, change: dict[str, np.ndarray], contributor: tuple[str, int]) -> None:
+        folded.append({name: np.array(value) for name, value in change.items()})
+        fold(self, change, contributor)
+
+    monkeypatch.setattr(Grid, "encode", recording_encode)
+    monkeypatch.setattr(Aggregation, "fold_secure_mean", recording_fold)
+    run_here(overrides("fedavg", 1.0, "simulated", "inline", (*SECURE, "fleet.local_agents=4", "run.rounds=2")),
+             tmp_path / "run")
+    assert len(encoded) == 8 and len(folded) == 2
+    for number, change in enumerate(folded):
+        grid = encoded[4 * number][0]
+        total = np.zeros(grid.size, np.uint64)
+        for _, words in encoded[4 * number:4 * number + 4]:
+            total = field.add(total, words, grid.bits)
+        expected = grid.mean(total, 4).astype(np.float32)
+        got = np.concatenate([value.ravel() for value in change.values()])
+        assert got.tobytes() == expected.tobytes(), f"round {number + 1}"
+        one = grid.mean(encoded[4 * number][1], 1).astype(np.float32)
+        assert not np.array_equal(got, one)
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [(r["secagg_summed"], r["secagg_failed"], r["secagg_attempt"]) for r in rows] == [(4, "", 0)] * 2
+    assert rows[-1]["test_accuracy"] > 0.3
+
+
+def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(tmp_path: Path) -> None:
+    process = start_cli(overrides("fedavg", 1.0, "process", extra=SECURE), tmp_path / "process")
+    try:
+        run_here(overrides("fedavg", 1.0, "simulated", "inline", SECURE), tmp_path / "simulated")
+    finally:
+        finish_cli(process, tmp_path / "process")
+    expected = records(tmp_path / "process")
+    assert [row["reported"] for row in expected["metrics"]] == [6, 6, 6]
+    assert differences(expected, records(tmp_path / "simulated")) == []
+    clients = read_jsonl(tmp_path / "process" / "clients.jsonl")
+    # what is computed from a device's data or its change stays on the device
+    assert all(row["train_loss"] is None and row["params_updated"] is None for row in clients)
+    assert all(row["train_loss"] is None for row in expected["metrics"])
+
+
+@pytest.mark.parametrize(("sets", "says"), [
+    (["secagg.threshold=0.5"], "secagg.threshold = 0.5"),
+    (["secagg.bits=70"], "secagg.bits = 70"),
+    (["secagg.clip_range=0"], "secagg.clip_range"),
+    (["secagg.stage_timeout_s=-1"], "secagg.stage_timeout_s"),
+    (["algorithm.name=\"scaffold\""], "cannot apply to algorithm 'scaffold'"),
+    (["algorithm.name=\"ef-fedprox\""], "cannot apply to algorithm 'ef-fedprox'"),
+    (["fleet.local_agents=2"], "at least 3 devices"),
+    (["algorithm.upload=\"model\""], "algorithm.upload"),
+    (["algorithm.weighting=\"samples\""], "algorithm.weighting"),
+    (["robust.aggregator=\"median\""], "robust.aggregator"),
+    (["robust.quarantine_after=2"], "robust.quarantine_after"),
+    (["robust.norm_factor=3.0"], "the [robust] bounds"),
+    (["fleet.max_uploads=2"], "fleet.max_uploads"),
+    (["eval.personal_every=1"], "eval.personal_every"),
+    (["privacy.mode=\"central\"", "privacy.noise_multiplier=1.0"], "privacy.mode"),
+])
+def test_what_secure_aggregation_cannot_hold_with_is_refused_in_one_line(sets: list[str], says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, ["algorithm.name=\"fedavg\"", "secagg.enabled=true", *sets])
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_secure_session_is_set_to_deltas_uniform_weights_and_no_bounds() -> None:
+    config = load_config(None, ["algorithm.name=\"fedprox\"", "secagg.enabled=true"])
+    assert config.algorithm["upload"] == "delta" and config.algorithm["weighting"] == "uniform"
+    assert (config.robust.norm_factor, config.robust.max_samples, config.round.min_clients) == (0.0, 0, 3)
+
+
+def test_the_cli_refuses_a_model_with_integer_buffers_before_it_writes_anything(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir),
+                          "--set", "model.name=\"cnn-bn\"", *[a for s in SECURE for a in ("--set", s)]],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "integer buffers" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not run_dir.exists()
+
+
+def secure_task(round_number: int, attempt: int) -> codec.Task:
+    model = {"w": np.zeros((3, 4), np.float32)}
+    settings = task_settings(grid_for(16, 0.5, [12], 4), 0.6, 50, 2, attempt)
+    return codec.Task("r1", round_number, "coordinator", groups={"model": codec.TensorGroup(dense=model)},
+                      secagg=settings)
+
+
+def test_a_device_that_masked_an_input_of_a_round_before_it_restarted_masks_no_other_of_it(tmp_path: Path) -> None:
+    """The restart rule across the device's own restart: what ``Masked`` wrote to its state is what its next
+    protocol object starts from (``last_masked``); a task of that round (the next attempt) is reported failed with
+    nothing trained and no key sent, and the next round is taken. (tests/test_agent_secure.py checks that a masked
+    update goes out only after ``Masked``.)"""
+    from fedge.client.state import DeviceState
+
+    DeviceState(tmp_path).note_masked("r1", 3)
+    agent = AgentProtocol("a0", 3.0, facts=DeviceFacts(fedge_version="0", torch_version="none", dataset_size=10))
+    agent.masked_before = DeviceState(tmp_path).last_masked()
+    agent.joined("r1", 0, 1.0, 60.0, seed=5)
+    refused = agent.receive(codec.encode(secure_task(3, attempt=1)), 1.0)
+    assert [type(a).__name__ for a in refused] == ["Noted", "Send"] and agent.secure is None
+    sent = [a.message for a in refused if isinstance(a, Send)]
+    assert isinstance(sent[0], codec.ErrorMessage) and "masked an input of round 3 already" in sent[0].reason
+    taken = agent.receive(codec.encode(secure_task(4, attempt=0)), 2.0)
+    assert [type(a).__name__ for a in taken] == ["Train", "Send"]  # trained, and its keys go out
+    (tmp_path / "masked.json").write_text("{")
+    with pytest.raises(ValueError, match="masked.json cannot be read"):
+        DeviceState(tmp_path).last_masked()
+
+
+def test_a_coordinator_that_crashed_after_unmasking_redoes_the_round_and_its_devices_refuse_to_mask_again(
+        tmp_path: Path) -> None:
+    """Crash after round 2's sum was unmasked and folded (crash point ``aggregated``): the resumed coordinator opens
+    round 2's next attempt; the three devices each masked an input of round 2 already, so each reports the round
+    failed, the round fails with its reason and the model stays as it was, and round 3 is summed as usual."""
+    sets = [a for s in ("model.name=\"mlp\"", "data.train_limit=200", "fleet.local_agents=3", "run.rounds=3",
+                        "run.export_onnx=false", "fleet.heartbeat_s=0.5", "secagg.stage_timeout_s=20", *SECURE)
+            for a in ("--set", s)]
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "fedge.runtime.cli", "start", "--quiet"]
+    crashed = subprocess.run([*command, *sets, "--run-dir", str(run_dir)], capture_output=True, timeout=180,
+                             env={**_env(), "FEDGE_CRASH_AT": "aggregated:2"})
+    assert crashed.returncode == 70, crashed.stderr[-2000:]
+    assert json.loads((run_dir / "secagg.json").read_text()) == {"round": 2, "attempt": 0}
+    resumed = subprocess.run([*command, "--resume", str(run_dir)], capture_output=True, timeout=180, env=_env())
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [(r["round"], r["secagg_attempt"], r["secagg_summed"]) for r in rows] == [(1, 0, 3), (2, 1, 0), (3, 0, 3)]
+    assert rows[1]["secagg_failed"] and rows[1]["reported"] == 0
+    assert rows[1]["test_accuracy"] == rows[0]["test_accuracy"]  # the model stayed as it was
+    logs = "".join((path / "agent.log").read_text() for path in (run_dir / "agents").iterdir())
+    assert logs.count("masked an input of round 2 already") == 3
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
