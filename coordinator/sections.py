@@ -170,7 +170,7 @@ class SecAggSection:
     the sum of a round's changes."""
 
     enabled: bool = False
-    threshold: float = 0.67       # of a device's neighbourhood: t = ceil(threshold * k) shares recover a secret
+    threshold: float = 0.6        # of a device's neighbourhood: t = ceil(threshold * k) shares recover a secret
     bits: int = 16                # the field's width on the wire (modulus 2^bits)
     clip_range: float = 0.1       # a device's change is clipped to [-clip_range, clip_range] per coordinate
     neighbours: int = 50          # a complete graph up to this many devices, a sparse random one above

@@ -232,6 +232,9 @@ class CoordinatorProtocol:
         if index in current.updates:
             return self.refuse(peer, words.DUPLICATE, f"a second update from client {index} in round {update.round}",
                                now)
+        if current.target and len(current.updates) >= current.target:  # it arrived in the batch that closes it
+            return self.refuse(peer, words.STALE, f"round {update.round} has its {current.target} updates "
+                               "(round.target) and is closing", now)
         agent = self.registry.by_index(index)
         if self.secure is not None:  # a masked input joins the round's masked sum; nothing of it is kept here
             problem = self.secure.masked_update(agent.client_id, update)

@@ -221,6 +221,18 @@ def test_a_round_closes_when_every_awaited_agent_is_gone() -> None:
     assert not p.complete(4.0) and p.complete(6.0)  # b not heard from for longer than liveness
 
 
+def test_an_update_beyond_the_target_in_the_batch_that_closes_the_round_is_refused() -> None:
+    """Over-selection: the driver checks ``complete`` after each batch of frames, so a third update may come in
+    the batch that brought the second; the target is what the round aggregates, so it is refused as stale."""
+    p = protocol()
+    joined(p, "a", "b", "c")
+    p.open_round(1, [0, 1, 2], 0.0, 300.0, target=2)
+    for name in ("a", "b"):
+        assert codes(p.receive(name.encode(), update(p, name, 1), 1.0)) == []
+    assert codes(p.receive(b"c", update(p, "c", 1), 1.0)) == ["stale"]
+    assert sorted(p.current.updates) == [0, 1] and p.complete(1.0)  # type: ignore[union-attr]
+
+
 def test_a_failed_round_and_a_declined_session() -> None:
     p = protocol(capacity=2)
     joined(p, "a", "b")

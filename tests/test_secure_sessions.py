@@ -173,3 +173,22 @@ def _env() -> dict[str, str]:
     import os
 
     return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_a_fleet_of_agent_processes_under_curvezmq_sums_the_first_three_and_rebuilds_the_straggler_s_masks(
+        tmp_path: Path) -> None:
+    """Four agent processes, CurveZMQ on, over-selection (``round.target = 3``): each round closes on three masked
+    inputs; the fourth device, which shared its keys, is cancelled (or its late input refused), so its pairwise
+    masks are rebuilt from its neighbours' shares. A wrong rebuild would leave masks on the sum: uniform noise on
+    the field, which no model learns from."""
+    run_dir = tmp_path / "run"
+    sets = [a for s in ("model.name=\"mlp\"", "data.train_limit=300", "fleet.local_agents=4", "run.rounds=3",
+                        "run.export_onnx=false", "security.curve=on", "round.target=3", *SECURE)
+            for a in ("--set", s)]
+    done = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--quiet", *sets, "--run-dir",
+                           str(run_dir)], capture_output=True, text=True, timeout=180, env=_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((run_dir / "provenance.json").read_text())["curve"] is True
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [(r["reported"], r["dropped"], r["secagg_summed"], r["secagg_failed"]) for r in rows] == [(3, 1, 3, "")] * 3
+    assert rows[-1]["test_accuracy"] > 0.4
