@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from fedge.coordinator.sections import Config, ConfigError
-from fedge.secagg.field import check_bits
+from fedge.secagg.field import check_bits, levels_for
 from fedge.secagg.graph import MIN_DEVICES
 
 PRIVACY_MODES = ("off", "central")
@@ -113,10 +113,18 @@ def secure(config: Config, raw: dict[str, Any]) -> Config:
         raise ConfigError(f"secagg.enabled cannot apply to algorithm {name!r}: secure aggregation sums the dense "
                           f"changes of {', '.join(SECURE_ALGORITHMS)} (per-device supports would leak, and "
                           "DSSA's global mask and ef-shared-* are not there yet: docs/secure-aggregation.md)")
-    fleet = config.fleet.expect if config.fleet.bind else (config.data.clients or config.fleet.local_agents)
+    # the session's population, as the launch counts it (a bound fleet: data.clients or fleet.expect)
+    fleet = (config.data.clients or config.fleet.expect) if config.fleet.bind else \
+        (config.data.clients or config.fleet.local_agents)
     if fleet and fleet < MIN_DEVICES:
         raise ConfigError(f"secagg.enabled needs at least {MIN_DEVICES} devices (a sum of two inputs gives each "
                           f"device the other's); this fleet has {fleet}")
+    if fleet:
+        try:
+            levels_for(s.bits, fleet)  # a round may select every device: their sum must fit the field
+        except ValueError as error:
+            raise ConfigError(f"secagg.bits = {s.bits} cannot hold the sum of {fleet} devices' values: raise "
+                              f"secagg.bits ({error})") from None
     algorithm = raw.get("algorithm", {})
     refusals = [
         (config.privacy.on, "privacy.mode = \"central\": the coordinator would clip each device's update, which it "

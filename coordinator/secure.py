@@ -23,6 +23,7 @@ from fedge.coordinator.sections import SecAggSection
 from fedge.protocol.payload import Arrays
 from fedge.protocol.secure_round import SecureRound
 from fedge.secagg.encoding import Grid, grid_for, setup_of, task_settings
+from fedge.secagg.graph import neighbourhoods, threshold_of
 
 ATTEMPTS_FILE = "secagg.json"
 
@@ -60,6 +61,18 @@ class SessionSecAgg:
         self.round = SecureRound(run_id, number, attempt, setup_of(run_id, number, self.settings, grid.size),
                                  list(selected), peer_of, s.stage_timeout_s, now)
         return self.round
+
+    def min_inputs(self) -> int:
+        """How many masked inputs the open round needs before over-selection may close it: n - k + t for n devices
+        of degree k and threshold t, so that however the missing ones fall, every device keeps t neighbours whose
+        input came (a target below it made every round fail its neighbourhood check)."""
+        secure = self.round
+        if secure is None:
+            return 0
+        selected = sorted(secure.machine.selected)
+        graph = neighbourhoods(selected, self.section.neighbours, int(self.settings["seed"]))
+        degree = min(len(neighbours) for neighbours in graph.values())
+        return min(len(selected), len(selected) - degree + threshold_of(degree, self.section.threshold))
 
     def task_fields(self, number: int) -> dict[str, Any]:
         """The ``secagg`` field of round ``number``'s tasks."""

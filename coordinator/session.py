@@ -293,8 +293,11 @@ class Session:
             self.aggregation = Aggregation(self.server, number, private=self.privacy.open_round(), step=self.step)
         selected = self.select(number, available)
         secure = self.open_secure(number, selected, started) if self.secagg is not None and selected else None
-        self.act(self.protocol.open_round(number, selected, started, self.config.round.deadline_s,
-                                          self.config.round.target, secure=secure))
+        target = self.config.round.target
+        if target and secure is not None and self.secagg is not None:
+            target = max(target, self.secagg.min_inputs())  # enough inputs for every device's threshold
+        self.act(self.protocol.open_round(number, selected, started, self.config.round.deadline_s, target,
+                                          secure=secure))
         while not self.protocol.complete(time.monotonic()):
             if self.stopping:
                 self.protocol.abandon_round()

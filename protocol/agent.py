@@ -338,6 +338,8 @@ class AgentProtocol:
         the agent holds no task."""
         if self.state is AgentState.TRAINING and self.task_round == round_number:
             self.move("decline")
+        if self.secure is not None and self.secure.round == round_number:
+            self.secure = None  # it answers no stage of the round (its keys, already queued, are withdrawn)
         self.declined = f"declined round {round_number}: {reason}"
         return [Noted(logging.INFO, f"not available for round {round_number}: {reason}"),
                 Send(codec.ErrorMessage(run_id=self.run_id, round=round_number, sender=self.client_id,

@@ -160,7 +160,9 @@ class CoordinatorProtocol:
             events += self.on_declined(client_id, index)
         else:
             return events
-        return events + self.secure_gone(client_id, now)
+        if message.code in words.JOIN_REFUSALS or (self.secure is not None and message.round == self.secure.number):
+            events += self.secure_gone(client_id, now)  # a report of an earlier round stops no stage
+        return events
 
     def secure_gone(self, client_id: str, now: float) -> list[CoordinatorEvent]:
         """A device that left, failed or declined: a securely aggregated round's open stage stops waiting for it."""
@@ -295,7 +297,9 @@ class CoordinatorProtocol:
         current = self.current
         if current is not None and index in current.chosen:
             current.fail(index)
-        if self.registry.release(client_id):
+        # an update of it in the round open or closing keeps its index: the round's records and commits name it
+        held = any(state is not None and index in state.updates for state in (current, self.closed))
+        if not held and self.registry.release(client_id):
             self.forget(index)
             return [Noted(logging.INFO, f"agent {client_id} declined the session; client index {index} is free "
                                         "again")]
@@ -371,8 +375,9 @@ class CoordinatorProtocol:
             return True
         if current.target and len(current.updates) >= current.target:
             return True
-        if self.secure is not None and self.secure.done:  # it failed before its inputs: nothing will be summed
-            return True
+        if self.secure is not None and (self.secure.done or self.secure.inputs_complete()):
+            return True  # it failed before its inputs, or every device that shared has sent its input: the
+            # rest (left out of the roster or the shares stage) can send nothing that would join the sum
         if not current.pending or now >= current.deadline:
             return True
         return not any(self.registry.alive(self.registry.by_index(i), now) for i in current.pending)

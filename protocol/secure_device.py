@@ -29,8 +29,9 @@ MASKED_GROUP = "secagg"
 MASKED_TENSOR = "words"
 # An Update's fields a securely aggregated round leaves out: computed from the device's data or its change
 DROPPED_FIELDS = ("evaluation", "personal_accuracy", "train_loss", "clip_scale")
-# The meter's fields it sends as null: counted from the change (how many parameters it moved)
-DROPPED_RECORD_FIELDS = frozenset({"params_updated"})
+# The meter's fields it sends as null: counted from the change (how many parameters it moved, and the optimizer's
+# FLOPs on those, which give the count back divided by the steps and FLOPs per element the record keeps)
+DROPPED_RECORD_FIELDS = frozenset({"params_updated", "flops_opt_updated"})
 
 
 def word_dtype(bits: int) -> np.dtype[np.unsignedinteger]:
@@ -150,7 +151,7 @@ class SecureTask:
         (samples, steps, training seconds, the meter's record) is kept, and what is computed from its data or its
         change is dropped (``DROPPED_FIELDS``: the evaluation, the personal accuracy, the training loss, and the
         clip scale, which would give the change's norm; of the meter's record, ``DROPPED_RECORD_FIELDS``: how many
-        parameters the change moved)."""
+        parameters the change moved, directly or through the optimizer's FLOPs on them)."""
         group = self.device.masked_group(self.change_of(update))
         record = {**update.record, **dict.fromkeys(DROPPED_RECORD_FIELDS & set(update.record))}
         return codec.encode(codec.Update(update.run_id, update.round, update.sender, groups={MASKED_GROUP: group},

@@ -93,6 +93,7 @@ class SecureRound:
     def gone(self, client_id: str, now: float) -> list[CoordinatorEvent]:
         """A device left or failed its round: the open stage no longer waits for it (it closes now when it waited
         for no one else)."""
+        self.machine.withdraw(client_id)  # during the keys stage: left out of the roster
         if client_id not in self.waiting:
             return []
         self.waiting.discard(client_id)

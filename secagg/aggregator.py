@@ -66,6 +66,7 @@ class SecAggRound:
         self.stage = RoundStage.KEYS
         self.reason = ""
         self.keys: dict[str, Keys] = {}
+        self.withdrawn: set[str] = set()  # devices that left during the keys stage
         self.graph: dict[str, tuple[str, ...]] = {}
         self.thresholds: dict[str, int] = {}
         self.sealed: dict[str, tuple[SealedShare, ...]] = {}  # sender -> its sealed shares
@@ -82,8 +83,8 @@ class SecAggRound:
         """'' when taken, else why it was refused."""
         if self.stage is not RoundStage.KEYS:
             return f"keys in stage {self.stage.value}"
-        if keys.device not in self.selected or keys.device in self.keys:
-            return f"keys from {keys.device!r}, which is not selected or has sent its keys already"
+        if keys.device not in self.selected or keys.device in self.keys or keys.device in self.withdrawn:
+            return f"keys from {keys.device!r}, which is not selected, has withdrawn or has sent its keys already"
         if len(keys.channel) != KEY_BYTES or len(keys.masking) != KEY_BYTES or keys.channel == keys.masking:
             return "keys that are not two distinct 32-byte X25519 public keys"
         if not (usable_public_key(keys.channel) and usable_public_key(keys.masking)):
@@ -92,6 +93,13 @@ class SecAggRound:
             return "keys without a 32-byte commitment to the device's seed"
         self.keys[keys.device] = keys
         return ""
+
+    def withdraw(self, device: str) -> None:
+        """A device that left before the keys stage closed (it declined, failed or said goodbye): it is not in the
+        roster, whether its keys came or come later. After the keys stage it is a dropout like any other."""
+        if self.stage is RoundStage.KEYS:
+            self.withdrawn.add(device)
+            self.keys.pop(device, None)
 
     def close_keys(self) -> Roster:
         """The roster of the devices that advertised keys (a device whose key repeats another's is left out)."""

@@ -45,7 +45,7 @@ def trained(name: str, change: np.ndarray, evaluation: dict[str, Any] | None = N
         np.float32)}
     return codec.encode(codec.Update("r1", 3, name, groups={"model": codec.TensorGroup(dense=model)}, num_samples=50,
                                      evaluation=evaluation or {}, personal_accuracy=0.8, train_loss=0.7,
-                                     clip_scale=0.25, steps=4, record={"params_updated": 15, "flops_train": 99}))
+                                     clip_scale=0.25, steps=4, record={"params_updated": 15, "flops_opt_updated": 780, "flops_train": 99}))
 
 
 def sends(actions: list[Any]) -> list[codec.Message]:
@@ -89,7 +89,8 @@ def test_a_round_of_four_agents_gives_the_coordinator_their_quantised_mean_chang
         # nothing computed from its data or its change (the clip scale would give its norm); its work is kept
         assert (update.evaluation, update.personal_accuracy, update.train_loss, update.clip_scale) == ({}, None, 0.0, 1.0)
         assert (update.num_samples, update.steps) == (50, 4)
-        assert update.record == {"params_updated": None, "flops_train": 99}  # its work, not what it moved
+        assert update.record == {"params_updated": None, "flops_opt_updated": None, "flops_train": 99}  # its work,
+        # not what it moved
         words, why = masked_words(update.groups, sum(SIZES), 16)
         assert words is not None and coordinator.masked(name, words) == "", why
     for send in coordinator.close_inputs(0.2):

@@ -233,6 +233,22 @@ def test_an_update_beyond_the_target_in_the_batch_that_closes_the_round_is_refus
     assert sorted(p.current.updates) == [0, 1] and p.complete(1.0)  # type: ignore[union-attr]
 
 
+def test_an_agent_that_declines_after_its_update_was_accepted_keeps_its_index_for_the_round() -> None:
+    """Its update is in the round (its records, its commit): its index is not freed, so the round closes and
+    commits as usual (freeing it crashed the session's records with a KeyError, found in review)."""
+    p = protocol()
+    joined(p, "a", "b")
+    p.open_round(1, [0, 1], 0.0, 30.0)
+    p.receive(b"a", update(p, "a", 1), 1.0)
+    declined = frame(codec.ErrorMessage(run_id="", round=0, sender="a", code="bad-welcome", reason="no"))
+    p.receive(b"a", declined, 1.5)
+    assert p.registry.get("a") is not None and p.registry.by_index(0).client_id == "a"
+    p.receive(b"b", update(p, "b", 1), 2.0)
+    state, _ = p.close_round(2.0)
+    assert sorted(state.updates) == [0, 1]
+    assert [m.sender for m in sent(p.commits(1)[1:])] == ["coordinator", "coordinator"]
+
+
 def test_a_failed_round_and_a_declined_session() -> None:
     p = protocol(capacity=2)
     joined(p, "a", "b")

@@ -74,7 +74,8 @@ def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(tmp_pat
     assert differences(expected, records(tmp_path / "simulated")) == []
     clients = read_jsonl(tmp_path / "process" / "clients.jsonl")
     # what is computed from a device's data or its change stays on the device
-    assert all(row["train_loss"] is None and row["params_updated"] is None for row in clients)
+    assert all(row["train_loss"] is None and row["params_updated"] is None and row["flops_opt_updated"] is None
+               for row in clients)
     assert all(row["train_loss"] is None for row in expected["metrics"])
 
 
@@ -86,6 +87,8 @@ def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(tmp_pat
     (["algorithm.name=\"scaffold\""], "cannot apply to algorithm 'scaffold'"),
     (["algorithm.name=\"ef-fedprox\""], "cannot apply to algorithm 'ef-fedprox'"),
     (["fleet.local_agents=2"], "at least 3 devices"),
+    (["fleet.mode=\"simulated\"", "data.clients=130", "secagg.bits=8"], "cannot hold the sum of 130 devices"),
+    (["fleet.bind=\"tcp://127.0.0.1:0\"", "fleet.expect=2"], "at least 3 devices"),
     (["algorithm.upload=\"model\""], "algorithm.upload"),
     (["algorithm.weighting=\"samples\""], "algorithm.weighting"),
     (["robust.aggregator=\"median\""], "robust.aggregator"),
@@ -99,6 +102,15 @@ def test_what_secure_aggregation_cannot_hold_with_is_refused_in_one_line(sets: l
     with pytest.raises(ConfigError) as refused:
         load_config(None, ["algorithm.name=\"fedavg\"", "secagg.enabled=true", *sets])
     assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_over_selection_waits_for_enough_inputs_for_every_devices_threshold(tmp_path: Path) -> None:
+    """Six devices, threshold 0.6: each has k = 5 neighbours and t = 3, so a round needs n - k + t = 4 inputs
+    before it may close; ``round.target = 3`` is raised to 4 (at 3, every round failed its neighbourhood check)."""
+    run_here(overrides("fedavg", 1.0, "simulated", "inline", (*SECURE, "round.target=3", "run.rounds=2")),
+             tmp_path / "run")
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [(r["reported"], r["secagg_summed"], r["secagg_failed"]) for r in rows] == [(4, 4, "")] * 2
 
 
 def test_a_secure_session_is_set_to_deltas_uniform_weights_and_no_bounds() -> None:
