@@ -30,6 +30,9 @@ import numpy as np
 from fedge.plumbing import atomic_write_bytes, load_arrays_and_model, replace_durably, save_arrays
 
 
+MASKED_RUNS = 16  # the secure sessions whose last masked round a device remembers
+
+
 @dataclass(frozen=True)
 class StoredState:
     run_id: str
@@ -117,16 +120,21 @@ class DeviceState:
         _save(self.pending_path, StoredState(run_id, round_number, arrays, dict(model or {}), dict(model_meta or {})))
 
     def note_masked(self, run_id: str, round_number: int) -> None:
-        """Remember durably the last round this device masked an input of (``protocol.events.Masked``)."""
-        atomic_write_bytes(self.masked_path, json.dumps({"run_id": run_id, "round": round_number}).encode())
+        """Remember durably the last round of run ``run_id`` this device masked an input of
+        (``protocol.events.Masked``), beside the other runs' (the ``MASKED_RUNS`` most recent: a device that joins
+        another session meanwhile still refuses to mask the first one's round again)."""
+        runs = {run: last for run, last in self.masked_rounds().items() if run != run_id}
+        runs[run_id] = round_number  # the most recent last
+        kept = dict(list(runs.items())[-MASKED_RUNS:])
+        atomic_write_bytes(self.masked_path, json.dumps({"runs": [[run, last] for run, last in kept.items()]}).encode())
 
-    def last_masked(self) -> tuple[str, int] | None:
-        """The (run id, round) this device last masked an input of, or None."""
+    def masked_rounds(self) -> dict[str, int]:
+        """Run id -> the last round this device masked an input of, oldest first."""
         try:
             noted = json.loads(self.masked_path.read_text())
-            return str(noted["run_id"]), int(noted["round"])
+            return {str(run): int(last) for run, last in noted["runs"]}
         except FileNotFoundError:
-            return None
+            return {}
         except (ValueError, KeyError, TypeError) as error:  # unreadable: assume the worst, mask nothing of it
             raise ValueError(f"{self.masked_path} cannot be read ({error}): remove it only if no secure session "
                              "is in progress") from None

@@ -4,7 +4,11 @@ and, once its sum is unmasked, the survivors' mean change laid out as the model'
 
 Attempts: the settings name the round's attempt (it enters every key the devices derive). Before a round's tasks go
 out, its number and attempt are written durably to ``RUN/secagg.json``; a coordinator that restarts and opens the
-same round again opens its next attempt, so its devices mask with fresh keys. The layout is taken from what the
+same round again opens its next attempt, so its devices mask with fresh keys. An unmasked sum is written durably
+(``RUN/secagg-sum.npz``: the mean change, who is in it and the round's fields) before it is folded, and removed once
+the round's checkpoint is written: a coordinator that crashes in between applies it when it resumes (``kept_sum``)
+instead of redoing the round, for a redo would train from the same model and a second sum of nearly the same inputs
+over other devices would give one device's update away. The layout is taken from what the
 server half sends (``change_reference``: the model every device of the round was sent), float tensors only (a model
 with integer buffers is refused by the plan). Must not import torch, a transport or an algorithm by name.
 """
@@ -20,12 +24,14 @@ import numpy as np
 
 from fedge.coordinator.rundir import RunDir
 from fedge.coordinator.sections import SecAggSection
+from fedge.plumbing import load_arrays, save_arrays
 from fedge.protocol.payload import Arrays
 from fedge.protocol.secure_round import SecureRound
 from fedge.secagg.encoding import Grid, grid_for, setup_of, task_settings
 from fedge.secagg.graph import neighbourhoods, threshold_of
 
 ATTEMPTS_FILE = "secagg.json"
+SUM_FILE = "secagg-sum.npz"  # an unmasked round's mean change, until the round's checkpoint
 
 
 class SessionSecAgg:
@@ -95,6 +101,26 @@ class SessionSecAgg:
             at += size
         return change
 
+    def keep_sum(self, number: int, change: Arrays, contributors: Sequence[tuple[str, int]]) -> None:
+        """Round ``number``'s unmasked mean change and its contributors (client id, index), written durably."""
+        save_arrays(self.run_dir / SUM_FILE, change, {"round": number, "contributors": [list(c) for c in contributors],
+                                                     "record": self.record()})
+
+    def kept_sum(self, number: int) -> tuple[Arrays, list[tuple[str, int]], dict[str, Any]] | None:
+        """The kept sum of round ``number`` (the round a resumed session plays next), or None; one of an earlier
+        round, whose checkpoint was written, is removed."""
+        path = self.run_dir / SUM_FILE
+        if not path.exists():
+            return None
+        change, meta = load_arrays(path)
+        if int(meta["round"]) != number:
+            path.unlink()
+            return None
+        return change, [(str(c), int(i)) for c, i in meta["contributors"]], dict(meta["record"])
+
+    def drop_sum(self) -> None:
+        (self.run_dir / SUM_FILE).unlink(missing_ok=True)
+
     def record(self) -> dict[str, Any]:
         """The round's fields of metrics.jsonl: its attempt, how many masked inputs were summed, and why it failed
         ('' when it did not)."""
@@ -105,4 +131,6 @@ class SessionSecAgg:
                 "secagg_failed": secure.failed or ("" if secure.done else "the round ended before its unmask stage")}
 
     def close(self) -> None:
+        """The round is committed (its checkpoint written): its kept sum is no longer needed."""
         self.round, self.grid = None, None
+        self.drop_sum()

@@ -30,7 +30,7 @@ from fedge.coordinator.deferred import DeferredRow, PendingRow
 from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.privacy import PrivacyPlan, SessionPrivacy
 from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
-from fedge.coordinator.rundir import SPENT_FIELDS, RunDir, plain
+from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, SPENT_FIELDS, RunDir, plain
 from fedge.coordinator.secure import SessionSecAgg
 from fedge.coordinator.status import AgentTallies, StatusBoard
 from fedge.coordinator.transport import RouterTransport
@@ -393,13 +393,43 @@ class Session:
         assert self.secagg is not None
         change, secure = self.secagg.mean_change(), self.secagg.round
         if change is not None and secure is not None:
-            first = min((self.registry.agents[c].index, c) for c in secure.contributors)
-            self.aggregation.fold_secure_mean(change, (first[1], first[0]))
+            contributors = sorted((c, self.registry.agents[c].index) for c in secure.contributors)
+            crash_point("unmasked", number)
+            self.secagg.keep_sum(number, change, contributors)  # a crash before the checkpoint applies it again
+            self.aggregation.fold_secure_mean(change, min(contributors, key=lambda c: c[1]))
         record = self.secagg.record()
         if record.get("secagg_failed"):
             log.warning("round %d: secure aggregation failed (%s); the model stays as it was", number,
                         record["secagg_failed"])
         return record
+
+    def recover_round(self, number: int, change: dict[str, np.ndarray], contributors: list[tuple[str, int]],
+                      record: dict[str, Any]) -> dict[str, Any]:
+        """Round ``number`` as its kept sum says: the coordinator crashed after unmasking it, before its
+        checkpoint. Its mean change is folded as it was, the round committed and checkpointed, and its row
+        written from what was kept (``secagg_recovered``; no clients.jsonl rows: the devices' records were lost)."""
+        started = time.monotonic()
+        self.rows.flush()
+        self.aggregation = Aggregation(self.server, number, step=self.step)
+        self.aggregation.fold_secure_mean(change, min(contributors, key=lambda c: c[1]))
+        extra = self.aggregation.close()
+        indices = sorted(index for _, index in contributors)
+        for index in indices:  # their next task confirms the round to them (its last accepted round)
+            self.registry.by_index(index).last_accepted_round = number
+        self.protocol.resume(self.run_id, number)
+        row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
+        row.update(round=number, algorithm=self.config.algorithm_name, reported=len(indices), accepted=indices,
+                   selected_indices=indices, bytes_down=0, bytes_up=0, **extra, **record, secagg_recovered=True)
+        row["wall_s"] = time.monotonic() - started
+        log.warning("round %d: recovered from the sum kept before the crash (%d masked inputs); not redone",
+                    number, len(indices))
+        held = self.hold_row(row, number)
+        self.save_checkpoint()
+        if self.secagg is not None:
+            self.secagg.drop_sum()
+        if not held.waiting:
+            self.rows.flush()
+        return row
 
     def hold_row(self, row: dict[str, Any], number: int) -> DeferredRow:
         return self.rows.hold(row, number, self.server.evaluation_arrays, self.server.pruned_evaluation_arrays)
@@ -445,7 +475,8 @@ class Session:
                     return "stopped"
                 if not self.registry.live_indices(time.monotonic()):
                     return "no-agents"
-            row = self.play_round(self.round + 1)
+            kept = self.secagg.kept_sum(self.round + 1) if self.secagg is not None else None
+            row = self.play_round(self.round + 1) if kept is None else self.recover_round(self.round + 1, *kept)
             if row is None:
                 self.write_status("stopped", force=True)
                 return "stopped"

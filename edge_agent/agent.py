@@ -73,7 +73,7 @@ class Agent:
                             input_shape=tuple(self.data.input_shape), num_outputs=self.data.num_outputs)
         self.protocol = AgentProtocol(settings.client_id, settings.hello_interval_s, facts,
                                       stay=settings.after_session == "wait")
-        self.protocol.masked_before = self.state.last_masked()  # the restart rule of secure aggregation
+        self.protocol.masked_before = self.state.masked_rounds()  # the restart rule of secure aggregation
         self.progress = 0      # main-loop iterations and messages handled
         self.train_steps = 0   # optimizer steps taken by the training thread
         self.exit_code = 0

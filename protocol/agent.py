@@ -135,9 +135,9 @@ class AgentProtocol:
         self.declined = ""               # the last task declined by the availability rules, until the next one
         self.seed = 0                    # the session's run seed (a secure task's rounding draws from it)
         self.secure: SecureTask | None = None  # the securely aggregated task held, until its unmask is answered
-        # the (run, round) this device last masked an input of (its driver loads it from the device's state): it
-        # masks nothing more of that round or an earlier one of that run
-        self.masked_before: tuple[str, int] | None = None
+        # run id -> the last round this device masked an input of (its driver loads it from the device's state):
+        # it masks nothing more of that round or an earlier one of that run
+        self.masked_before: dict[str, int] = {}
 
     def move(self, event: str, task_round: int | None = None, update: bytes | None = None) -> None:
         """The one place the state changes: by ``AGENT_TRANSITIONS`` (a RuntimeError names a transition it does
@@ -291,11 +291,10 @@ class AgentProtocol:
             try:
                 if task.paced:
                     raise ValueError("a paced task cannot be securely aggregated")
-                if self.masked_before is not None and self.masked_before[0] == task.run_id and \
-                        task.round <= self.masked_before[1]:
-                    raise ValueError(f"this device masked an input of round {self.masked_before[1]} already (an "
-                                     "earlier attempt): two sums over different devices would give one device's "
-                                     "update away")
+                last = self.masked_before.get(task.run_id, 0)
+                if task.round <= last:
+                    raise ValueError(f"this device masked an input of round {last} already (an earlier attempt): "
+                                     "two sums over different devices would give one device's update away")
                 assert self.index is not None
                 self.secure = SecureTask(self.run_id, self.client_id, self.index, self.seed, task)
             except (ValueError, Refused) as error:
@@ -398,7 +397,7 @@ class AgentProtocol:
 
     def send_masked(self, frame: bytes, round_number: int) -> list[AgentAction]:
         """A masked update goes out once it is remembered (``Masked``, written by the driver first)."""
-        self.masked_before = (self.run_id, round_number)
+        self.masked_before[self.run_id] = round_number
         return [Masked(self.run_id, round_number), SendFrame(frame, round=round_number)]
 
     def abandoned(self) -> None:

@@ -30,7 +30,7 @@ class LogicalClient:
         self.peer = client_id.encode()
         self.state_dir = state_dir
         self.protocol = AgentProtocol(client_id, hello_interval_s=1.0, facts=facts, stay=stay)
-        self.protocol.masked_before = self.state().last_masked()  # the restart rule of secure aggregation
+        self.protocol.masked_before = self.state().masked_rounds()  # the restart rule of secure aggregation
         self.welcome: codec.Welcome | None = None
         self.welcome_frame = b""  # the Welcome packet as it arrived (a worker decodes it again)
 

@@ -137,14 +137,16 @@ def secure_task(round_number: int, attempt: int) -> codec.Task:
 
 def test_a_device_that_masked_an_input_of_a_round_before_it_restarted_masks_no_other_of_it(tmp_path: Path) -> None:
     """The restart rule across the device's own restart: what ``Masked`` wrote to its state is what its next
-    protocol object starts from (``last_masked``); a task of that round (the next attempt) is reported failed with
-    nothing trained and no key sent, and the next round is taken. (tests/test_agent_secure.py checks that a masked
-    update goes out only after ``Masked``.)"""
-    from fedge.client.state import DeviceState
+    protocol object starts from (``masked_rounds``), for every session it served (one it joined meanwhile does not
+    make it forget the first); a task of that round (the next attempt) is reported failed with nothing trained and
+    no key sent, and the next round is taken. (tests/test_agent_secure.py checks that a masked update goes out only
+    after ``Masked``.)"""
+    from fedge.client.state import MASKED_RUNS, DeviceState
 
     DeviceState(tmp_path).note_masked("r1", 3)
+    DeviceState(tmp_path).note_masked("another-run", 8)  # a session it served between the crash and the resume
     agent = AgentProtocol("a0", 3.0, facts=DeviceFacts(fedge_version="0", torch_version="none", dataset_size=10))
-    agent.masked_before = DeviceState(tmp_path).last_masked()
+    agent.masked_before = DeviceState(tmp_path).masked_rounds()
     agent.joined("r1", 0, 1.0, 60.0, seed=5)
     refused = agent.receive(codec.encode(secure_task(3, attempt=1)), 1.0)
     assert [type(a).__name__ for a in refused] == ["Noted", "Send"] and agent.secure is None
@@ -152,33 +154,66 @@ def test_a_device_that_masked_an_input_of_a_round_before_it_restarted_masks_no_o
     assert isinstance(sent[0], codec.ErrorMessage) and "masked an input of round 3 already" in sent[0].reason
     taken = agent.receive(codec.encode(secure_task(4, attempt=0)), 2.0)
     assert [type(a).__name__ for a in taken] == ["Train", "Send"]  # trained, and its keys go out
+    for run in range(MASKED_RUNS + 5):  # a bounded record: the most recent sessions
+        DeviceState(tmp_path).note_masked(f"run-{run}", run + 1)
+    kept = DeviceState(tmp_path).masked_rounds()
+    assert len(kept) == MASKED_RUNS and kept[f"run-{MASKED_RUNS + 4}"] == MASKED_RUNS + 5
     (tmp_path / "masked.json").write_text("{")
     with pytest.raises(ValueError, match="masked.json cannot be read"):
-        DeviceState(tmp_path).last_masked()
+        DeviceState(tmp_path).masked_rounds()
 
 
-def test_a_coordinator_that_crashed_after_unmasking_redoes_the_round_and_its_devices_refuse_to_mask_again(
-        tmp_path: Path) -> None:
-    """Crash after round 2's sum was unmasked and folded (crash point ``aggregated``): the resumed coordinator opens
-    round 2's next attempt; the three devices each masked an input of round 2 already, so each reports the round
-    failed, the round fails with its reason and the model stays as it was, and round 3 is summed as usual."""
-    sets = [a for s in ("model.name=\"mlp\"", "data.train_limit=200", "fleet.local_agents=3", "run.rounds=3",
-                        "run.export_onnx=false", "fleet.heartbeat_s=0.5", "secagg.stage_timeout_s=20", *SECURE)
-            for a in ("--set", s)]
-    run_dir = tmp_path / "run"
+SMALL_SECURE = ("model.name=\"mlp\"", "data.train_limit=200", "fleet.local_agents=3", "run.rounds=3",
+                "run.export_onnx=false", "fleet.heartbeat_s=0.5", "secagg.stage_timeout_s=20", *SECURE)
+
+
+def crash_and_resume(run_dir: Path, point: str) -> None:
+    sets = [a for s in SMALL_SECURE for a in ("--set", s)]
     command = [sys.executable, "-m", "fedge.runtime.cli", "start", "--quiet"]
     crashed = subprocess.run([*command, *sets, "--run-dir", str(run_dir)], capture_output=True, timeout=180,
-                             env={**_env(), "FEDGE_CRASH_AT": "aggregated:2"})
+                             env={**_env(), "FEDGE_CRASH_AT": f"{point}:2"})
     assert crashed.returncode == 70, crashed.stderr[-2000:]
     assert json.loads((run_dir / "secagg.json").read_text()) == {"round": 2, "attempt": 0}
     resumed = subprocess.run([*command, "--resume", str(run_dir)], capture_output=True, timeout=180, env=_env())
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not (run_dir / "secagg-sum.npz").exists()
+
+
+def test_a_coordinator_that_crashed_while_unmasking_redoes_the_round_and_its_devices_refuse_to_mask_again(
+        tmp_path: Path) -> None:
+    """Crash right after round 2's sum was unmasked, before it was kept (crash point ``unmasked``): the resumed
+    coordinator opens round 2's next attempt; the three devices each masked an input of round 2 already, so each
+    reports the round failed, the round fails with its reason and the model stays as it was, and round 3 is summed
+    as usual."""
+    run_dir = tmp_path / "run"
+    crash_and_resume(run_dir, "unmasked")
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [(r["round"], r["secagg_attempt"], r["secagg_summed"]) for r in rows] == [(1, 0, 3), (2, 1, 0), (3, 0, 3)]
     assert rows[1]["secagg_failed"] and rows[1]["reported"] == 0
     assert rows[1]["test_accuracy"] == rows[0]["test_accuracy"]  # the model stayed as it was
     logs = "".join((path / "agent.log").read_text() for path in (run_dir / "agents").iterdir())
     assert logs.count("masked an input of round 2 already") == 3
+
+
+def test_a_coordinator_that_crashed_after_unmasking_applies_the_kept_sum_and_ends_as_the_uninterrupted_run(
+        tmp_path: Path) -> None:
+    """Crash after round 2's sum was kept and folded, before its checkpoint (crash point ``aggregated``): the
+    resumed coordinator does not redo round 2 (a redo would train from the same model, and a second sum of nearly
+    the same inputs over other devices would give one device's update away); it applies the kept sum, and the run
+    ends with the uninterrupted run's model, bit for bit."""
+    reference = tmp_path / "reference"
+    done = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--quiet",
+                           *[a for s in SMALL_SECURE for a in ("--set", s)], "--run-dir", str(reference)],
+                          capture_output=True, timeout=180, env=_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_dir = tmp_path / "run"
+    crash_and_resume(run_dir, "aggregated")
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [(r["round"], r["secagg_attempt"], r["secagg_summed"]) for r in rows] == [(1, 0, 3), (2, 0, 3), (3, 0, 3)]
+    assert rows[1]["secagg_recovered"] is True and "secagg_recovered" not in rows[2]
+    assert [r["test_accuracy"] for r in rows] == [r["test_accuracy"] for r in read_jsonl(reference / "metrics.jsonl")]
+    with np.load(reference / "model.npz") as a, np.load(run_dir / "model.npz") as b:
+        assert a.files == b.files and all(a[n].tobytes() == b[n].tobytes() for n in a.files if n.startswith("a/"))
 
 
 def _env() -> dict[str, str]:
