@@ -22,7 +22,7 @@ import numpy as np
 
 from fedge import codec
 from fedge.protocol.events import Send
-from fedge.protocol.secure_device import SecureDevice
+from fedge.protocol.secure_device import SecureDevice, SecureLayout
 from fedge.protocol.secure_round import SecureRound, peers_by_id
 from fedge.secagg.encoding import grid_for, setup_of, task_settings
 
@@ -38,7 +38,8 @@ def one_round(devices: int, sizes: list[int], bits: int) -> dict[str, float]:
     names = [f"device-{i:02d}" for i in range(devices)]
     grid = grid_for(bits, 0.05, sizes, devices)
     task = codec.Task("run", 2, "coordinator", secagg=task_settings(grid, 0.6, 50, 1, 0))
-    members = {name: SecureDevice("run", name, i, 0, task, sizes) for i, name in enumerate(names)}
+    layout = SecureLayout(tuple((f"t{i}", (size,)) for i, size in enumerate(sizes)))
+    members = {name: SecureDevice("run", name, i, 0, task, layout) for i, name in enumerate(names)}
     secure = SecureRound("run", 2, 0, setup_of("run", 2, task.secagg or {}, grid.size), names,
                          peers_by_id({n: n.encode() for n in names}), 60.0, now=0.0)
     sent = {"up": 0, "down": 0}  # the stage packets' bytes, all devices

@@ -29,7 +29,6 @@ import numpy as np
 
 from fedge.plumbing import atomic_write_bytes, load_arrays_and_model, replace_durably, save_arrays
 
-
 MASKED_RUNS = 16  # the secure sessions whose last masked round a device remembers
 
 

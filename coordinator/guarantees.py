@@ -85,9 +85,10 @@ def private(config: Config, raw: dict[str, Any]) -> Config:
                                                           cap_factor=0.0, max_samples=0))
 
 
-# The algorithms secure aggregation sums: their updates are dense changes averaged uniformly with no other server
-# state (docs/secure-aggregation.md says why the others are refused, and what comes next).
-SECURE_ALGORITHMS = ("fedavg", "fedprox")
+# The algorithms secure aggregation sums: their updates are changes averaged uniformly with no other server state,
+# dense, or (DSSA over those) on the complement of the round's mask, which every device shares
+# (docs/secure-aggregation.md says why the others are refused, and what comes next).
+SECURE_ALGORITHMS = ("fedavg", "fedprox", "dssa-fedavg", "dssa-fedprox")
 
 
 def secure(config: Config, raw: dict[str, Any]) -> Config:
@@ -110,9 +111,9 @@ def secure(config: Config, raw: dict[str, Any]) -> Config:
     if not (math.isfinite(s.stage_timeout_s) and s.stage_timeout_s > 0):
         raise ConfigError("secagg.stage_timeout_s must be > 0")
     if name not in SECURE_ALGORITHMS:
-        raise ConfigError(f"secagg.enabled cannot apply to algorithm {name!r}: secure aggregation sums the dense "
-                          f"changes of {', '.join(SECURE_ALGORITHMS)} (per-device supports would leak, and "
-                          "DSSA's global mask and ef-shared-* are not there yet: docs/secure-aggregation.md)")
+        raise ConfigError(f"secagg.enabled cannot apply to algorithm {name!r}: secure aggregation sums the changes "
+                          f"of {', '.join(SECURE_ALGORITHMS)} on a support every device shares (per-device "
+                          "supports would leak, and ef-shared-* is not there yet: docs/secure-aggregation.md)")
     # the session's population, as the launch counts it (a bound fleet: data.clients or fleet.expect)
     fleet = (config.data.clients or config.fleet.expect) if config.fleet.bind else \
         (config.data.clients or config.fleet.local_agents)
@@ -127,6 +128,8 @@ def secure(config: Config, raw: dict[str, Any]) -> Config:
                               f"secagg.bits ({error})") from None
     algorithm = raw.get("algorithm", {})
     refusals = [
+        (float(config.algorithm_options.get("uplink_keep", 1.0)) < 1.0,
+         "algorithm.uplink_keep < 1: each device would send its own top coordinates, and their positions"),
         (config.privacy.on, "privacy.mode = \"central\": the coordinator would clip each device's update, which it "
                             "never sees (distributed noise arrives later)"),
         (algorithm.get("upload") == "model", "algorithm.upload = \"model\": the devices mask their change"),

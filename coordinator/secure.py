@@ -8,24 +8,26 @@ same round again opens its next attempt, so its devices mask with fresh keys. An
 (``RUN/secagg-sum.npz``: the mean change, who is in it and the round's fields) before it is folded, and removed once
 the round's checkpoint is written: a coordinator that crashes in between applies it when it resumes (``kept_sum``)
 instead of redoing the round, for a redo would train from the same model and a second sum of nearly the same inputs
-over other devices would give one device's update away. The layout is taken from what the
-server half sends (``change_reference``: the model every device of the round was sent), float tensors only (a model
-with integer buffers is refused by the plan). Must not import torch, a transport or an algorithm by name.
+over other devices would give one device's update away. The layout is the round's model group as the
+server half sends it (``SecureLayout``: its dense float tensors, then a DSSA round's complement; a model with integer
+buffers is refused by the plan). Must not import torch, a transport or an algorithm by name.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from fedge import codec
 from fedge.coordinator.rundir import RunDir
 from fedge.coordinator.sections import SecAggSection
 from fedge.plumbing import load_arrays, save_arrays
-from fedge.protocol.payload import Arrays
+from fedge.protocol.secure_device import SecureLayout
 from fedge.protocol.secure_round import SecureRound
 from fedge.secagg.encoding import Grid, grid_for, setup_of, task_settings
 from fedge.secagg.graph import neighbourhoods, threshold_of
@@ -42,7 +44,7 @@ class SessionSecAgg:
         self.run_dir = run_dir
         self.round: SecureRound | None = None
         self.grid: Grid | None = None
-        self.layout: list[tuple[str, tuple[int, ...]]] = []
+        self.layout: SecureLayout | None = None
         self.settings: dict[str, Any] = {}
 
     def next_attempt(self, number: int) -> int:
@@ -53,19 +55,17 @@ class SessionSecAgg:
         self.run_dir.write_json(ATTEMPTS_FILE, {"round": number, "attempt": attempt})
         return attempt
 
-    def open(self, run_id: str, number: int, selected: Sequence[str], reference: Mapping[str, np.ndarray],
+    def open(self, run_id: str, number: int, selected: Sequence[str], model: codec.TensorGroup,
              peer_of: Callable[[str], bytes | None], now: float) -> SecureRound:
-        """Round ``number``'s secure stages over the ``selected`` devices, whose change is measured from
-        ``reference`` (the model they are sent)."""
+        """Round ``number``'s secure stages over the ``selected`` devices, sent ``model`` (the round's model group:
+        what their change is laid out by, ``protocol.secure_device.SecureLayout``)."""
         s = self.section
-        self.layout = [(name, tuple(np.shape(array))) for name, array in reference.items()
-                       if np.asarray(array).dtype.kind == "f"]
-        grid = self.grid = grid_for(s.bits, s.clip_range, [int(np.prod(shape)) for _, shape in self.layout],
-                                    len(selected))
+        layout = self.layout = SecureLayout.of(model)
+        grid = self.grid = grid_for(s.bits, s.clip_range, layout.sizes, len(selected))
         attempt = self.next_attempt(number)
         self.settings = task_settings(grid, s.threshold, s.neighbours, secrets.randbits(62), attempt)
-        self.round = SecureRound(run_id, number, attempt, setup_of(run_id, number, self.settings, grid.size),
-                                 list(selected), peer_of, s.stage_timeout_s, now)
+        setup = setup_of(run_id, number, self.settings, grid.size, layout.support)
+        self.round = SecureRound(run_id, number, attempt, setup, list(selected), peer_of, s.stage_timeout_s, now)
         return self.round
 
     def min_inputs(self) -> int:
@@ -86,27 +86,20 @@ class SessionSecAgg:
             return {}
         return {"secagg": self.settings}
 
-    def mean_change(self) -> Arrays | None:
-        """The survivors' mean change as the model's float tensors, once the sum is unmasked (else None)."""
+    def mean_change(self) -> npt.NDArray[np.float64] | None:
+        """The survivors' mean change in the round's layout, once the sum is unmasked (else None)."""
         secure, grid = self.round, self.grid
         total = secure.total() if secure is not None else None
         if secure is None or grid is None or total is None:
             return None
-        flat = grid.mean(total, len(secure.contributors))
-        change: dict[str, np.ndarray] = {}
-        at = 0
-        for name, shape in self.layout:
-            size = int(np.prod(shape))
-            change[name] = flat[at:at + size].reshape(shape).astype(np.float32)
-            at += size
-        return change
+        return grid.mean(total, len(secure.contributors))
 
-    def keep_sum(self, number: int, change: Arrays, contributors: Sequence[tuple[str, int]]) -> None:
+    def keep_sum(self, number: int, change: npt.NDArray[np.float64], contributors: Sequence[tuple[str, int]]) -> None:
         """Round ``number``'s unmasked mean change and its contributors (client id, index), written durably."""
-        save_arrays(self.run_dir / SUM_FILE, change, {"round": number, "contributors": [list(c) for c in contributors],
-                                                     "record": self.record()})
+        save_arrays(self.run_dir / SUM_FILE, {"mean": change},
+                    {"round": number, "contributors": [list(c) for c in contributors], "record": self.record()})
 
-    def kept_sum(self, number: int) -> tuple[Arrays, list[tuple[str, int]], dict[str, Any]] | None:
+    def kept_sum(self, number: int) -> tuple[npt.NDArray[np.float64], list[tuple[str, int]], dict[str, Any]] | None:
         """The kept sum of round ``number`` (the round a resumed session plays next), or None; one of an earlier
         round, whose checkpoint was written, is removed."""
         path = self.run_dir / SUM_FILE
@@ -116,7 +109,7 @@ class SessionSecAgg:
         if int(meta["round"]) != number:
             path.unlink()
             return None
-        return change, [(str(c), int(i)) for c, i in meta["contributors"]], dict(meta["record"])
+        return change["mean"], [(str(c), int(i)) for c, i in meta["contributors"]], dict(meta["record"])
 
     def drop_sum(self) -> None:
         (self.run_dir / SUM_FILE).unlink(missing_ok=True)

@@ -41,8 +41,10 @@ from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays
 from fedge.protocol.coordinator import CoordinatorProtocol
 from fedge.protocol.events import Accepted, Checkpoint, CoordinatorEvent, Noted, Rejected, Send, SendFrame
+from fedge.protocol.payload import MODEL_GROUP
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.round import RoundState
+from fedge.protocol.secure_device import SecureLayout
 from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.selection import choose, selection_count
 from fedge.protocol.server_half import Aggregation
@@ -331,8 +333,9 @@ class Session:
             agent = agents.get(client_id)
             return agent.peer if agent is not None and agent.connected and agent.peer else None
 
-        return self.secagg.open(self.run_id, number, [agents.by_index(i).client_id for i in selected],
-                                self.server.change_reference(number, selected[0]) or {}, peer_of, now)
+        model = self.server.downlink(number, selected[0]).groups[MODEL_GROUP]  # what every device is sent
+        return self.secagg.open(self.run_id, number, [agents.by_index(i).client_id for i in selected], model,
+                                peer_of, now)
 
     def finish_round(self, current: RoundState, started: float) -> dict[str, Any]:
         number = current.number
@@ -396,14 +399,16 @@ class Session:
             contributors = sorted((c, self.registry.agents[c].index) for c in secure.contributors)
             crash_point("unmasked", number)
             self.secagg.keep_sum(number, change, contributors)  # a crash before the checkpoint applies it again
-            self.aggregation.fold_secure_mean(change, min(contributors, key=lambda c: c[1]))
+            assert self.secagg.layout is not None
+            self.aggregation.fold_secure_mean(self.secagg.layout.groups(change),
+                                              min(contributors, key=lambda c: c[1]))
         record = self.secagg.record()
         if record.get("secagg_failed"):
             log.warning("round %d: secure aggregation failed (%s); the model stays as it was", number,
                         record["secagg_failed"])
         return record
 
-    def recover_round(self, number: int, change: dict[str, np.ndarray], contributors: list[tuple[str, int]],
+    def recover_round(self, number: int, change: np.ndarray, contributors: list[tuple[str, int]],
                       record: dict[str, Any]) -> dict[str, Any]:
         """Round ``number`` as its kept sum says: the coordinator crashed after unmasking it, before its
         checkpoint. Its mean change is folded as it was, the round committed and checkpointed, and its row
@@ -411,7 +416,9 @@ class Session:
         started = time.monotonic()
         self.rows.flush()
         self.aggregation = Aggregation(self.server, number, step=self.step)
-        self.aggregation.fold_secure_mean(change, min(contributors, key=lambda c: c[1]))
+        first = min(contributors, key=lambda c: c[1])
+        layout = SecureLayout.of(self.server.downlink(number, first[1]).groups[MODEL_GROUP])  # as the round's
+        self.aggregation.fold_secure_mean(layout.groups(change), first)
         extra = self.aggregation.close()
         indices = sorted(index for _, index in contributors)
         for index in indices:  # their next task confirms the round to them (its last accepted round)

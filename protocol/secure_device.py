@@ -13,7 +13,8 @@ width that holds ``bits`` (``masked_group``, read back by ``masked_words``). No 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -60,17 +61,90 @@ def masked_words(groups: Mapping[str, codec.TensorGroup], size: int, bits: int) 
     return np.asarray(words).astype(np.uint64), ""
 
 
+@dataclass(frozen=True)
+class SecureLayout:
+    """The coordinates a securely aggregated round masks, in order, as both sides read them from the round's model
+    group (``of``): each dense float tensor, then, when the group is sparse (a DSSA round's retained values and
+    mask), the complement of its mask, the coordinates every device sends. ``sizes`` are the grid's tensors;
+    ``support`` the masked coordinates in the model's flat space (dense tensors first, then the sparse section's),
+    bound into every key. ``change`` reads a device's update group as that vector (less ``reference`` for a model
+    upload's dense tensors), and ``groups`` writes a mean vector back as the ``delta`` group the server half folds."""
+
+    dense: tuple[tuple[str, tuple[int, ...]], ...]
+    section: codec.SparseSection | None = None  # the model group's sparse section (kind "mask")
+
+    @classmethod
+    def of(cls, model: codec.TensorGroup) -> SecureLayout:
+        section = model.sparse
+        if section is not None and (section.kind != "mask" or section.mask is None or not section.select):
+            raise ValueError("a securely aggregated round's model group is dense, or sparse on a mask it carries")
+        return cls(tuple((name, tuple(np.shape(a))) for name, a in model.dense.items() if np.asarray(a).dtype.kind == "f"),
+                   section)
+
+    @property
+    def sizes(self) -> list[int]:
+        sizes = [int(np.prod(shape)) for _, shape in self.dense]
+        if self.section is not None and self.section.mask is not None:
+            sizes.append(int(np.count_nonzero(~self.section.mask)))
+        return sizes
+
+    @property
+    def support(self) -> npt.NDArray[np.int64] | None:
+        if self.section is None or self.section.mask is None:
+            return None
+        dense = sum(int(np.prod(shape)) for _, shape in self.dense)
+        return np.concatenate([np.arange(dense), dense + np.flatnonzero(~self.section.mask)]).astype(np.int64)
+
+    def change(self, group: codec.TensorGroup, reference: Mapping[str, npt.NDArray[np.floating]] | None
+               ) -> npt.NDArray[np.float64]:
+        """A device's update group as the masked vector (raises ``Refused`` when it does not fit the layout)."""
+        names = [name for name, _ in self.dense]
+        section = group.sparse
+        if any(name not in group.dense or np.size(group.dense[name]) != int(np.prod(shape)) for name, shape
+               in self.dense) or set(n for n, a in group.dense.items() if np.asarray(a).dtype.kind == "f") - set(names):
+            raise Refused("a securely aggregated update carries the round's dense tensors, each in full")
+        pieces = [np.asarray(group.dense[name], np.float64).ravel() -
+                  (np.asarray(reference[name], np.float64).ravel() if reference is not None else 0.0)
+                  for name in names]
+        expected = self.section
+        if expected is None:
+            if section is not None:
+                raise Refused("a securely aggregated update of a dense round carries no sparse section")
+        else:
+            if section is None or section.kind != "masked-values" or section.select or \
+                    section.mask_crc != expected.mask_crc or section.names != expected.names or \
+                    section.shapes != expected.shapes:
+                raise Refused("a securely aggregated update of a sparse round carries its values on the complement "
+                              "of the round's mask (masked values bound to it)")
+            pieces.append(np.asarray(section.values, np.float64))
+        return np.concatenate(pieces) if pieces else np.zeros(0)
+
+    def groups(self, flat: npt.NDArray[np.floating]) -> dict[str, codec.TensorGroup]:
+        """A mean change vector as the ``delta`` group a device of this round would have sent."""
+        dense: dict[str, np.ndarray] = {}
+        at = 0
+        for name, shape in self.dense:
+            size = int(np.prod(shape))
+            dense[name] = np.asarray(flat[at:at + size], np.float64).reshape(shape).astype(np.float32)
+            at += size
+        section = None
+        if self.section is not None and self.section.mask is not None:
+            section = codec.SparseSection.masked_values(self.section.names, self.section.shapes, self.section.mask,
+                                                        np.asarray(flat[at:], np.float64).astype(np.float32))
+        return {DELTA_GROUP: codec.TensorGroup(dense=dense, sparse=section)}
+
+
 class SecureDevice:
     """See the module docstring. ``client_index`` and ``run_seed`` draw the rounding of its change."""
 
     def __init__(self, run_id: str, client_id: str, client_index: int, run_seed: int, task: codec.Task,
-                 sizes: Sequence[int]) -> None:
+                 layout: SecureLayout) -> None:
         if task.secagg is None:
             raise ValueError("a task without secure-aggregation settings")
         self.run_id, self.client_id, self.round = run_id, client_id, task.round
         self.attempt = int(task.secagg["attempt"])
-        self.grid: Grid = grid_of(task.secagg, sizes)
-        self.setup = setup_of(run_id, task.round, task.secagg, self.grid.size)
+        self.grid: Grid = grid_of(task.secagg, layout.sizes)
+        self.setup = setup_of(run_id, task.round, task.secagg, self.grid.size, layout.support)
         self.rng = rounding_rng(run_seed, task.round, client_index, self.attempt)
         self.machine = SecAggDevice(client_id, self.setup)
         self.delivery: Delivery | None = None
@@ -124,27 +198,22 @@ class SecureTask:
 
     def __init__(self, run_id: str, client_id: str, client_index: int, run_seed: int, task: codec.Task) -> None:
         model = task.groups.get(MODEL_GROUP)
-        if model is None or model.sparse is not None:
-            raise ValueError(f"a securely aggregated task carries its model as the dense group {MODEL_GROUP!r}")
-        self.reference = {name: np.asarray(a, np.float64).ravel() for name, a in model.dense.items()
-                          if np.asarray(a).dtype.kind == "f"}
+        if model is None:
+            raise ValueError(f"a securely aggregated task carries its model as the group {MODEL_GROUP!r}")
+        self.layout = SecureLayout.of(model)
+        self.reference = {name: np.asarray(model.dense[name]) for name, _ in self.layout.dense}
         self.round = task.round
-        self.device = SecureDevice(run_id, client_id, client_index, run_seed, task,
-                                   [a.size for a in self.reference.values()])
+        self.device = SecureDevice(run_id, client_id, client_index, run_seed, task, self.layout)
         self.pending: codec.Update | None = None
 
     def change_of(self, update: codec.Update) -> npt.NDArray[np.float64]:
-        """The trained update's change, flat in the model's order: its ``delta`` group, or its ``model`` group less
-        the model sent (raises ``Refused`` for anything else)."""
-        delta = update.groups.get(DELTA_GROUP)
-        trained = delta if delta is not None else update.groups.get(MODEL_GROUP)
-        if trained is None or trained.sparse is not None or set(update.groups) - {MODEL_GROUP, DELTA_GROUP} or \
-                any(name not in trained.dense or trained.dense[name].size != ref.size
-                    for name, ref in self.reference.items()):
-            raise Refused("a securely aggregated update is the model's dense change ('model' or 'delta' group)")
-        pieces = [np.asarray(trained.dense[name], np.float64).ravel() - (0.0 if delta is not None else ref)
-                  for name, ref in self.reference.items()]
-        return np.concatenate(pieces) if pieces else np.zeros(0)
+        """The trained update's change in the layout's order: its ``delta`` group, or its ``model`` group less the
+        model sent (a sparse round's complement values are changes from zero, the pruned model's value there);
+        raises ``Refused`` for anything else."""
+        if len(update.groups) != 1 or not set(update.groups) <= {MODEL_GROUP, DELTA_GROUP}:
+            raise Refused("a securely aggregated update is one 'model' or 'delta' group")
+        (name, group), = update.groups.items()
+        return self.layout.change(group, self.reference if name == MODEL_GROUP else None)
 
     def masked_frame(self, update: codec.Update) -> bytes:
         """The Update to send: the change masked; of the runtime's fields only what describes the device's work

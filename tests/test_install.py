@@ -110,3 +110,13 @@ def test_the_jetson_pins_are_the_ansible_roles() -> None:
             break
         role.append(line[4:].strip())
     assert pins == role and "numpy<2" in pins
+
+
+def test_secure_aggregation_s_cryptography_is_a_core_dependency_so_every_device_installs_it() -> None:
+    """A device installs the core dependencies and the ``agent`` extra (``install.sh --agent``, the Ansible role's
+    wheel): secure aggregation's ciphers come from ``cryptography``, which must be among the core ones."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0] for requirement in project["dependencies"]]
+    assert "cryptography" in names

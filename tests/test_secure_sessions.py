@@ -24,14 +24,17 @@ from tests.simfleet import differences, finish_cli, overrides, read_jsonl, recor
 SECURE = ("algorithm.name=fedavg", "secagg.enabled=true")
 
 
-def test_the_model_moves_by_exactly_the_survivors_quantised_mean(tmp_path: Path,
+@pytest.mark.parametrize("algorithm", ["fedavg", "dssa-fedprox"])
+def test_the_model_moves_by_exactly_the_survivors_quantised_mean(algorithm: str, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Every device's field words are recorded as the shipped grid encodes them (before masking); the change the
-    coordinator folds is their sum, read back as the grid's mean, bit for bit, and never one device's."""
+    coordinator folds is their sum, read back as the grid's mean, bit for bit, and never one device's. DSSA (one
+    warm-up round): its sparse round masks the dense tensors and the complement of the round's mask, half the
+    words of its dense round."""
     from fedge.protocol.server_half import Aggregation
 
     encoded: list[tuple[Grid, np.ndarray]] = []
-    folded: list[dict[str, np.ndarray]] = []
+    folded: list[np.ndarray] = []
     encode, fold = Grid.encode, Aggregation.fold_secure_mean
 
     def recording_encode(self: Grid, change: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -39,13 +42,17 @@ def test_the_model_moves_by_exactly_the_survivors_quantised_mean(tmp_path: Path,
         encoded.append((self, words.copy()))
         return words
 
-    def recording_fold(self: Aggregation, change: dict[str, np.ndarray], contributor: tuple[str, int]) -> None:
-        folded.append({name: np.array(value) for name, value in change.items()})
-        fold(self, change, contributor)
+    def recording_fold(self: Aggregation, groups: dict[str, codec.TensorGroup], contributor: tuple[str, int]) -> None:
+        (group,) = groups.values()
+        pieces = [np.asarray(value).ravel() for value in group.dense.values()]
+        folded.append(np.concatenate(pieces + ([group.sparse.values] if group.sparse is not None else [])))
+        fold(self, groups, contributor)
 
     monkeypatch.setattr(Grid, "encode", recording_encode)
     monkeypatch.setattr(Aggregation, "fold_secure_mean", recording_fold)
-    run_here(overrides("fedavg", 1.0, "simulated", "inline", (*SECURE, "fleet.local_agents=4", "run.rounds=2")),
+    extra = ("algorithm.warmup_rounds=1",) if algorithm.startswith("dssa") else ()
+    run_here(overrides(algorithm, 1.0, "simulated", "inline", (*SECURE, f"algorithm.name={algorithm}", *extra,
+                                                                "fleet.local_agents=4", "run.rounds=2")),
              tmp_path / "run")
     assert len(encoded) == 8 and len(folded) == 2
     for number, change in enumerate(folded):
@@ -54,13 +61,15 @@ def test_the_model_moves_by_exactly_the_survivors_quantised_mean(tmp_path: Path,
         for _, words in encoded[4 * number:4 * number + 4]:
             total = field.add(total, words, grid.bits)
         expected = grid.mean(total, 4).astype(np.float32)
-        got = np.concatenate([value.ravel() for value in change.values()])
+        got = change
         assert got.tobytes() == expected.tobytes(), f"round {number + 1}"
         one = grid.mean(encoded[4 * number][1], 1).astype(np.float32)
         assert not np.array_equal(got, one)
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [(r["secagg_summed"], r["secagg_failed"], r["secagg_attempt"]) for r in rows] == [(4, "", 0)] * 2
     assert rows[-1]["test_accuracy"] > 0.3
+    if extra:  # the sparse round masks the dense tensors and the complement: about half the dense round's words
+        assert rows[1]["dssa_sparse"] == 1 and 0.4 < folded[1].size / folded[0].size < 0.6
 
 
 def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(tmp_path: Path) -> None:
@@ -86,6 +95,7 @@ def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(tmp_pat
     (["secagg.stage_timeout_s=-1"], "secagg.stage_timeout_s"),
     (["algorithm.name=\"scaffold\""], "cannot apply to algorithm 'scaffold'"),
     (["algorithm.name=\"ef-fedprox\""], "cannot apply to algorithm 'ef-fedprox'"),
+    (["algorithm.name=\"dssa-fedprox\"", "algorithm.uplink_keep=0.3"], "algorithm.uplink_keep < 1"),
     (["fleet.local_agents=2"], "at least 3 devices"),
     (["fleet.mode=\"simulated\"", "data.clients=130", "secagg.bits=8"], "cannot hold the sum of 130 devices"),
     (["fleet.bind=\"tcp://127.0.0.1:0\"", "fleet.expect=2"], "at least 3 devices"),
