@@ -3,12 +3,13 @@ uploads and uniform weights in plaintext, and the same with ``secagg.enabled`` (
 
     python benchmarks/secagg_sessions.py                      # 10 agents, the paper CNN, 5 rounds, 16 bits
     python benchmarks/secagg_sessions.py --agents 10 --rounds 5 --bits 16 32 --write docs/results/secure-aggregation.md
+    python benchmarks/secagg_sessions.py --algorithm dssa-fedavg --write docs/results/secure-aggregation.md
 
 Per device and round (means over every client row of rounds 2 on), from the agents' meter: the Update packet, every
 packet the device sent (the Update, its keys, shares and reveal, heartbeats) and every packet it received (the Task,
 the roster, its delivery of shares, the unmask request, commits, heartbeats); the ratios to the plaintext run's and
 to 4 bytes (float32) and 8 bytes (Flower's int64 layout) per parameter; the round's wall time and the last round's
-test accuracy. ``--write`` puts the table, the command and the machine in a Markdown file.
+test accuracy. ``--write`` appends the table, the command and the machine to a Markdown file.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-COMMON = ["algorithm.name=\"fedavg\"", "algorithm.upload=\"delta\"", "algorithm.weighting=\"uniform\"",
-          "run.export_onnx=false", "data.partition=\"iid\""]
+COMMON = ["algorithm.upload=\"delta\"", "algorithm.weighting=\"uniform\"", "run.export_onnx=false",
+          "data.partition=\"iid\""]
 
 
 def run(sets: list[str], run_dir: Path) -> dict[str, Any]:
@@ -61,14 +62,18 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--model", default="cnn")
+    parser.add_argument("--algorithm", default="fedavg", help="fedavg, fedprox, dssa-fedavg or dssa-fedprox (DSSA "
+                        "with one warm-up round: rounds 2 on are its sparse rounds)")
     parser.add_argument("--train-limit", type=int, default=600)
     parser.add_argument("--bits", type=int, nargs="+", default=[16])
     parser.add_argument("--write", type=Path, default=None, help="a Markdown file for the results")
     args = parser.parse_args()
     if args.agents < 3:
         parser.error("secure aggregation needs at least 3 agents")
-    sets = [*COMMON, f"fleet.local_agents={args.agents}", f"run.rounds={args.rounds}",
-            f"model.name=\"{args.model}\"", f"data.train_limit={args.train_limit}"]
+    sets = [*COMMON, f"algorithm.name=\"{args.algorithm}\"", f"fleet.local_agents={args.agents}",
+            f"run.rounds={args.rounds}", f"model.name=\"{args.model}\"", f"data.train_limit={args.train_limit}"]
+    if args.algorithm.startswith("dssa"):
+        sets.append("algorithm.warmup_rounds=1")
     size = parameters(args.model)
     with tempfile.TemporaryDirectory(prefix="fedge-secagg-") as work:
         results = {"plaintext": run(sets, Path(work) / "plaintext")}
@@ -76,7 +81,7 @@ def main() -> None:
             results[f"secagg, {bits} bits"] = run([*sets, "secagg.enabled=true", f"secagg.bits={bits}"],
                                                   Path(work) / f"secagg-{bits}")
     plain = results["plaintext"]
-    lines = [f"{args.agents} agent processes, model `{args.model}` ({size:,} float parameters), fmnist-demo IID "
+    lines = [f"`{args.algorithm}`, {args.agents} agent processes, model `{args.model}` ({size:,} float parameters), fmnist-demo IID "
              f"shards of {args.train_limit} samples, {args.rounds} rounds; per device and round, rounds 2-{args.rounds}:",
              "",
              "| run | Update packet (B) | / plaintext | / (4 B x params) | / (8 B x params) | all packets up (B) | "
@@ -94,13 +99,14 @@ def main() -> None:
                          f"{r['down'] - plain['down']:,.0f} B down (against the plaintext run's other packets)")
     table = "\n".join(lines)
     print(table)
-    if args.write is not None:
+    if args.write is not None:  # appended: one section per run of the script
         command = "python benchmarks/secagg_sessions.py " + " ".join(sys.argv[1:])
-        args.write.write_text(
-            "# Secure aggregation in sessions: measured\n\n"
-            f"Written by `{command}` on {platform.machine()}, Python {platform.python_version()}, "
-            f"{time.strftime('%Y-%m-%d')} ([secure-aggregation.md](../secure-aggregation.md) says what is "
-            "measured and why).\n\n" + table + "\n")
+        head = "" if args.write.exists() else "# Secure aggregation in sessions: measured\n\n" \
+            "Each section is written by the command it names ([secure-aggregation.md](../secure-aggregation.md) " \
+            "says what is measured and why).\n"
+        with args.write.open("a") as out:
+            out.write(f"{head}\n## `{command}`\n\n{platform.machine()}, Python {platform.python_version()}, "
+                      f"{time.strftime('%Y-%m-%d')}.\n\n{table}\n")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ of this session shows that its next welcome took). A peer that keeps sending wha
 a while: ``RejectionLimiter`` counts it in a bounded table and lets a few answers and log lines through per window.
 It returns ``protocol.events``: what to send (``Send``, ``SendFrame``), what to log (``Rejected``, ``Noted``),
 each accepted update (``Accepted``, which the driver folds at once; the round keeps only its typed fields and
-size) and, from ``commits``, the checkpoint the Commits wait for (``Checkpoint``). No sockets, threads or clocks:
+size) and, from ``commits``, the checkpoint the Commits wait for (``Checkpoint``). A securely aggregated round
+(``open_round(..., secure=...)``, ``protocol.secure_round``) routes the stage messages to its ``SecureRound``, adds
+each masked Update to the masked sum and hands none out (no ``Accepted``: the driver folds only the unmasked mean),
+stops waiting for a device that left or failed, closes once every device that shared has sent its input, follows
+its Cancels with the unmask requests, and commits only the devices in the unmasked sum. No sockets, threads or clocks:
 a driver (``coordinator.session``, ``simulation.inprocess``) polls, feeds, sends and writes files. The server half
 is called through its torch-free contract (``protocol.server_half``) for downlinks, checks and to forget a device;
 no algorithm is known by name.

@@ -115,6 +115,9 @@ class Aggregation:
     the noisy mean change is folded once for each device that sent one, with a count of 1, as a rule's change is;
     a round with too few updates is not released (nothing is folded; ``withheld``).
 
+    A securely aggregated round folds nothing one device at a time: its unmasked mean change is folded once
+    (``fold_secure_mean``), and closed like any other round.
+
     With an active ``step`` (``protocol.server_step``), the closed round's change of the global model (a
     ``GlobalModelServer``'s) is taken through the server's optimizer step."""
 
