@@ -131,12 +131,14 @@ class DeviceState:
         """Run id -> the last round this device masked an input of, oldest first."""
         try:
             noted = json.loads(self.masked_path.read_text())
+            if "runs" not in noted:  # the first form of the file: one session's
+                return {str(noted["run_id"]): int(noted["round"])}
             return {str(run): int(last) for run, last in noted["runs"]}
         except FileNotFoundError:
             return {}
-        except (ValueError, KeyError, TypeError) as error:  # unreadable: assume the worst, mask nothing of it
-            raise ValueError(f"{self.masked_path} cannot be read ({error}): remove it only if no secure session "
-                             "is in progress") from None
+        except (ValueError, KeyError, TypeError) as error:  # unreadable: the agent does not start (fails closed)
+            raise ValueError(f"{self.masked_path} cannot be read ({error}): this device cannot tell which rounds "
+                             "it masked; remove the file only when no secure session it served will resume") from None
 
     def committed_model(self) -> StoredState | None:
         """The latest committed state with its prediction model (of whatever run), or None before the first

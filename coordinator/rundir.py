@@ -35,6 +35,7 @@ METRICS_FIELDS = (
     "eval_samples", "test_accuracy_pruned", "personal_accuracy_mean", "personal_accuracy", "bytes_down", "bytes_up",
     "bytes_up_tensors", "train_loss", "wall_s", "train_s_max", "eval_s", "checkpoint_s", "receive_s", "fold_s",
     "downlink_s", "close_s", "tail_s", "epsilon", "clip", "noise_std", "dp_released", "dp_dropouts",
+    "secagg_attempt", "secagg_summed", "secagg_failed", "secagg_recovered",
 )
 # Where a round's time went on the coordinator (seconds, a simulated fleet's too): frames decoded and checked,
 # updates folded, tasks encoded and sent, the aggregate closed, and the tail from the last accepted update to the

@@ -15,25 +15,64 @@ buffers is refused by the plan). Must not import torch, a transport or an algori
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import secrets
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from fedge import codec
+from fedge.coordinator.crashpoints import crash_point
 from fedge.coordinator.rundir import RunDir
 from fedge.coordinator.sections import SecAggSection
 from fedge.plumbing import load_arrays, save_arrays
+from fedge.protocol.payload import MODEL_GROUP
+from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.secure_device import SecureLayout
 from fedge.protocol.secure_round import SecureRound
+from fedge.protocol.server_half import Aggregation, ServerHalf
 from fedge.secagg.encoding import Grid, grid_for, setup_of, task_settings
 from fedge.secagg.graph import neighbourhoods, threshold_of
+from fedge.secagg.keys import support_digest
+
+log = logging.getLogger("fedge.coordinator")
 
 ATTEMPTS_FILE = "secagg.json"
 SUM_FILE = "secagg-sum.npz"  # an unmasked round's mean change, until the round's checkpoint
+
+
+def layout_digest(layout: SecureLayout, words: int) -> str:
+    """What a kept sum is tied to (hex SHA-256): the layout's tensors (names and shapes), length and coordinates."""
+    section = layout.section
+    tensors = [*layout.dense, *(zip(section.names, section.shapes, strict=True) if section is not None else ())]
+    described = json.dumps([[name, list(shape)] for name, shape in tensors]).encode()
+    return hashlib.sha256(described + support_digest(layout.support, words)).hexdigest()
+
+
+@dataclass(frozen=True)
+class KeptSum:
+    """A round's unmasked mean change as kept before its checkpoint: in the round's layout (``support``: its
+    ``layout_digest``), with its contributors (client id, index at the time) and its metrics fields."""
+
+    round: int
+    change: npt.NDArray[np.float64]
+    contributors: list[tuple[str, int]]
+    record: dict[str, Any]
+    support: str
+
+    def groups(self, model: codec.TensorGroup) -> dict[str, codec.TensorGroup]:
+        """The change as the uplink a device of the round would send, laid out by the round's model group as the
+        resumed server half sends it; ``ValueError`` (one line) when it does not fit (the configuration changed)."""
+        layout = SecureLayout.of(model)
+        if sum(layout.sizes) != self.change.size or layout_digest(layout, self.change.size) != self.support:
+            raise ValueError(f"the sum kept for round {self.round} (secagg-sum.npz) does not fit the round's layout "
+                             "any more: resume with the configuration it was made with (the algorithm's options)")
+        return layout.groups(self.change)
 
 
 class SessionSecAgg:
@@ -55,17 +94,23 @@ class SessionSecAgg:
         self.run_dir.write_json(ATTEMPTS_FILE, {"round": number, "attempt": attempt})
         return attempt
 
-    def open(self, run_id: str, number: int, selected: Sequence[str], model: codec.TensorGroup,
-             peer_of: Callable[[str], bytes | None], now: float) -> SecureRound:
-        """Round ``number``'s secure stages over the ``selected`` devices, sent ``model`` (the round's model group:
-        what their change is laid out by, ``protocol.secure_device.SecureLayout``)."""
+    def open(self, run_id: str, number: int, selected: Sequence[int], registry: AgentRegistry, server: ServerHalf,
+             now: float) -> SecureRound:
+        """Round ``number``'s secure stages over the ``selected`` clients, laid out by the model group the server
+        half sends them (``protocol.secure_device.SecureLayout``); a device is reached at its current routing id."""
         s = self.section
-        layout = self.layout = SecureLayout.of(model)
+        layout = self.layout = SecureLayout.of(server.downlink(number, selected[0]).groups[MODEL_GROUP])
         grid = self.grid = grid_for(s.bits, s.clip_range, layout.sizes, len(selected))
         attempt = self.next_attempt(number)
         self.settings = task_settings(grid, s.threshold, s.neighbours, secrets.randbits(62), attempt)
         setup = setup_of(run_id, number, self.settings, grid.size, layout.support)
-        self.round = SecureRound(run_id, number, attempt, setup, list(selected), peer_of, s.stage_timeout_s, now)
+
+        def peer_of(client_id: str) -> bytes | None:
+            agent = registry.get(client_id)
+            return agent.peer if agent is not None and agent.connected and agent.peer else None
+
+        self.round = SecureRound(run_id, number, attempt, setup, [registry.by_index(i).client_id for i in selected],
+                                 peer_of, s.stage_timeout_s, now)
         return self.round
 
     def min_inputs(self) -> int:
@@ -94,22 +139,44 @@ class SessionSecAgg:
             return None
         return grid.mean(total, len(secure.contributors))
 
-    def keep_sum(self, number: int, change: npt.NDArray[np.float64], contributors: Sequence[tuple[str, int]]) -> None:
-        """Round ``number``'s unmasked mean change and its contributors (client id, index), written durably."""
-        save_arrays(self.run_dir / SUM_FILE, {"mean": change},
-                    {"round": number, "contributors": [list(c) for c in contributors], "record": self.record()})
+    def keep(self, run_id: str, index_of: Callable[[str], int]) -> None:
+        """Right after the unmask stage summed the round: its mean change kept durably, tied to the run, the round
+        and the layout (crash point ``unmasked`` just before: what the restart rule alone must cover)."""
+        secure, change, layout = self.round, self.mean_change(), self.layout
+        if secure is None or change is None or layout is None:
+            return
+        crash_point("unmasked", secure.number)
+        contributors = sorted([c, index_of(c)] for c in secure.contributors)
+        save_arrays(self.run_dir / SUM_FILE, {"mean": change}, {
+            "run_id": run_id, "round": secure.number, "words": int(change.size),
+            "support": layout_digest(layout, int(change.size)), "contributors": contributors,
+            "record": self.record()})
 
-    def kept_sum(self, number: int) -> tuple[npt.NDArray[np.float64], list[tuple[str, int]], dict[str, Any]] | None:
-        """The kept sum of round ``number`` (the round a resumed session plays next), or None; one of an earlier
-        round, whose checkpoint was written, is removed."""
+    def fold(self, aggregation: Aggregation, number: int, index_of: Callable[[str], int]) -> dict[str, Any]:
+        """The round's mean change folded once (``Aggregation.fold_secure_mean``, under its first contributor);
+        a round whose sum could not be unmasked folds nothing and leaves the model as it was. Its metrics fields."""
+        change, secure, layout = self.mean_change(), self.round, self.layout
+        if change is not None and secure is not None and layout is not None:
+            first = min((index_of(c), c) for c in secure.contributors)
+            aggregation.fold_secure_mean(layout.groups(change), (first[1], first[0]))
+        record = self.record()
+        if record.get("secagg_failed"):
+            log.warning("round %d: secure aggregation failed (%s); the model stays as it was", number,
+                        record["secagg_failed"])
+        return record
+
+    def kept(self, run_id: str, number: int) -> KeptSum | None:
+        """The sum kept for round ``number`` of run ``run_id`` (the round a resumed session plays next), or None;
+        one of another run, or of an earlier round (its checkpoint was written), is removed."""
         path = self.run_dir / SUM_FILE
         if not path.exists():
             return None
         change, meta = load_arrays(path)
-        if int(meta["round"]) != number:
+        if meta.get("run_id") != run_id or int(meta["round"]) != number:
             path.unlink()
             return None
-        return change["mean"], [(str(c), int(i)) for c, i in meta["contributors"]], dict(meta["record"])
+        return KeptSum(number, change["mean"], [(str(c), int(i)) for c, i in meta["contributors"]],
+                       dict(meta["record"]), str(meta["support"]))
 
     def drop_sum(self) -> None:
         (self.run_dir / SUM_FILE).unlink(missing_ok=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,13 +24,14 @@ from fedge.algorithms import make_server
 from fedge.algorithms.base import ModelLayout, ServerContext
 from fedge.codec import vocabulary as words
 from fedge.coordinator.checkpoint import load_checkpoint, save_checkpoint
-from fedge.coordinator.config import Config
+from fedge.coordinator.config import Config, ConfigError
+from fedge.coordinator.crashpoints import crash_point
 from fedge.coordinator.deferred import DeferredRow, PendingRow
 from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.privacy import PrivacyPlan, SessionPrivacy
 from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
 from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, SPENT_FIELDS, RunDir, plain
-from fedge.coordinator.secure import SessionSecAgg
+from fedge.coordinator.secure import KeptSum, SessionSecAgg
 from fedge.coordinator.status import AgentTallies, StatusBoard
 from fedge.coordinator.transport import RouterTransport
 from fedge.coordinator.trust import SessionTrust
@@ -44,24 +44,11 @@ from fedge.protocol.events import Accepted, Checkpoint, CoordinatorEvent, Noted,
 from fedge.protocol.payload import MODEL_GROUP
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.round import RoundState
-from fedge.protocol.secure_device import SecureLayout
-from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.selection import choose, selection_count
 from fedge.protocol.server_half import Aggregation
 from fedge.protocol.server_step import ServerStep
 
 log = logging.getLogger("fedge.coordinator")
-
-# A test seam: FEDGE_CRASH_AT="POINT:ROUND" ends the process at once (exit 70, no cleanup) at that point of that
-# round's finish, so that tests can check that a crash anywhere resumes to the uninterrupted run.
-CRASH_AT = os.environ.get("FEDGE_CRASH_AT", "")
-
-
-def crash_point(point: str, round_number: int) -> None:
-    if CRASH_AT and CRASH_AT == f"{point}:{round_number}":
-        log.warning("FEDGE_CRASH_AT=%s: exiting now", CRASH_AT)
-        os._exit(70)
-
 
 class Session:
     """One federated session over a transport; ``run()`` plays rounds until done or asked to stop."""
@@ -294,7 +281,8 @@ class Session:
         else:
             self.aggregation = Aggregation(self.server, number, private=self.privacy.open_round(), step=self.step)
         selected = self.select(number, available)
-        secure = self.open_secure(number, selected, started) if self.secagg is not None and selected else None
+        secure = self.secagg.open(self.run_id, number, selected, self.registry, self.server, started) \
+            if self.secagg is not None and selected else None
         target = self.config.round.target
         if target and secure is not None and self.secagg is not None:
             target = max(target, self.secagg.min_inputs())  # enough inputs for every device's threshold
@@ -319,23 +307,12 @@ class Session:
             self.pump(100)
             self.act(secure.tick(time.monotonic()))
             self.write_status(f"round {number}: unmasking the sum")
+        if self.secagg is not None:  # a sum is kept at once: a crash from here on applies it, never redoes it
+            self.secagg.keep(self.run_id, self.index_of)
         if current.awaited() and time.monotonic() < current.deadline:
             log.warning("round %d: every agent still awaited (%s) is gone; closing the round", number,
                         current.awaited())
         return self.finish_round(current, started)
-
-    def open_secure(self, number: int, selected: list[int], now: float) -> SecureRound:
-        """Round ``number``'s secure stages (``coordinator.secure``), over the model the selected are sent."""
-        assert self.secagg is not None
-        agents = self.registry
-
-        def peer_of(client_id: str) -> bytes | None:
-            agent = agents.get(client_id)
-            return agent.peer if agent is not None and agent.connected and agent.peer else None
-
-        model = self.server.downlink(number, selected[0]).groups[MODEL_GROUP]  # what every device is sent
-        return self.secagg.open(self.run_id, number, [agents.by_index(i).client_id for i in selected], model,
-                                peer_of, now)
 
     def finish_round(self, current: RoundState, started: float) -> dict[str, Any]:
         number = current.number
@@ -346,7 +323,7 @@ class Session:
             self.server.missed(number, missing)
         ordered = sorted(current.updates.items())
         closing = time.monotonic()
-        secure: dict[str, Any] = self.fold_secure(number) if self.secagg is not None else {}
+        secure = self.secagg.fold(self.aggregation, number, self.index_of) if self.secagg is not None else {}
         extra = self.aggregation.close()  # folded as they arrived (or held until now, and bounded)
         extra.update(secure)
         self.spent["close_s"] = time.monotonic() - closing
@@ -390,43 +367,33 @@ class Session:
         self.round_walls.append(row["wall_s"])
         return row
 
-    def fold_secure(self, number: int) -> dict[str, Any]:
-        """A securely aggregated round's mean change, folded once (``Aggregation.fold_secure_mean``); a round whose
-        sum could not be unmasked leaves the model as it was. Its fields of metrics.jsonl."""
-        assert self.secagg is not None
-        change, secure = self.secagg.mean_change(), self.secagg.round
-        if change is not None and secure is not None:
-            contributors = sorted((c, self.registry.agents[c].index) for c in secure.contributors)
-            crash_point("unmasked", number)
-            self.secagg.keep_sum(number, change, contributors)  # a crash before the checkpoint applies it again
-            assert self.secagg.layout is not None
-            self.aggregation.fold_secure_mean(self.secagg.layout.groups(change),
-                                              min(contributors, key=lambda c: c[1]))
-        record = self.secagg.record()
-        if record.get("secagg_failed"):
-            log.warning("round %d: secure aggregation failed (%s); the model stays as it was", number,
-                        record["secagg_failed"])
-        return record
+    def index_of(self, client_id: str) -> int:
+        return self.registry.agents[client_id].index
 
-    def recover_round(self, number: int, change: np.ndarray, contributors: list[tuple[str, int]],
-                      record: dict[str, Any]) -> dict[str, Any]:
-        """Round ``number`` as its kept sum says: the coordinator crashed after unmasking it, before its
-        checkpoint. Its mean change is folded as it was, the round committed and checkpointed, and its row
-        written from what was kept (``secagg_recovered``; no clients.jsonl rows: the devices' records were lost)."""
-        started = time.monotonic()
+    def recover_round(self, kept: KeptSum) -> dict[str, Any]:
+        """Round ``kept.round`` as its kept sum says: the coordinator crashed after unmasking it, before its
+        checkpoint. Its mean change is folded as it was, the round committed and checkpointed, and its row written
+        from what was kept (``secagg_recovered``; no clients.jsonl rows: the devices' records were lost). Its
+        contributors are named by client id (an index may have changed hands since the last checkpoint)."""
+        number, started = kept.round, time.monotonic()
         self.rows.flush()
         self.aggregation = Aggregation(self.server, number, step=self.step)
-        first = min(contributors, key=lambda c: c[1])
-        layout = SecureLayout.of(self.server.downlink(number, first[1]).groups[MODEL_GROUP])  # as the round's
-        self.aggregation.fold_secure_mean(layout.groups(change), first)
+        first = min(kept.contributors, key=lambda c: c[1])
+        try:
+            groups = kept.groups(self.server.downlink(number, first[1]).groups[MODEL_GROUP])
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        self.aggregation.fold_secure_mean(groups, first)
         extra = self.aggregation.close()
-        indices = sorted(index for _, index in contributors)
-        for index in indices:  # their next task confirms the round to them (its last accepted round)
-            self.registry.by_index(index).last_accepted_round = number
+        for client_id, _ in kept.contributors:  # their next task confirms the round to them
+            agent = self.registry.get(client_id)
+            if agent is not None:
+                agent.last_accepted_round = number
         self.protocol.resume(self.run_id, number)
+        indices = sorted(index for _, index in kept.contributors)  # as they were in the round
         row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
         row.update(round=number, algorithm=self.config.algorithm_name, reported=len(indices), accepted=indices,
-                   selected_indices=indices, bytes_down=0, bytes_up=0, **extra, **record, secagg_recovered=True)
+                   selected_indices=indices, bytes_down=0, bytes_up=0, **extra, **kept.record, secagg_recovered=True)
         row["wall_s"] = time.monotonic() - started
         log.warning("round %d: recovered from the sum kept before the crash (%d masked inputs); not redone",
                     number, len(indices))
@@ -482,8 +449,8 @@ class Session:
                     return "stopped"
                 if not self.registry.live_indices(time.monotonic()):
                     return "no-agents"
-            kept = self.secagg.kept_sum(self.round + 1) if self.secagg is not None else None
-            row = self.play_round(self.round + 1) if kept is None else self.recover_round(self.round + 1, *kept)
+            kept = self.secagg.kept(self.run_id, self.round + 1) if self.secagg is not None else None
+            row = self.play_round(self.round + 1) if kept is None else self.recover_round(kept)
             if row is None:
                 self.write_status("stopped", force=True)
                 return "stopped"

@@ -168,6 +168,8 @@ def test_a_device_that_masked_an_input_of_a_round_before_it_restarted_masks_no_o
         DeviceState(tmp_path).note_masked(f"run-{run}", run + 1)
     kept = DeviceState(tmp_path).masked_rounds()
     assert len(kept) == MASKED_RUNS and kept[f"run-{MASKED_RUNS + 4}"] == MASKED_RUNS + 5
+    (tmp_path / "masked.json").write_text(json.dumps({"run_id": "r0", "round": 2}))  # the file's first form
+    assert DeviceState(tmp_path).masked_rounds() == {"r0": 2}
     (tmp_path / "masked.json").write_text("{")
     with pytest.raises(ValueError, match="masked.json cannot be read"):
         DeviceState(tmp_path).masked_rounds()
@@ -220,10 +222,43 @@ def test_a_coordinator_that_crashed_after_unmasking_applies_the_kept_sum_and_end
     crash_and_resume(run_dir, "aggregated")
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [(r["round"], r["secagg_attempt"], r["secagg_summed"]) for r in rows] == [(1, 0, 3), (2, 0, 3), (3, 0, 3)]
-    assert rows[1]["secagg_recovered"] is True and "secagg_recovered" not in rows[2]
+    assert [r["secagg_recovered"] for r in rows] == [None, True, None]
     assert [r["test_accuracy"] for r in rows] == [r["test_accuracy"] for r in read_jsonl(reference / "metrics.jsonl")]
     with np.load(reference / "model.npz") as a, np.load(run_dir / "model.npz") as b:
         assert a.files == b.files and all(a[n].tobytes() == b[n].tobytes() for n in a.files if n.startswith("a/"))
+
+
+def test_a_kept_sum_applies_only_to_its_run_its_round_and_its_layout(tmp_path: Path) -> None:
+    """What a resumed coordinator reads back: a sum of another run, or of an earlier round, is removed and not
+    applied; one whose layout no longer fits the round (the configuration changed) is refused in one line instead
+    of folding a vector laid out otherwise."""
+    from fedge.coordinator.rundir import RunDir
+    from fedge.coordinator.sections import SecAggSection
+    from fedge.coordinator.secure import SUM_FILE, SessionSecAgg, layout_digest
+    from fedge.plumbing import save_arrays
+    from fedge.protocol.secure_device import SecureLayout
+
+    model = codec.TensorGroup(dense={"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)})
+    layout = SecureLayout.of(model)
+    secure = SessionSecAgg(SecAggSection(enabled=True), RunDir(tmp_path))
+
+    def kept_file(run_id: str, number: int) -> None:
+        save_arrays(tmp_path / SUM_FILE, {"mean": np.arange(9, dtype=np.float64)}, {
+            "run_id": run_id, "round": number, "words": 9, "support": layout_digest(layout, 9),
+            "contributors": [["a", 0], ["b", 1], ["c", 2]], "record": {"secagg_summed": 3}})
+
+    for run_id, number in (("another-run", 4), ("r1", 3)):
+        kept_file(run_id, number)
+        assert secure.kept("r1", 4) is None and not (tmp_path / SUM_FILE).exists()
+    kept_file("r1", 4)
+    kept = secure.kept("r1", 4)
+    assert kept is not None and kept.contributors == [("a", 0), ("b", 1), ("c", 2)]
+    (group,) = kept.groups(model).values()
+    assert np.array_equal(group.dense["w"].ravel(), np.arange(6)) and np.array_equal(group.dense["b"], [6, 7, 8])
+    wider = codec.TensorGroup(dense={"w": np.zeros((3, 3), np.float32)})
+    with pytest.raises(ValueError, match="does not fit the round's layout") as refused:
+        kept.groups(wider)
+    assert "\n" not in str(refused.value)
 
 
 def _env() -> dict[str, str]:
