@@ -72,10 +72,13 @@ def test_the_model_moves_by_exactly_the_survivors_quantised_mean(algorithm: str,
         assert rows[1]["dssa_sparse"] == 1 and 0.4 < folded[1].size / folded[0].size < 0.6
 
 
-def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(tmp_path: Path) -> None:
-    process = start_cli(overrides("fedavg", 1.0, "process", extra=SECURE), tmp_path / "process")
+@pytest.mark.parametrize("algorithm", ["fedavg", "dssa-fedprox"])
+def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(algorithm: str, tmp_path: Path) -> None:
+    """FedAvg, and DSSA with one warm-up round (rounds 2 and 3 mask its sparse uplink)."""
+    sets = (*SECURE, f"algorithm.name={algorithm}", *(("algorithm.warmup_rounds=1",) if "dssa" in algorithm else ()))
+    process = start_cli(overrides(algorithm, 1.0, "process", extra=sets), tmp_path / "process")
     try:
-        run_here(overrides("fedavg", 1.0, "simulated", "inline", SECURE), tmp_path / "simulated")
+        run_here(overrides(algorithm, 1.0, "simulated", "inline", sets), tmp_path / "simulated")
     finally:
         finish_cli(process, tmp_path / "process")
     expected = records(tmp_path / "process")
@@ -86,6 +89,10 @@ def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(tmp_pat
     assert all(row["train_loss"] is None and row["params_updated"] is None and row["flops_opt_updated"] is None
                for row in clients)
     assert all(row["train_loss"] is None for row in expected["metrics"])
+    rows = read_jsonl(tmp_path / "process" / "metrics.jsonl")
+    assert [r["secagg_summed"] for r in rows] == [6, 6, 6]
+    if "dssa" in algorithm:
+        assert [r["dssa_sparse"] for r in rows] == [0, 1, 1]
 
 
 @pytest.mark.parametrize(("sets", "says"), [
