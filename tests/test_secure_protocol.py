@@ -21,23 +21,29 @@ from tests.test_protocol_coordinator import joined, protocol, update, welcome_fi
 NAMES = ["a", "b", "c", "d"]
 
 
-def test_a_secure_round_sums_the_answering_devices_and_commits_only_them() -> None:
+def four_devices(threshold: float) -> tuple[Any, dict[str, np.ndarray], Any, dict[str, AgentProtocol], SecureRound]:
+    """The coordinator's protocol object with four joined agents' protocol objects, a secure round of them set up
+    (FedAvg's tiny MLP, 16 bits): (protocol, the model sent, the grid, the agents, the round)."""
     p = protocol(capacity=4)
     reference = p.server.evaluation_arrays()
     assert reference is not None
     sizes = [int(a.size) for a in reference.values() if a.dtype.kind == "f"]
     grid = grid_for(16, 0.5, sizes, 4)
-    settings = task_settings(grid, 0.6, 50, 7, 0)
+    settings = task_settings(grid, threshold, 50, 7, 0)
     p.task_flags = lambda number: {"secagg": settings}
     p.welcome_fields = lambda index: {**welcome_fields(index), "num_clients": 4}
     joined(p, *NAMES)
-    agents = {}
+    agents = {name: AgentProtocol(name, 3.0, facts=DeviceFacts(fedge_version="0", torch_version="x", dataset_size=10))
+              for name in NAMES}
     for i, name in enumerate(NAMES):
-        agents[name] = AgentProtocol(name, 3.0, facts=DeviceFacts(fedge_version="0", torch_version="x",
-                                                                  dataset_size=10))
         agents[name].joined("run-1", i, 1.0, 60.0, seed=3)
-    peers = {name: name.encode() for name in NAMES}
-    secure = SecureRound("run-1", 1, 0, setup_of("run-1", 1, settings, grid.size), NAMES, peers.get, 10.0, 0.0)
+    secure = SecureRound("run-1", 1, 0, setup_of("run-1", 1, settings, grid.size), NAMES,
+                         {n: n.encode() for n in NAMES}.get, 10.0, 0.0)
+    return p, dict(reference), grid, agents, secure
+
+
+def test_a_secure_round_sums_the_answering_devices_and_commits_only_them() -> None:
+    p, reference, grid, agents, secure = four_devices(0.6)
     outbox: list[Any] = list(p.open_round(1, [0, 1, 2, 3], 0.0, 300.0, secure=secure))
     trained: list[tuple[str, int]] = []
     log: list[Any] = []
@@ -94,21 +100,7 @@ def test_a_device_that_declines_is_left_out_of_the_roster_though_its_keys_went_o
     device's keys: the report and then the keys reach the coordinator, which leaves the device out of the roster;
     the other three are summed without waiting for a stage deadline. (Found in review: it was counted as a dropout,
     and at four devices every neighbourhood then missed its threshold.)"""
-    p = protocol(capacity=4)
-    reference = p.server.evaluation_arrays()
-    assert reference is not None
-    sizes = [int(a.size) for a in reference.values() if a.dtype.kind == "f"]
-    grid = grid_for(16, 0.67, sizes, 4)
-    settings = task_settings(grid, 0.67, 50, 7, 0)
-    p.task_flags = lambda number: {"secagg": settings}
-    p.welcome_fields = lambda index: {**welcome_fields(index), "num_clients": 4}
-    joined(p, *NAMES)
-    agents = {name: AgentProtocol(name, 3.0, facts=DeviceFacts(fedge_version="0", torch_version="x", dataset_size=10))
-              for name in NAMES}
-    for i, name in enumerate(NAMES):
-        agents[name].joined("run-1", i, 1.0, 60.0, seed=3)
-    secure = SecureRound("run-1", 1, 0, setup_of("run-1", 1, settings, grid.size), NAMES,
-                         {n: n.encode() for n in NAMES}.get, 10.0, 0.0)
+    p, reference, grid, agents, secure = four_devices(0.67)  # t = 3 of 3: no dropout tolerated
     tasks = p.open_round(1, [0, 1, 2, 3], 0.0, 300.0, secure=secure)
     outbox: list[Any] = sorted(tasks, key=lambda e: e.peer != b"d")  # d first: the keys stage is still open
     while outbox:
