@@ -401,8 +401,10 @@ class AgentProtocol:
         return [Masked(self.run_id, round_number), SendFrame(frame, round=round_number)]
 
     def abandoned(self) -> None:
-        """Training stopped without an outcome (cancelled, or the agent is stopping): it holds no task any more."""
-        if self.state in HOLDING:
+        """Training stopped without an outcome (cancelled, or the agent is stopping): it holds no task any more. An
+        update that finished and waits (for its grant, or its secure round's shares) has no training either and is
+        kept: only TRAINING is abandoned."""
+        if self.state is AgentState.TRAINING:
             self.move("cancel")
 
     def heartbeat(self, steps: int = 0) -> codec.Heartbeat:

@@ -69,6 +69,8 @@ def test_a_round_of_four_agents_gives_the_coordinator_their_quantised_mean_chang
     # a0 finishes before its shares come: its masked update waits for them
     assert agents["a0"].finished(3, trained("a0", changes["a0"], {"accuracy": 0.9})) == []
     assert agents["a0"].state is AgentState.AWAITING_SHARES and agents["a0"].holding == 3
+    agents["a0"].abandoned()  # the driver's clock: no training thread and no outcome, yet the update is kept
+    assert agents["a0"].state is AgentState.AWAITING_SHARES
     updates: dict[str, bytes] = {}
     while outbox:  # roster, then deliveries
         send = outbox.pop(0)

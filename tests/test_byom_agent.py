@@ -176,3 +176,44 @@ def test_a_cancel_stops_the_training_thread_at_its_next_step(tmp_path: Path) -> 
     agent.worker.join(timeout=30)
     assert not agent.worker.is_alive() and agent.outcome is None and agent.train_steps < 10_000
     assert not agent.state.pending_path.exists()  # nothing of the cancelled round was kept
+
+
+class RecordingTransport:
+    """What the driver hands the socket, kept in order (a test double for the DEALER socket only)."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.handshakes, self.curve = 0, False
+
+    def send(self, frame: bytes) -> bool:
+        self.frames.append(frame)
+        return True
+
+
+def test_a_trained_update_waiting_for_its_grant_outlives_the_ticks_after_training(tmp_path: Path) -> None:
+    """The driver's clock drops a task whose training thread ended with no outcome; an update that finished and waits
+    (for a paced upload's grant, or a secure round's delivery of shares) has no thread either and must be kept
+    (CI saw a secure round wait forever for the update an agent had dropped this way)."""
+    from fedge.protocol.agent import AgentState
+
+    settings = AgentSettings(coordinator="tcp://127.0.0.1:9", client_id="pi", data="in-process",
+                             state_dir=str(tmp_path / "state"), allow_plugins=(PLUGIN,))
+    agent = Agent(settings, data=DeviceData.from_function(lambda: sensor_windows(count=60, seed=1), "in-process"))
+    session = agent.join(welcome(normalization={"mean": [3.0] * 3, "std": [1.5] * 3}))
+    agent.session = session
+    agent.begin_session(session)
+    agent.protocol.joined(session.run_id, session.index, 1.0, 5.0)
+    model = build(ModelSpec.from_dict(session.welcome.model), seed=0)
+    down = make_server("fedavg", {}, state_to_arrays(model), ServerContext(1, ModelLayout.of(model))).downlink(1, 0)
+    task = codec.Task(run_id="r1", round=1, sender="coordinator", groups=dict(down.groups), paced=True)
+    transport = RecordingTransport()
+    agent.act(transport, agent.protocol.receive(codec.encode(task), 0.0))  # type: ignore[arg-type]
+    assert agent.worker is not None
+    agent.worker.join(timeout=60)
+    for _ in range(3):  # the tick that sees the outcome, then ticks with no training thread and no outcome
+        agent.tick(transport)  # type: ignore[arg-type]
+    assert agent.protocol.state is AgentState.AWAITING_GRANT and agent.protocol.holding == 1
+    transport.frames.clear()
+    agent.handle(transport, codec.encode(codec.Grant(run_id="r1", round=1, sender="coordinator")))  # type: ignore[arg-type]
+    (sent,) = transport.frames
+    assert isinstance(codec.decode(sent), codec.Update) and agent.protocol.holding is None
