@@ -45,7 +45,7 @@ from fedge.algorithms.base import (
 from fedge.algorithms.contract import BaseServer, WrappedClient
 from fedge.algorithms.ef_meta import EfTask, EfUpdate
 from fedge.algorithms.keyframes import PublicModel, Replica, float_layout, start_model
-from fedge.algorithms.sparse import compress
+from fedge.algorithms.sparse import FlatLayout, compress
 from fedge.codec import SparseSection, TensorGroup
 
 VALUE_DTYPES = ("f32", "f16", "bf16", "int8", "ternary", "quinary")
@@ -137,8 +137,11 @@ class Server(BaseServer):
         if not origin.keyframe <= origin.base <= self.model.version:
             return (f"meta.ef: base {origin.base} / keyframe {origin.keyframe}: not a version this coordinator has "
                     f"published (keyframe <= base <= {self.model.version})")
-        sparse = update.payload.groups["update"].sparse
-        if sparse is None or tuple(sparse.names) != self.layout.names:
+        return self.section_problem(round_number, update.payload.groups["update"].sparse)
+
+    def section_problem(self, round_number: int, section: SparseSection | None) -> str:
+        """Why an update's float values cannot be folded, or '': ef's are one indexed sparse section."""
+        if section is None or tuple(section.names) != self.layout.names:
             return "an ef update must carry the float tensors as one sparse section, in the model's order"
         return ""
 
@@ -153,10 +156,15 @@ class Server(BaseServer):
             self.stale += 1
             return
         group = update.payload.groups["update"]
-        if group.sparse is None or tuple(group.sparse.names) != self.layout.names:
-            raise ValueError("an ef update must carry the float tensors as one indexed sparse section")
-        self.folding.add(group.sparse.values, group.sparse.positions(),
+        problem = self.section_problem(round_number, group.sparse)
+        if problem or group.sparse is None:
+            raise ValueError(problem)
+        self.folding.add(group.sparse.values, self.positions(round_number, group.sparse),
                          fedavg.fold_weight(update, self.config.base.weighting), group.dense)
+
+    def positions(self, round_number: int, section: SparseSection) -> np.ndarray:
+        """The flat positions an update's values lie at: its own indices."""
+        return section.positions()
 
     def shared_form(self, round_number: int, update: ClientUpdate) -> ClientUpdate | None:
         """For a robust rule: the update's values placed on every float coordinate (each device sends its own top
@@ -252,12 +260,17 @@ class Client(WrappedClient):
             self.residual = self.residual * np.float32(self.config.residual_decay ** missed)
         self.residual_base = self.start_version
         integers = {name: value for name, value in trained.items() if name not in layout.names}
-        sent = compress(layout, delta + self.residual, self.config.keep, self.config.value_dtype, dense=integers,
-                        clip=self.clip)
-        self.residual, self.scale = sent.residual, sent.scale
+        group, self.residual, self.scale = self.compressed(layout, delta + self.residual, integers)
         assert self.replica.version is not None, "make_update before on_receive"
         origin = EfUpdate(base=self.start_version, keyframe=self.replica.version)
-        return Payload(groups={"update": sent.group}, meta={**payload.meta, **origin.to_meta()})
+        return Payload(groups={"update": group}, meta={**payload.meta, **origin.to_meta()})
+
+    def compressed(self, layout: FlatLayout, update: np.ndarray, integers: Arrays
+                   ) -> tuple[TensorGroup, np.ndarray, float]:
+        """What is sent of ``update`` (the change with the residual): its top ``keep`` with indices, clipped under
+        the task's bound; the new residual; the clip's scale."""
+        sent = compress(layout, update, self.config.keep, self.config.value_dtype, dense=integers, clip=self.clip)
+        return sent.group, sent.residual, sent.scale
 
     def state_dict(self) -> Arrays:
         state = self.replica.state_dict()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from fedge.algorithms import dssa, ef, fedavg, fedbn, fedcos, fedprox, heurpfedla, pfedla, scaffold
+from fedge.algorithms import dssa, ef, ef_shared, fedavg, fedbn, fedcos, fedprox, heurpfedla, pfedla, scaffold
 from fedge.algorithms.base import Arrays, ServerContext, config_from_options
 from fedge.algorithms.contract import ClientHalf, ServerHalf, aggregation_refusal
 
@@ -37,6 +37,8 @@ REGISTRY: dict[str, AlgorithmSpec] = {
     "dssa-scaffold": AlgorithmSpec(dssa, scaffold),
     "ef-fedavg": AlgorithmSpec(ef, fedavg),
     "ef-fedprox": AlgorithmSpec(ef, fedprox),
+    "ef-shared-fedavg": AlgorithmSpec(ef_shared, fedavg),
+    "ef-shared-fedprox": AlgorithmSpec(ef_shared, fedprox),
     "fedbn": AlgorithmSpec(fedbn),
     "pfedla": AlgorithmSpec(pfedla),
     "heurpfedla": AlgorithmSpec(heurpfedla),

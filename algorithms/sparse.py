@@ -11,7 +11,7 @@ round trip when the value encoding is lossy. Holds no state; must not import a t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,13 +146,25 @@ def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dt
     chosen = np.flatnonzero(codec.topk_mask([pool], count))
     indices = (chosen if candidates is None else candidates[chosen]).astype(np.int64)
     values = np.ascontiguousarray(update[indices], dtype=np.float32)
+    group, received, scale = fitted(layout, indices, values, value_dtype, dense, clip,
+                                    lambda wire: SparseSection.with_indices(layout.names, layout.shapes, indices, wire))
+    residual = np.array(update, dtype=np.float32)
+    residual[indices] = values - received
+    return Compressed(group=group, indices=indices, decoded=received, residual=residual, scale=scale)
+
+
+def fitted(layout: FlatLayout, indices: np.ndarray, values: np.ndarray, value_dtype: str,
+           dense: Mapping[str, np.ndarray] | None, clip: float,
+           section: Callable[[np.ndarray], SparseSection]) -> tuple[TensorGroup, np.ndarray, float]:
+    """The values sent at ``indices`` as a group (``section`` places them: with indices, or bound to a mask) in
+    ``value_dtype``, scaled so that their decoded L2 norm is at most ``clip`` (0: none); with the values the receiver
+    decodes and the scale."""
     scale = 1.0
     for _ in range(CLIP_TRIES):
         scaled = values if scale == 1.0 else (values * np.float32(scale)).astype(np.float32)
         wire_values = ternary(layout, indices, scaled, SIGNED_LEVELS[value_dtype]) \
             if value_dtype in SIGNED_LEVELS else scaled
-        section = SparseSection.with_indices(layout.names, layout.shapes, indices, wire_values)
-        group = TensorGroup(dense=dict(dense or {}), sparse=section, value_dtype=wire_dtype(value_dtype))
+        group = TensorGroup(dense=dict(dense or {}), sparse=section(wire_values), value_dtype=wire_dtype(value_dtype))
         received = decoded_values(group)
         if clip <= 0:
             break
@@ -162,6 +174,4 @@ def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dt
         scale *= clip / norm * CLIP_MARGIN  # below the bound after the value encoding's rounding
     else:
         raise ValueError(f"could not scale the update under its norm bound {clip} in {CLIP_TRIES} tries")
-    residual = np.array(update, dtype=np.float32)
-    residual[indices] = values - received
-    return Compressed(group=group, indices=indices, decoded=received, residual=residual, scale=scale)
+    return group, received, scale
