@@ -37,8 +37,7 @@ from fedge.algorithms.ef_meta import EfUpdate
 from fedge.algorithms.keyframes import float_layout
 from fedge.algorithms.sparse import FlatLayout, fitted
 from fedge.codec import SparseSection, TensorGroup
-
-SUPPORT_GROUP = "support"
+from fedge.protocol.payload import DELTA_GROUP, SECURE_CONTRIBUTORS, SUPPORT_GROUP
 
 
 @dataclass(frozen=True)
@@ -146,6 +145,22 @@ class Server(ef.Server):
 
     def positions(self, round_number: int, section: SparseSection) -> np.ndarray:
         return np.flatnonzero(self.support(round_number))
+
+    def fold(self, round_number: int, update: ClientUpdate) -> None:
+        """ef's fold, or a securely aggregated round's mean (a ``delta`` group on the round's support, against the
+        round's public model): every device it sums holds the round's keyframe now."""
+        if DELTA_GROUP not in update.payload.groups:
+            super().fold(round_number, update)
+            return
+        group = update.payload.groups[DELTA_GROUP]
+        problem = self.section_problem(round_number, group.sparse)
+        if problem or group.sparse is None:
+            raise ValueError(problem)
+        for index in update.payload.meta.get(SECURE_CONTRIBUTORS, (update.index,)):
+            self.model.note_holds(int(index), self.model.key_version)
+        if self.folding is None:
+            self.folding, self.stale = ef.FlatMean(self.layout.size), 0
+        self.folding.add(group.sparse.values, self.positions(round_number, group.sparse), 1.0, group.dense)
 
     def shared_form(self, round_number: int, update: ClientUpdate) -> ClientUpdate | None:
         """Every update of a round already lies on one support; one against an older public model joins no sum."""

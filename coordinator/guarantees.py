@@ -88,7 +88,7 @@ def private(config: Config, raw: dict[str, Any]) -> Config:
 # The algorithms secure aggregation sums: their updates are changes averaged uniformly with no other server state,
 # dense, or (DSSA over those) on the complement of the round's mask, which every device shares
 # (docs/secure-aggregation.md says why the others are refused, and what comes next).
-SECURE_ALGORITHMS = ("fedavg", "fedprox", "dssa-fedavg", "dssa-fedprox")
+SECURE_ALGORITHMS = ("fedavg", "fedprox", "dssa-fedavg", "dssa-fedprox", "ef-shared-fedavg", "ef-shared-fedprox")
 
 
 def secure(config: Config, raw: dict[str, Any]) -> Config:
@@ -113,7 +113,7 @@ def secure(config: Config, raw: dict[str, Any]) -> Config:
     if name not in SECURE_ALGORITHMS:
         raise ConfigError(f"secagg.enabled cannot apply to algorithm {name!r}: secure aggregation sums the changes "
                           f"of {', '.join(SECURE_ALGORITHMS)} on a support every device shares (per-device "
-                          "supports would leak, and ef-shared-* is not there yet: docs/secure-aggregation.md)")
+                          "supports would leak: docs/secure-aggregation.md)")
     # the session's population, as the launch counts it (a bound fleet: data.clients or fleet.expect)
     fleet = (config.data.clients or config.fleet.expect) if config.fleet.bind else \
         (config.data.clients or config.fleet.local_agents)

@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,6 @@ from fedge.coordinator.crashpoints import crash_point
 from fedge.coordinator.rundir import RunDir
 from fedge.coordinator.sections import SecAggSection
 from fedge.plumbing import load_arrays, save_arrays
-from fedge.protocol.payload import MODEL_GROUP
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.secure_device import SecureLayout
 from fedge.protocol.secure_round import SecureRound
@@ -65,10 +64,10 @@ class KeptSum:
     record: dict[str, Any]
     support: str
 
-    def groups(self, model: codec.TensorGroup) -> dict[str, codec.TensorGroup]:
-        """The change as the uplink a device of the round would send, laid out by the round's model group as the
+    def groups(self, task: Mapping[str, codec.TensorGroup]) -> dict[str, codec.TensorGroup]:
+        """The change as the uplink a device of the round would send, laid out by the round's task as the
         resumed server half sends it; ``ValueError`` (one line) when it does not fit (the configuration changed)."""
-        layout = SecureLayout.of(model)
+        layout = SecureLayout.of_task(task)
         if sum(layout.sizes) != self.change.size or layout_digest(layout, self.change.size) != self.support:
             raise ValueError(f"the sum kept for round {self.round} (secagg-sum.npz) does not fit the round's layout "
                              "any more: resume with the configuration it was made with (the algorithm's options)")
@@ -99,7 +98,7 @@ class SessionSecAgg:
         """Round ``number``'s secure stages over the ``selected`` clients, laid out by the model group the server
         half sends them (``protocol.secure_device.SecureLayout``); a device is reached at its current routing id."""
         s = self.section
-        layout = self.layout = SecureLayout.of(server.downlink(number, selected[0]).groups[MODEL_GROUP])
+        layout = self.layout = SecureLayout.of_task(server.downlink(number, selected[0]).groups)
         grid = self.grid = grid_for(s.bits, s.clip_range, layout.sizes, len(selected))
         attempt = self.next_attempt(number)
         self.settings = task_settings(grid, s.threshold, s.neighbours, secrets.randbits(62), attempt)
@@ -158,7 +157,8 @@ class SessionSecAgg:
         change, secure, layout = self.mean_change(), self.round, self.layout
         if change is not None and secure is not None and layout is not None:
             first = min((index_of(c), c) for c in secure.contributors)
-            aggregation.fold_secure_mean(layout.groups(change), (first[1], first[0]))
+            aggregation.fold_secure_mean(layout.groups(change), (first[1], first[0]),
+                                         sorted(index_of(c) for c in secure.contributors))
         record = self.record()
         if record.get("secagg_failed"):
             log.warning("round %d: secure aggregation failed (%s); the model stays as it was", number,

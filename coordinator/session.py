@@ -41,7 +41,6 @@ from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays
 from fedge.protocol.coordinator import CoordinatorProtocol
 from fedge.protocol.events import Accepted, Checkpoint, CoordinatorEvent, Noted, Rejected, Send, SendFrame
-from fedge.protocol.payload import MODEL_GROUP
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.round import RoundState
 from fedge.protocol.selection import choose, selection_count
@@ -380,10 +379,10 @@ class Session:
         self.aggregation = Aggregation(self.server, number, step=self.step)
         first = min(kept.contributors, key=lambda c: c[1])
         try:
-            groups = kept.groups(self.server.downlink(number, first[1]).groups[MODEL_GROUP])
+            groups = kept.groups(self.server.downlink(number, first[1]).groups)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        self.aggregation.fold_secure_mean(groups, first)
+        self.aggregation.fold_secure_mean(groups, first, sorted(index for _, index in kept.contributors))
         extra = self.aggregation.close()
         for client_id, _ in kept.contributors:  # their next task confirms the round to them
             agent = self.registry.get(client_id)

@@ -21,6 +21,11 @@ Arrays = dict[str, np.ndarray]
 MODEL_GROUP = "model"
 DELTA_GROUP = "delta"
 UPDATE_GROUPS = (MODEL_GROUP, DELTA_GROUP)
+# A task's published uplink support (ef-shared): a mask on which every device of the round sends its values; secure
+# aggregation masks those coordinates. A securely aggregated round's mean names the client indices summed in it under
+# SECURE_CONTRIBUTORS in its meta (the devices' own meta never reaches the coordinator then).
+SUPPORT_GROUP = "support"
+SECURE_CONTRIBUTORS = "secure_contributors"
 
 
 @dataclass(frozen=True)

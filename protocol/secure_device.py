@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fedge import codec
-from fedge.protocol.payload import DELTA_GROUP, MODEL_GROUP
+from fedge.protocol.payload import DELTA_GROUP, MODEL_GROUP, SUPPORT_GROUP
 from fedge.secagg import field, shamir
 from fedge.secagg.device import Refused, SecAggDevice
 from fedge.secagg.encoding import Grid, grid_of, rounding_rng, setup_of
@@ -63,15 +63,31 @@ def masked_words(groups: Mapping[str, codec.TensorGroup], size: int, bits: int) 
 
 @dataclass(frozen=True)
 class SecureLayout:
-    """The coordinates a securely aggregated round masks, in order, as both sides read them from the round's model
-    group (``of``): each dense float tensor, then, when the group is sparse (a DSSA round's retained values and
+    """The coordinates a securely aggregated round masks, in order, as both sides read them from the round's task
+    (``of_task``): its published support (``SUPPORT_GROUP``: ef-shared's mask, its selected coordinates), or else its
+    model group (``of``): each dense float tensor, then, when the group is sparse (a DSSA round's retained values and
     mask), the complement of its mask, the coordinates every device sends. ``sizes`` are the grid's tensors;
     ``support`` the masked coordinates in the model's flat space (dense tensors first, then the sparse section's),
     bound into every key. ``change`` reads a device's update group as that vector (less ``reference`` for a model
     upload's dense tensors), and ``groups`` writes a mean vector back as the ``delta`` group the server half folds."""
 
     dense: tuple[tuple[str, tuple[int, ...]], ...]
-    section: codec.SparseSection | None = None  # the model group's sparse section (kind "mask")
+    section: codec.SparseSection | None = None  # the model group's sparse section (kind "mask"), or the support's
+    select: bool = False                        # the side of its mask that is sent: the support's (True) or not
+
+    @classmethod
+    def of_task(cls, groups: Mapping[str, codec.TensorGroup]) -> SecureLayout:
+        support = groups.get(SUPPORT_GROUP)
+        if support is None:
+            model = groups.get(MODEL_GROUP)
+            if model is None:
+                raise ValueError(f"a securely aggregated task carries its model as the group {MODEL_GROUP!r} or "
+                                 f"publishes its support as the group {SUPPORT_GROUP!r}")
+            return cls.of(model)
+        section = support.sparse
+        if support.dense or section is None or section.kind != "mask" or section.mask is None:
+            raise ValueError("a published support is one sparse section that carries its mask")
+        return cls((), section, select=True)
 
     @classmethod
     def of(cls, model: codec.TensorGroup) -> SecureLayout:
@@ -85,7 +101,7 @@ class SecureLayout:
     def sizes(self) -> list[int]:
         sizes = [int(np.prod(shape)) for _, shape in self.dense]
         if self.section is not None and self.section.mask is not None:
-            sizes.append(int(np.count_nonzero(~self.section.mask)))
+            sizes.append(int(np.count_nonzero(self.section.mask == self.select)))
         return sizes
 
     @property
@@ -93,7 +109,8 @@ class SecureLayout:
         if self.section is None or self.section.mask is None:
             return None
         dense = sum(int(np.prod(shape)) for _, shape in self.dense)
-        return np.concatenate([np.arange(dense), dense + np.flatnonzero(~self.section.mask)]).astype(np.int64)
+        return np.concatenate([np.arange(dense), dense + np.flatnonzero(self.section.mask == self.select)]
+                              ).astype(np.int64)
 
     def change(self, group: codec.TensorGroup, reference: Mapping[str, npt.NDArray[np.floating]] | None
                ) -> npt.NDArray[np.float64]:
@@ -111,11 +128,11 @@ class SecureLayout:
             if section is not None:
                 raise Refused("a securely aggregated update of a dense round carries no sparse section")
         else:
-            if section is None or section.kind != "masked-values" or section.select or \
+            if section is None or section.kind != "masked-values" or section.select != self.select or \
                     section.mask_crc != expected.mask_crc or section.names != expected.names or \
                     section.shapes != expected.shapes:
-                raise Refused("a securely aggregated update of a sparse round carries its values on the complement "
-                              "of the round's mask (masked values bound to it)")
+                raise Refused("a securely aggregated update of a sparse round carries its values on the round's "
+                              "support or the complement of its mask (masked values bound to it)")
             pieces.append(np.asarray(section.values, np.float64))
         return np.concatenate(pieces) if pieces else np.zeros(0)
 
@@ -130,7 +147,8 @@ class SecureLayout:
         section = None
         if self.section is not None and self.section.mask is not None:
             section = codec.SparseSection.masked_values(self.section.names, self.section.shapes, self.section.mask,
-                                                        np.asarray(flat[at:], np.float64).astype(np.float32))
+                                                        np.asarray(flat[at:], np.float64).astype(np.float32),
+                                                        select=self.select)
         return {DELTA_GROUP: codec.TensorGroup(dense=dense, sparse=section)}
 
 
@@ -197,21 +215,19 @@ class SecureTask:
     of shares comes (``pending``)."""
 
     def __init__(self, run_id: str, client_id: str, client_index: int, run_seed: int, task: codec.Task) -> None:
+        self.layout = SecureLayout.of_task(task.groups)
         model = task.groups.get(MODEL_GROUP)
-        if model is None:
-            raise ValueError(f"a securely aggregated task carries its model as the group {MODEL_GROUP!r}")
-        self.layout = SecureLayout.of(model)
-        self.reference = {name: np.asarray(model.dense[name]) for name, _ in self.layout.dense}
+        self.reference = {name: np.asarray(model.dense[name]) for name, _ in self.layout.dense} if model else {}
         self.round = task.round
         self.device = SecureDevice(run_id, client_id, client_index, run_seed, task, self.layout)
         self.pending: codec.Update | None = None
 
     def change_of(self, update: codec.Update) -> npt.NDArray[np.float64]:
-        """The trained update's change in the layout's order: its ``delta`` group, or its ``model`` group less the
-        model sent (a sparse round's complement values are changes from zero, the pruned model's value there);
-        raises ``Refused`` for anything else."""
-        if len(update.groups) != 1 or not set(update.groups) <= {MODEL_GROUP, DELTA_GROUP}:
-            raise Refused("a securely aggregated update is one 'model' or 'delta' group")
+        """The trained update's change in the layout's order: its one group (``delta``, ef-shared's ``update``), or
+        its ``model`` group less the model sent (a sparse round's complement values are changes from zero, the
+        pruned model's value there); raises ``Refused`` for anything else."""
+        if len(update.groups) != 1:
+            raise Refused("a securely aggregated update is one group")
         (name, group), = update.groups.items()
         return self.layout.change(group, self.reference if name == MODEL_GROUP else None)
 

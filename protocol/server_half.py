@@ -16,7 +16,7 @@ import numpy as np
 
 from fedge.codec import SparseSection, TensorGroup
 from fedge.protocol.influence import Bounded, Influence, change_of, group_references, raw_norms, scale_change
-from fedge.protocol.payload import Arrays, ClientUpdate, Payload
+from fedge.protocol.payload import SECURE_CONTRIBUTORS, Arrays, ClientUpdate, Payload
 from fedge.protocol.privacy import Clipped, PrivateRound, Release
 from fedge.protocol.robust_rules import RobustRule, combine, lower_median
 from fedge.protocol.server_step import ServerStep
@@ -195,17 +195,22 @@ class Aggregation:
         else:
             self.hold(form)
 
-    def fold_secure_mean(self, groups: Mapping[str, TensorGroup], contributor: tuple[str, int]) -> None:
+    def fold_secure_mean(self, groups: Mapping[str, TensorGroup], contributor: tuple[str, int],
+                         contributors: Sequence[int] = ()) -> None:
         """A securely aggregated round's mean change (``protocol.secure_round``: the coordinator never held one
         device's), folded once as the update a device of the round would have sent (its ``delta`` group:
         ``protocol.secure_device.SecureLayout.groups``) under a count of 1, so that the half's mean is that change.
-        The halves secure aggregation applies to (FedAvg, FedProx, DSSA over them) keep nothing per device;
-        ``contributor`` (the first device in the sum) is the name the fold is made under."""
+        The halves secure aggregation applies to (FedAvg, FedProx, DSSA and ef-shared over them) keep nothing of a
+        device's change;
+        ``contributor`` (the first device in the sum) is the name the fold is made under; ``contributors`` (every
+        index summed) go in its meta (``SECURE_CONTRIBUTORS``), for a half that keeps what each device holds (ef-shared)."""
         if self.influence is not None or self.rule is not None or self.private is not None or self.folded:
             raise ValueError("a securely aggregated round takes no bounds, robust rule or private sum, and no "
                              "update of its own")
         client_id, index = contributor
-        self.to_server(ClientUpdate(client_id=client_id, index=index, num_samples=1, payload=Payload(groups=groups)))
+        meta = {SECURE_CONTRIBUTORS: list(contributors)}
+        self.to_server(ClientUpdate(client_id=client_id, index=index, num_samples=1,
+                                    payload=Payload(groups=groups, meta=meta)))
 
     def keep_layout(self, update: ClientUpdate) -> dict[str, TensorGroup]:
         """Check an update against the round's first held one (the same groups, sparse values on one shared

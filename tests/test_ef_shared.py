@@ -151,3 +151,23 @@ def test_a_session_moves_a_tenth_of_fedavgs_bytes_with_its_supports_counted(tmp_
         ratio = sum(r[key] for r in shared) / sum(r[key] for r in rows["fedavg"])
         assert ratio < 0.1, (key, ratio)
     assert shared[-1]["test_accuracy"] > 0.4
+
+
+def test_a_securely_aggregated_mean_folds_on_the_support_and_tells_what_every_device_summed_holds() -> None:
+    """Under secure aggregation no device's meta reaches the coordinator: the mean names the devices summed, and the
+    half believes each holds the round's keyframe (else its next task would resend the chain from the start)."""
+    from fedge.algorithms.keyframes import Belief
+    from fedge.protocol.payload import DELTA_GROUP, SECURE_CONTRIBUTORS
+
+    _, server, devices = halves(3)
+    support = server.support(1)
+    section = server.layout
+    mean = codec.SparseSection.masked_values(section.names, section.shapes, support,
+                                             np.full(int(support.sum()), 0.01, np.float32), select=True)
+    server.downlink(1, 0)
+    server.fold(1, ClientUpdate(client_id="d0", index=0, num_samples=1, payload=Payload(
+        groups={DELTA_GROUP: codec.TensorGroup(sparse=mean)}, meta={SECURE_CONTRIBUTORS: [0, 2]})))
+    server.close_round(1)
+    assert [server.model.believed(i)[0] for i in range(3)] == [Belief.HOLDS, Belief.UNSYNCED, Belief.HOLDS]
+    moved = server.layout.flat(server.evaluation_arrays()) - server.layout.flat(state_to_arrays(halves(3)[0]))
+    assert np.allclose(moved[support], 0.01) and not moved[~support].any()

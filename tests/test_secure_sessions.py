@@ -24,13 +24,13 @@ from tests.simfleet import differences, finish_cli, overrides, read_jsonl, recor
 SECURE = ("algorithm.name=fedavg", "secagg.enabled=true")
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "dssa-fedprox"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "dssa-fedprox", "ef-shared-fedprox"])
 def test_the_model_moves_by_exactly_the_survivors_quantised_mean(algorithm: str, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Every device's field words are recorded as the shipped grid encodes them (before masking); the change the
     coordinator folds is their sum, read back as the grid's mean, bit for bit, and never one device's. DSSA (one
     warm-up round): its sparse round masks the dense tensors and the complement of the round's mask, half the
-    words of its dense round."""
+    words of its dense round; ef-shared masks the round's published support."""
     from fedge.protocol.server_half import Aggregation
 
     encoded: list[tuple[Grid, np.ndarray]] = []
@@ -42,11 +42,12 @@ def test_the_model_moves_by_exactly_the_survivors_quantised_mean(algorithm: str,
         encoded.append((self, words.copy()))
         return words
 
-    def recording_fold(self: Aggregation, groups: dict[str, codec.TensorGroup], contributor: tuple[str, int]) -> None:
+    def recording_fold(self: Aggregation, groups: dict[str, codec.TensorGroup], contributor: tuple[str, int],
+                       contributors: list[int]) -> None:
         (group,) = groups.values()
         pieces = [np.asarray(value).ravel() for value in group.dense.values()]
         folded.append(np.concatenate(pieces + ([group.sparse.values] if group.sparse is not None else [])))
-        fold(self, groups, contributor)
+        fold(self, groups, contributor, contributors)
 
     monkeypatch.setattr(Grid, "encode", recording_encode)
     monkeypatch.setattr(Aggregation, "fold_secure_mean", recording_fold)
@@ -70,6 +71,8 @@ def test_the_model_moves_by_exactly_the_survivors_quantised_mean(algorithm: str,
     assert rows[-1]["test_accuracy"] > 0.3
     if extra:  # the sparse round masks the dense tensors and the complement: about half the dense round's words
         assert rows[1]["dssa_sparse"] == 1 and 0.4 < folded[1].size / folded[0].size < 0.6
+    if algorithm.startswith("ef-shared"):  # the words of the round's published support alone
+        assert [f.size for f in folded] == [r["ef_support"] for r in rows] and rows[0]["ef_dense_resyncs"] == 0
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "dssa-fedprox"])
@@ -260,11 +263,11 @@ def test_a_kept_sum_applies_only_to_its_run_its_round_and_its_layout(tmp_path: P
     kept_file("r1", 4)
     kept = secure.kept("r1", 4)
     assert kept is not None and kept.contributors == [("a", 0), ("b", 1), ("c", 2)]
-    (group,) = kept.groups(model).values()
+    (group,) = kept.groups({"model": model}).values()
     assert np.array_equal(group.dense["w"].ravel(), np.arange(6)) and np.array_equal(group.dense["b"], [6, 7, 8])
     wider = codec.TensorGroup(dense={"w": np.zeros((3, 3), np.float32)})
     with pytest.raises(ValueError, match="does not fit the round's layout") as refused:
-        kept.groups(wider)
+        kept.groups({"model": wider})
     assert "\n" not in str(refused.value)
 
 
