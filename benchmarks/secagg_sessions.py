@@ -4,11 +4,13 @@ uploads and uniform weights in plaintext, and the same with ``secagg.enabled`` (
     python benchmarks/secagg_sessions.py                      # 10 agents, the paper CNN, 5 rounds, 16 bits
     python benchmarks/secagg_sessions.py --agents 10 --rounds 5 --bits 16 32 --write docs/results/secure-aggregation.md
     python benchmarks/secagg_sessions.py --algorithm dssa-fedavg --write docs/results/secure-aggregation.md
+    python benchmarks/secagg_sessions.py --algorithm ef-shared-fedprox --write docs/results/secure-aggregation.md
 
 Per device and round (means over every client row of rounds 2 on), from the agents' meter: the Update packet, every
 packet the device sent (the Update, its keys, shares and reveal, heartbeats) and every packet it received (the Task,
 the roster, its delivery of shares, the unmask request, commits, heartbeats); the ratios to the plaintext run's and
-to 4 bytes (float32) and 8 bytes (Flower's int64 layout) per parameter; the round's wall time and the last round's
+to 4 bytes (float32) and 8 bytes (Flower's int64 layout) per parameter, and of all packets down to 4 bytes per
+parameter (what a dense float32 Task costs); the round's wall time and the last round's
 test accuracy. ``--write`` appends the table, the command and the machine to a Markdown file.
 """
 
@@ -62,8 +64,9 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--model", default="cnn")
-    parser.add_argument("--algorithm", default="fedavg", help="fedavg, fedprox, dssa-fedavg or dssa-fedprox (DSSA "
-                        "with one warm-up round: rounds 2 on are its sparse rounds)")
+    parser.add_argument("--algorithm", default="fedavg", help="fedavg, fedprox, dssa-fedavg, dssa-fedprox (DSSA "
+                        "with one warm-up round: rounds 2 on are its sparse rounds), ef-shared-fedavg or "
+                        "ef-shared-fedprox")
     parser.add_argument("--train-limit", type=int, default=600)
     parser.add_argument("--bits", type=int, nargs="+", default=[16])
     parser.add_argument("--write", type=Path, default=None, help="a Markdown file for the results")
@@ -85,12 +88,13 @@ def main() -> None:
              f"shards of {args.train_limit} samples, {args.rounds} rounds; per device and round, rounds 2-{args.rounds}:",
              "",
              "| run | Update packet (B) | / plaintext | / (4 B x params) | / (8 B x params) | all packets up (B) | "
-             "all packets down (B) | round wall (median) | last accuracy | failed rounds |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "all packets down (B) | down / (4 B x params) | round wall (median) | last accuracy | failed rounds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         lines.append(f"| {name} | {r['update']:,.0f} | {r['update'] / plain['update']:.3f} | "
                      f"{r['update'] / (4 * size):.3f} | {r['update'] / (8 * size):.3f} | {r['up']:,.0f} | "
-                     f"{r['down']:,.0f} | {r['wall']:.2f} s | {r['accuracy']:.4f} | {r['failed']} |")
+                     f"{r['down']:,.0f} | {r['down'] / (4 * size):.3f} | {r['wall']:.2f} s | {r['accuracy']:.4f} | "
+                     f"{r['failed']} |")
     for name, r in results.items():
         if name != "plaintext":
             lines.append("")
