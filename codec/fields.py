@@ -35,6 +35,9 @@ MAX_SEALED_BYTES = 1024  # one sealed share, or one share's bytes
 # which the neighbour graph is complete, the graph's seed and the attempt (a round redone after a restart).
 SECAGG_FIELDS = {"bits": "int", "levels": "int", "clip": "floats", "threshold": "fraction", "neighbours": "int",
                  "seed": "int", "attempt": "int"}
+# ... and, under distributed noise only, ``dp``: the L2 clip, the scale of the rounded rotation, each device's noise
+# variance (integer units), the rotation's seed and the fewest inputs whose sum may be unmasked.
+SECAGG_NOISE_FIELDS = {"clip": "float", "scale": "float", "noise": "float", "rotation": "int", "release": "int"}
 
 
 def _check_text(value: Any, what: str) -> str:
@@ -151,7 +154,13 @@ def check_value(kind: str, value: Any, what: str) -> Any:
             return None
         if not isinstance(value, Mapping):
             raise Malformed(f"{what} must be nil or a map of the secure-aggregation settings, got {value!r:.80}")
-        return check_fields(SECAGG_FIELDS, value, what)
+        settings = check_fields(SECAGG_FIELDS, {k: v for k, v in value.items() if k != "dp"}, what)
+        if "dp" in value:
+            noise = value["dp"]
+            if not isinstance(noise, Mapping):
+                raise Malformed(f"{what}.dp must be a map of the distributed noise's settings, got {noise!r:.80}")
+            return {**settings, "dp": check_fields(SECAGG_NOISE_FIELDS, noise, f"{what}.dp")}
+        return settings
     if kind == "key":
         return _check_bytes(value, what, KEY_BYTES, KEY_BYTES)
     if kind == "keyring":

@@ -15,7 +15,7 @@ from fedge.coordinator.sections import Config, ConfigError
 from fedge.secagg.field import check_bits, levels_for
 from fedge.secagg.graph import MIN_DEVICES
 
-PRIVACY_MODES = ("off", "central")
+PRIVACY_MODES = ("off", "central", "distributed")
 ACCOUNTANTS = ("rdp", "pld")
 # The algorithms client-level DP applies to: their updates are deltas averaged uniformly with no other server state
 # (FedAvg, FedProx), on the round's shared support (DSSA over those), or compressed with error feedback on the
@@ -30,8 +30,9 @@ def private(config: Config, raw: dict[str, Any]) -> Config:
     bounds off (the clip replaces them)."""
     p, name = config.privacy, config.algorithm_name
     if p.mode not in PRIVACY_MODES:
-        extra = " (\"distributed\" arrives with secure aggregation)" if p.mode == "distributed" else ""
-        raise ConfigError(f"privacy.mode must be one of {', '.join(PRIVACY_MODES)}, got {p.mode!r}{extra}")
+        raise ConfigError(f"privacy.mode must be one of {', '.join(PRIVACY_MODES)}, got {p.mode!r}")
+    if p.mode == "distributed":
+        return distributed(config)
     if name not in PRIVATE_ALGORITHMS:
         raise ConfigError(f"privacy.mode = \"central\" cannot apply to algorithm {name!r}: client-level DP covers "
                           f"{', '.join(PRIVATE_ALGORITHMS)} (docs/privacy.md says why)")
@@ -91,6 +92,36 @@ def private(config: Config, raw: dict[str, Any]) -> Config:
 SECURE_ALGORITHMS = ("fedavg", "fedprox", "dssa-fedavg", "dssa-fedprox", "ef-shared-fedavg", "ef-shared-fedprox")
 
 
+def distributed(config: Config) -> Config:
+    """Distributed noise (each device adds its share under secure aggregation; coordinator.skellam accounts it),
+    checked: what it cannot hold with is refused in one line, naming the key. The rest of secure aggregation's
+    rules (``secure``) apply too."""
+    p = config.privacy
+    if not config.secagg.enabled:
+        raise ConfigError("privacy.mode = \"distributed\" needs secagg.enabled = true: the devices' noise is summed "
+                          "under secure aggregation, and no one device's noise is enough")
+    if not (math.isfinite(p.noise_multiplier) and p.noise_multiplier > 0):
+        raise ConfigError("privacy.mode = \"distributed\" needs privacy.noise_multiplier > 0 (the central noise's "
+                          "standard deviation over the clip)")
+    if not (math.isfinite(p.clip) and p.clip > 0) or not (math.isfinite(p.delta) and 0 <= p.delta < 1):
+        raise ConfigError("privacy: clip must be a finite number > 0 and delta lie in [0, 1)")
+    population = (config.data.clients or config.fleet.expect) if config.fleet.bind else \
+        (config.data.clients or config.fleet.local_agents)
+    if p.delta and population and p.delta >= 1 / population:
+        raise ConfigError(f"privacy.delta = {p.delta} must lie below 1/population = 1/{population}")
+    refusals = [
+        (p.target_epsilon > 0, "privacy.target_epsilon: give privacy.noise_multiplier; the epsilon it costs is "
+                               "accounted each round"),
+        (p.max_epsilon > 0, "privacy.max_epsilon: the run is accounted, not stopped, in this mode"),
+        (p.adaptive_clip, "privacy.adaptive_clip: its clip bits would need a secure sum of their own"),
+        (p.accountant != "rdp", "privacy.accountant = \"pld\": the Skellam bound is an RDP bound"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise ConfigError(f"privacy.mode = \"distributed\" refuses {why}")
+    return config
+
+
 def secure(config: Config, raw: dict[str, Any]) -> Config:
     """A securely aggregated session, checked (every combination the coordinator would need one device's update
     for, or that would leak it, is refused in one line, naming the key) and made to fit: uploads are deltas,
@@ -130,8 +161,8 @@ def secure(config: Config, raw: dict[str, Any]) -> Config:
     refusals = [
         (float(config.algorithm_options.get("uplink_keep", 1.0)) < 1.0,
          "algorithm.uplink_keep < 1: each device would send its own top coordinates, and their positions"),
-        (config.privacy.on, "privacy.mode = \"central\": the coordinator would clip each device's update, which it "
-                            "never sees (distributed noise arrives later)"),
+        (config.privacy.mode == "central", "privacy.mode = \"central\": the coordinator would clip each device's "
+                                           "update, which it never sees (use privacy.mode = \"distributed\")"),
         (algorithm.get("upload") == "model", "algorithm.upload = \"model\": the devices mask their change"),
         (algorithm.get("weighting") == "samples",
          "algorithm.weighting = \"samples\": a claimed sample count would weigh a change the coordinator cannot "

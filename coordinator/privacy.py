@@ -46,7 +46,7 @@ def dp_accounting() -> Any:
     try:
         import dp_accounting as module
     except ImportError:
-        raise ConfigError(f"privacy.mode = \"central\" needs Google's dp-accounting: {INSTALL_HINT}") from None
+        raise ConfigError(f"differential privacy (privacy.mode) needs Google's dp-accounting: {INSTALL_HINT}") from None
     logging.getLogger("absl").setLevel(logging.ERROR)  # its RDP orders that do not converge are dropped, loudly
     return module
 

@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from fedge import codec
 from fedge.coordinator.crashpoints import crash_point
+from fedge.coordinator.distributed import SessionNoise
 from fedge.coordinator.rundir import RunDir
 from fedge.coordinator.sections import SecAggSection
 from fedge.plumbing import load_arrays, save_arrays
@@ -35,6 +36,7 @@ from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.secure_device import SecureLayout
 from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.server_half import Aggregation, ServerHalf
+from fedge.secagg.distributed import NoisyGrid
 from fedge.secagg.encoding import Grid, grid_for, setup_of, task_settings
 from fedge.secagg.graph import neighbourhoods, threshold_of
 from fedge.secagg.keys import support_digest
@@ -74,14 +76,27 @@ class KeptSum:
         return layout.groups(self.change)
 
 
+def release_minimum(devices: Sequence[str], neighbours: int, graph_seed: int, threshold: float) -> int:
+    """How many masked inputs a round needs before over-selection may close it: n - k + t for n devices of degree k
+    and threshold t, so that however the missing ones fall, every device keeps t neighbours whose input came (a
+    target below it made every round fail its neighbourhood check); under distributed noise, also the fewest
+    inputs whose sum is learned (each device adds its share of the noise for that many)."""
+    graph = neighbourhoods(devices, neighbours, graph_seed)
+    degree = min(len(members) for members in graph.values())
+    return min(len(devices), len(devices) - degree + threshold_of(degree, threshold))
+
+
 class SessionSecAgg:
     """See the module docstring."""
 
-    def __init__(self, section: SecAggSection, run_dir: RunDir) -> None:
+    def __init__(self, section: SecAggSection, run_dir: RunDir, noise: SessionNoise | None = None) -> None:
         self.section = section
         self.run_dir = run_dir
+        self.noise = noise  # privacy.mode = "distributed"
         self.round: SecureRound | None = None
-        self.grid: Grid | None = None
+        self.grid: Grid | NoisyGrid | None = None
+        self.release = 0    # the inputs the open round needs before its sum is learned
+        self.accounted: dict[str, Any] = {}  # the open round's privacy fields, once accounted
         self.layout: SecureLayout | None = None
         self.settings: dict[str, Any] = {}
 
@@ -99,30 +114,31 @@ class SessionSecAgg:
         half sends them (``protocol.secure_device.SecureLayout``); a device is reached at its current routing id."""
         s = self.section
         layout = self.layout = SecureLayout.of_task(server.downlink(number, selected[0]).groups)
-        grid = self.grid = grid_for(s.bits, s.clip_range, layout.sizes, len(selected))
+        graph_seed = secrets.randbits(62)
+        devices = [registry.by_index(i).client_id for i in selected]
+        self.release = release_minimum(devices, s.neighbours, graph_seed, s.threshold)
+        grid = self.grid = grid_for(s.bits, s.clip_range, layout.sizes, len(selected)) if self.noise is None else \
+            self.noise.grid(s.bits, sum(layout.sizes), len(selected), self.release)
         attempt = self.next_attempt(number)
-        self.settings = task_settings(grid, s.threshold, s.neighbours, secrets.randbits(62), attempt)
-        setup = setup_of(run_id, number, self.settings, grid.size, layout.support)
+        self.settings = task_settings(grid, s.threshold, s.neighbours, graph_seed, attempt)
+        setup = setup_of(run_id, number, self.settings, grid.words, layout.support)
 
         def peer_of(client_id: str) -> bytes | None:
             agent = registry.get(client_id)
             return agent.peer if agent is not None and agent.connected and agent.peer else None
 
-        self.round = SecureRound(run_id, number, attempt, setup, [registry.by_index(i).client_id for i in selected],
-                                 peer_of, s.stage_timeout_s, now)
+        self.round = SecureRound(run_id, number, attempt, setup, devices, peer_of, s.stage_timeout_s, now,
+                                 release=self.release if self.noise is not None else 0)
         return self.round
 
     def min_inputs(self) -> int:
-        """How many masked inputs the open round needs before over-selection may close it: n - k + t for n devices
-        of degree k and threshold t, so that however the missing ones fall, every device keeps t neighbours whose
-        input came (a target below it made every round fail its neighbourhood check)."""
-        secure = self.round
-        if secure is None:
-            return 0
-        selected = sorted(secure.machine.selected)
-        graph = neighbourhoods(selected, self.section.neighbours, int(self.settings["seed"]))
-        degree = min(len(neighbours) for neighbours in graph.values())
-        return min(len(selected), len(selected) - degree + threshold_of(degree, self.section.threshold))
+        """How many masked inputs the open round needs before over-selection may close it (``release_minimum``)."""
+        return self.release if self.round is not None else 0
+
+    def noise_fields(self) -> dict[str, Any]:
+        """What a task of a round under distributed noise announces beside its ``sa`` map: every device clips its
+        whole change to the L2 clip itself (an error-feedback residual keeps the rest), as the grid would."""
+        return {"norm_bounds": {"*": self.noise.clip}} if self.noise is not None else {}
 
     def task_fields(self, number: int) -> dict[str, Any]:
         """The ``secagg`` field of round ``number``'s tasks."""
@@ -144,6 +160,8 @@ class SessionSecAgg:
         secure, change, layout = self.round, self.mean_change(), self.layout
         if secure is None or change is None or layout is None:
             return
+        if self.noise is not None and isinstance(self.grid, NoisyGrid):  # accounted before anything is kept
+            self.accounted = self.noise.account(secure.number, self.grid)
         crash_point("unmasked", secure.number)
         contributors = sorted([c, index_of(c)] for c in secure.contributors)
         save_arrays(self.run_dir / SUM_FILE, {"mean": change}, {
@@ -187,10 +205,12 @@ class SessionSecAgg:
         secure = self.round
         if secure is None:
             return {}
+        failed = secure.failed or ("" if secure.done else "the round ended before its unmask stage")
+        privacy = self.accounted if self.noise is not None and not failed else {}
         return {"secagg_attempt": secure.attempt, "secagg_summed": len(secure.contributors),
-                "secagg_failed": secure.failed or ("" if secure.done else "the round ended before its unmask stage")}
+                "secagg_failed": failed, **privacy}
 
     def close(self) -> None:
         """The round is committed (its checkpoint written): its kept sum is no longer needed."""
-        self.round, self.grid = None, None
+        self.round, self.grid, self.accounted = None, None, {}
         self.drop_sum()

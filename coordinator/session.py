@@ -27,6 +27,7 @@ from fedge.coordinator.checkpoint import load_checkpoint, save_checkpoint
 from fedge.coordinator.config import Config, ConfigError
 from fedge.coordinator.crashpoints import crash_point
 from fedge.coordinator.deferred import DeferredRow, PendingRow
+from fedge.coordinator.distributed import SessionNoise
 from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.privacy import PrivacyPlan, SessionPrivacy
 from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
@@ -96,7 +97,8 @@ class Session:
         self.privacy = SessionPrivacy(privacy, run_dir) if privacy is not None else None
         self.step = ServerStep(config.server.lr, config.server.momentum)  # the server's optimizer; checkpointed
         # secure aggregation (docs/secure-aggregation.md): each round's grid, settings and masked stages
-        self.secagg = SessionSecAgg(config.secagg, run_dir) if config.secagg.enabled else None
+        noise = SessionNoise(config.privacy, num_clients, run_dir) if config.privacy.mode == "distributed" else None
+        self.secagg = SessionSecAgg(config.secagg, run_dir, noise) if config.secagg.enabled else None
         self.aggregation = Aggregation(self.server, 0)  # the round in progress's, on the one aggregation path
         self.checkpoint_s = 0.0  # the time the last checkpoint took to write
         # where the round's time went on this side (metrics.jsonl: receive_s, fold_s, downlink_s, close_s, tail_s)
@@ -161,7 +163,8 @@ class Session:
         return {"personal_eval": bool(personal and number % personal == 0),
                 "evaluate": self.evaluator is None and self.rows.due(number),
                 "norm_bounds": self.privacy.norm_bounds if self.privacy is not None else self.aggregation.norm_bounds,
-                **(self.secagg.task_fields(number) if self.secagg is not None else {})}
+                **(self.secagg.task_fields(number) if self.secagg is not None else {}),
+                **(self.secagg.noise_fields() if self.secagg is not None else {})}
 
     # ----------------------------------------------------------------------------------------- driving the protocol
     def act(self, events: list[CoordinatorEvent]) -> None:
@@ -417,7 +420,8 @@ class Session:
         self.status.write(phase, force, run_id=self.run_id, round_number=self.round, registry=self.registry,
                           rejections=self.rejections(), bytes_total=self.bytes_total, round_walls=self.round_walls,
                           bounded=self.trust.counts, quarantined=self.trust.quarantine.quarantined,
-                          privacy=self.privacy.status() if self.privacy is not None else None,
+                          privacy=self.privacy.status() if self.privacy is not None else
+                          self.secagg.noise.status() if self.secagg is not None and self.secagg.noise else None,
                           tallies=self.tallies)
 
     def rejections(self) -> dict[str, int]:

@@ -23,6 +23,7 @@ from fedge import codec
 from fedge.protocol.payload import DELTA_GROUP, MODEL_GROUP, SUPPORT_GROUP
 from fedge.secagg import field, shamir
 from fedge.secagg.device import Refused, SecAggDevice
+from fedge.secagg.distributed import NoisyGrid
 from fedge.secagg.encoding import Grid, grid_of, rounding_rng, setup_of
 from fedge.secagg.messages import Delivery, Keys, Roster, SealedShare, UnmaskRequest
 
@@ -161,8 +162,8 @@ class SecureDevice:
             raise ValueError("a task without secure-aggregation settings")
         self.run_id, self.client_id, self.round = run_id, client_id, task.round
         self.attempt = int(task.secagg["attempt"])
-        self.grid: Grid = grid_of(task.secagg, layout.sizes)
-        self.setup = setup_of(run_id, task.round, task.secagg, self.grid.size, layout.support)
+        self.grid: Grid | NoisyGrid = grid_of(task.secagg, layout.sizes)
+        self.setup = setup_of(run_id, task.round, task.secagg, self.grid.words, layout.support)
         self.rng = rounding_rng(run_seed, task.round, client_index, self.attempt)
         self.machine = SecAggDevice(client_id, self.setup)
         self.delivery: Delivery | None = None
@@ -189,6 +190,9 @@ class SecureDevice:
                                                for sender, sealed in message.shares))
                 return []
             case codec.SecAggUnmask():
+                if isinstance(self.grid, NoisyGrid) and len(message.survivors) < self.grid.release:
+                    raise Refused(f"an unmask of {len(message.survivors)} inputs, fewer than the "
+                                  f"{self.grid.release} whose noise shares make the sum private")
                 reveal = self.machine.unmask(UnmaskRequest(message.survivors, message.dropped))
                 return [codec.SecAggReveal(
                     self.run_id, self.round, self.client_id, attempt=self.attempt,

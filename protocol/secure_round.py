@@ -31,8 +31,9 @@ class SecureRound:
     """See the module docstring."""
 
     def __init__(self, run_id: str, number: int, attempt: int, setup: Setup, selected: list[str],
-                 peer_of: Callable[[str], bytes | None], stage_timeout_s: float, now: float) -> None:
+                 peer_of: Callable[[str], bytes | None], stage_timeout_s: float, now: float, release: int = 0) -> None:
         self.run_id, self.number, self.attempt = run_id, number, attempt
+        self.release = release  # under distributed noise: the fewest inputs whose sum may be unmasked
         self.setup = setup
         self.machine = SecAggRound(setup, selected)
         self.peer_of = peer_of
@@ -150,6 +151,9 @@ class SecureRound:
                 shares=tuple((s.sender, s.sealed) for s in deliveries[device].shares)))
         if stage is RoundStage.INPUTS:
             request = self.machine.close_inputs()
+            if len(request.survivors) < self.release:
+                self.machine.fail(f"{len(request.survivors)} masked inputs, fewer than the {self.release} whose noise "
+                                  "shares make the sum private: not unmasked")
             self.waiting = set(request.survivors)
             return self.to_each(self.waiting, lambda _: codec.SecAggUnmask(
                 self.run_id, self.number, COORDINATOR, attempt=self.attempt, survivors=request.survivors,

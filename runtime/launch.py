@@ -206,6 +206,7 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
         "rejections": session.rejections(),
         **session.trust.report(),
         **({"privacy": session.privacy.report()} if session.privacy is not None else {}),
+        **({"privacy": session.secagg.noise.report()} if session.secagg is not None and session.secagg.noise else {}),
     }
     run_dir.write_json("report.json", report)
     return report

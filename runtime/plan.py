@@ -157,7 +157,11 @@ def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     check_batch(config, spec, model, dataset, mean, std)
     initial = initial_weights(config, model) if config.model.init else None
     limit = frame_limit(model)
-    privacy = private_plan(config, model, dataset) if config.privacy.on else None
+    privacy = private_plan(config, model, dataset) if config.privacy.mode == "central" else None
+    if config.privacy.mode == "distributed":
+        from fedge.coordinator.privacy import dp_accounting
+
+        dp_accounting()  # the accountant's conversion: installed, or refused now in one line
     if config.secagg.enabled:
         check_secure(model)
     shards = local_shards(config, dataset) if local else []

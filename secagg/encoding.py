@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fedge.secagg import field
+from fedge.secagg.distributed import NoisyGrid
 from fedge.secagg.graph import threshold_of
 from fedge.secagg.keys import round_context, support_digest
 from fedge.secagg.messages import Setup
@@ -48,6 +49,11 @@ class Grid:
     @property
     def size(self) -> int:
         return sum(self.sizes)
+
+    @property
+    def words(self) -> int:
+        """How many field words a device masks: one per coordinate."""
+        return self.size
 
     def clip_per_coordinate(self) -> npt.NDArray[np.float64]:
         return np.repeat(np.asarray(self.clips, np.float64), self.sizes)
@@ -76,16 +82,26 @@ def rounding_rng(seed: int, round_number: int, client_index: int, attempt: int) 
     return np.random.default_rng([seed, round_number, client_index, attempt, 0x5EC])
 
 
-def task_settings(grid: Grid, threshold: float, neighbours: int, graph_seed: int, attempt: int) -> dict[str, Any]:
-    """A Task's ``sa`` map (wire format 3.4)."""
+def task_settings(grid: Grid | NoisyGrid, threshold: float, neighbours: int, graph_seed: int, attempt: int
+                  ) -> dict[str, Any]:
+    """A Task's ``sa`` map (wire format 3.4); under distributed noise with its ``dp`` map."""
     threshold_of(2, threshold)  # refuses a threshold outside (0.5, 1]
-    return {"bits": grid.bits, "levels": grid.levels, "clip": list(grid.clips), "threshold": threshold,
-            "neighbours": neighbours, "seed": graph_seed, "attempt": attempt}
+    common = {"threshold": threshold, "neighbours": neighbours, "seed": graph_seed, "attempt": attempt}
+    if isinstance(grid, NoisyGrid):
+        return {"bits": grid.bits, "levels": 0, "clip": [], **common,
+                "dp": {"clip": grid.clip, "scale": grid.scale, "noise": grid.noise, "rotation": grid.rotation_seed,
+                       "release": grid.release}}
+    return {"bits": grid.bits, "levels": grid.levels, "clip": list(grid.clips), **common}
 
 
-def grid_of(settings: Mapping[str, Any], sizes: Sequence[int]) -> Grid:
-    """A device's reading of a Task's ``sa`` map over its own float tensors' sizes (checked: ``ValueError``)."""
+def grid_of(settings: Mapping[str, Any], sizes: Sequence[int]) -> Grid | NoisyGrid:
+    """A device's reading of a Task's ``sa`` map over its own float tensors' sizes (checked: ``ValueError``): the
+    grid, or under distributed noise (``dp``) the noisy grid."""
     threshold_of(2, float(settings["threshold"]))
+    noise = settings.get("dp")
+    if noise is not None:
+        return NoisyGrid(int(settings["bits"]), sum(int(s) for s in sizes), float(noise["clip"]),
+                         float(noise["scale"]), float(noise["noise"]), int(noise["rotation"]), int(noise["release"]))
     return Grid(int(settings["bits"]), int(settings["levels"]), tuple(float(c) for c in settings["clip"]),
                 tuple(int(s) for s in sizes))
 

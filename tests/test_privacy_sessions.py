@@ -173,7 +173,7 @@ REFUSED = [
     (["algorithm.name=\"heurpfedla\""], "cannot apply to algorithm 'heurpfedla'"),
     (["model.name=\"cnn-bn\""], "integer buffers"),
     (["privacy.sampling=\"without-replacement\"", "privacy.accountant=\"pld\""], "has no fixed-size draw"),
-    (["privacy.mode=\"distributed\""], "arrives with secure aggregation"),
+    (["privacy.mode=\"distributed\""], "needs secagg.enabled = true"),
     (["privacy.target_epsilon=4"], "exactly one of"),
     (["privacy.delta=0.2"], "below 1/population"),
     (["round.count=3"], "round.count is for"),

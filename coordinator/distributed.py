@@ -1,0 +1,73 @@
+"""Distributed noise in a session (``privacy.mode = "distributed"``; docs/privacy.md, "Distributed"): each round's
+noisy grid, and the accounting of the rounds whose noisy sum the coordinator learned.
+
+``SessionNoise.grid`` chooses a round's ``secagg.distributed.NoisyGrid``: the L2 clip ``privacy.clip``, the largest
+scale whose sum stays inside the field (``wrap_scale``, for the devices selected), and each device's share of the
+central variance (scale z clip)^2, divided among the inputs the round needs before it is released. ``account``
+writes the round's line to privacy.jsonl (fsynced) before the noisy mean is kept or folded: its sensitivities and
+variance, from which ``coordinator.skellam`` bounds its RDP; epsilon is that of every line so far, so a round redone
+after a crash is accounted again and epsilon never decreases. Knows no transport and no algorithm.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+from fedge.coordinator.rundir import RunDir
+from fedge.coordinator.sections import PrivacySection
+from fedge.coordinator.skellam import ORDERS, SkellamRound, epsilon_of, total_rdp
+from fedge.secagg.distributed import NoisyGrid, padded_size, rounded_l1_bound, wrap_scale
+
+log = logging.getLogger("fedge.coordinator")
+
+RELEASE_LOG = "privacy.jsonl"
+
+
+class SessionNoise:
+    """See the module docstring."""
+
+    def __init__(self, settings: PrivacySection, population: int, run_dir: RunDir) -> None:
+        self.multiplier, self.clip = settings.noise_multiplier, settings.clip
+        self.delta = settings.delta or min(1e-5, 0.1 / max(population, 1))
+        self.run_dir = run_dir
+        self.rounds = [SkellamRound(float(line["l2"]), float(line["l1"]), float(line["variance"]))
+                       for line in run_dir.read_jsonl(RELEASE_LOG)]
+        self.epsilon = epsilon_of(total_rdp(self.rounds), self.delta)
+
+    def grid(self, bits: int, size: int, devices: int, release: int) -> NoisyGrid:
+        """A round's noisy grid over ``size`` coordinates for ``devices`` selected, released only with at least
+        ``release`` inputs (ValueError when the field cannot hold their sum at any scale)."""
+        scale = wrap_scale(bits, self.clip, padded_size(size), devices, self.multiplier, release)
+        if scale <= 0:
+            raise ValueError(f"secagg.bits = {bits} cannot hold the noisy sum of {devices} devices")
+        variance = (scale * self.multiplier * self.clip) ** 2
+        return NoisyGrid(bits, size, self.clip, scale, variance / release, secrets.randbits(62), release)
+
+    def account(self, number: int, grid: NoisyGrid) -> dict[str, Any]:
+        """Round ``number``'s noisy sum is about to be learned: its line in the release log, fsynced, first.
+        Returns metrics.jsonl's privacy fields."""
+        l2 = grid.sensitivity()
+        release = grid.release
+        accounted = SkellamRound(l2, rounded_l1_bound(l2, grid.padded), grid.noise * release)
+        self.rounds.append(accounted)
+        self.epsilon = epsilon_of(total_rdp(self.rounds), self.delta)
+        noise_std = (accounted.variance ** 0.5) / grid.scale
+        self.run_dir.append_jsonl(RELEASE_LOG, {
+            "round": number, "accounted": len(self.rounds), "epsilon": self.epsilon, "delta": self.delta,
+            "l2": accounted.l2, "l1": accounted.l1, "variance": accounted.variance, "scale": grid.scale,
+            "dimension": grid.padded, "release": release, "clip": grid.clip, "noise_std": noise_std}, durable=True)
+        return {"epsilon": self.epsilon, "clip": grid.clip, "noise_std": noise_std, "dp_released": True}
+
+    def status(self) -> dict[str, Any]:
+        """status.json's ``privacy``."""
+        return {"mode": "distributed", "epsilon": self.epsilon, "delta": self.delta, "accountant": "rdp (Skellam)",
+                "rounds": len(self.rounds), "clip": self.clip}
+
+    def report(self) -> dict[str, Any]:
+        """report.json's ``privacy``: with privacy.jsonl's lines, every figure epsilon is computed from."""
+        return {"mode": "distributed", "mechanism": "Skellam (Agarwal et al. 2021), summed under secure aggregation",
+                "epsilon": self.epsilon, "delta": self.delta, "accountant": "rdp", "orders": [ORDERS[0], ORDERS[-1]],
+                "sampling": "none (q = 1)", "noise_multiplier": self.multiplier, "clip": self.clip,
+                "rounds": len(self.rounds)}

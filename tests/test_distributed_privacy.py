@@ -1,0 +1,109 @@
+"""``privacy.mode = "distributed"`` in sessions: every device adds its share of the Skellam noise before masking, the
+coordinator folds the noisy mean (never one without the noise), each round is accounted in privacy.jsonl before its
+sum is kept, epsilon is recomputable from those lines, a round with fewer inputs than the noise shares assume is
+not released, and what the guarantee cannot hold with is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedge.coordinator.config import ConfigError, load_config
+from fedge.coordinator.skellam import SkellamRound, epsilon_of, total_rdp
+from fedge.secagg.distributed import NoisyGrid
+from tests.simfleet import overrides, read_jsonl, run_here
+
+DISTRIBUTED = ("algorithm.name=fedavg", "secagg.enabled=true", "privacy.mode=\"distributed\"",
+               "privacy.noise_multiplier=0.5", "privacy.clip=1.0")
+
+
+def test_the_model_moves_by_the_clipped_mean_plus_every_devices_noise(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedge.protocol.server_half import Aggregation
+
+    changes: list[np.ndarray] = []
+    grids: list[NoisyGrid] = []
+    folded: list[np.ndarray] = []
+    integers, fold = NoisyGrid.integers, Aggregation.fold_secure_mean
+
+    def recording_integers(self: NoisyGrid, change: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        norm = float(np.linalg.norm(change))
+        changes.append(change * min(1.0, self.clip / norm) if norm else change)
+        grids.append(self)
+        return integers(self, change, rng)
+
+    def recording_fold(self: Aggregation, groups: dict, contributor: tuple[str, int], contributors: list[int]) -> None:
+        (group,) = groups.values()
+        folded.append(np.concatenate([np.asarray(v).ravel() for v in group.dense.values()]))
+        fold(self, groups, contributor, contributors)
+
+    monkeypatch.setattr(NoisyGrid, "integers", recording_integers)
+    monkeypatch.setattr(Aggregation, "fold_secure_mean", recording_fold)
+    run_here(overrides("fedavg", 1.0, "simulated", "inline", (*DISTRIBUTED, "run.rounds=2")), tmp_path / "run")
+    assert len(changes) == 12 and len(folded) == 2
+    lines = read_jsonl(tmp_path / "run" / "privacy.jsonl")
+    for number in range(2):
+        grid, release = grids[6 * number], int(lines[number]["release"])
+        assert math.isclose(grid.noise * release, (grid.scale * 0.5 * 1.0) ** 2)  # each device: sigma^2 / release
+        error = folded[number] - np.mean(changes[6 * number:6 * number + 6], axis=0)
+        expected = math.sqrt(6 * grid.noise) / grid.scale / 6  # all six devices' noise, on the mean
+        assert 0.95 < float(error.std()) / expected < 1.05, number
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    recomputed = epsilon_of(total_rdp([SkellamRound(r["l2"], r["l1"], r["variance"]) for r in lines]), 1e-5)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())["privacy"]
+    assert [r["epsilon"] for r in rows] == [line["epsilon"] for line in lines]
+    assert rows[0]["epsilon"] < rows[1]["epsilon"] == report["epsilon"] == pytest.approx(recomputed)
+    assert report["mode"] == "distributed" and report["delta"] == 1e-5 and rows[0]["noise_std"] == 0.5
+
+
+def test_a_round_with_fewer_inputs_than_the_noise_shares_assume_is_not_released(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release needing one input more than the round has (as after a dropout): its sum is never learned, nothing
+    is accounted, the model stays."""
+    import fedge.coordinator.secure as secure
+
+    monkeypatch.setattr(secure, "release_minimum", lambda devices, *_: len(devices) + 1)
+    run_here(overrides("fedavg", 1.0, "simulated", "inline", (*DISTRIBUTED, "run.rounds=2")), tmp_path / "run")
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert all("not unmasked" in r["secagg_failed"] and r.get("epsilon") is None for r in rows)
+    assert not (tmp_path / "run" / "privacy.jsonl").exists() or not read_jsonl(tmp_path / "run" / "privacy.jsonl")
+    assert rows[0]["test_accuracy"] == rows[1]["test_accuracy"]  # the model never moved
+
+
+@pytest.mark.parametrize(("sets", "says"), [
+    (["secagg.enabled=false"], "needs secagg.enabled = true"),
+    (["privacy.noise_multiplier=0"], "needs privacy.noise_multiplier > 0"),
+    (["privacy.target_epsilon=3.0"], "privacy.target_epsilon"),
+    (["privacy.max_epsilon=3.0"], "privacy.max_epsilon"),
+    (["privacy.adaptive_clip=true"], "privacy.adaptive_clip"),
+    (["privacy.accountant=\"pld\""], "privacy.accountant"),
+    (["privacy.mode=\"central\""], "use privacy.mode = \"distributed\""),
+    (["privacy.delta=0.5"], "below 1/population"),
+])
+def test_what_distributed_noise_cannot_hold_with_is_refused_in_one_line(sets: list[str], says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, [*DISTRIBUTED, *sets])
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_device_refuses_to_help_unmask_a_sum_of_fewer_inputs_than_its_noise_assumes() -> None:
+    """Enforced where a malicious coordinator cannot skip it: a device answers no unmask request that names fewer
+    survivors than the release its noise share was computed for."""
+    from fedge import codec
+    from fedge.protocol.secure_device import SecureDevice, SecureLayout
+    from fedge.secagg.device import Refused
+    from fedge.secagg.encoding import task_settings
+
+    grid = NoisyGrid(16, 16, 1.0, 100.0, 50.0, rotation_seed=1, release=5)
+    settings = task_settings(grid, 0.6, 50, 3, 0)
+    task = codec.decode(codec.encode(codec.Task("r1", 2, "coordinator", secagg=settings)))
+    assert isinstance(task, codec.Task) and task.secagg is not None and task.secagg["dp"]["release"] == 5
+    device = SecureDevice("r1", "a0", 0, 7, task, SecureLayout((("w", (4, 4)),)))
+    assert isinstance(device.grid, NoisyGrid) and device.grid.release == 5 and device.setup.size == 16
+    request = codec.SecAggUnmask("r1", 2, "coordinator", attempt=0, survivors=("a0", "a1", "a2", "a3"), dropped=())
+    with pytest.raises(Refused, match="fewer than the 5 whose noise shares"):
+        device.receive(request)
