@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import math
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from _results import append_section
 
 from fedge.coordinator.privacy import epsilon_of as central_epsilon
 from fedge.coordinator.skellam import SkellamRound, epsilon_of, total_rdp
@@ -86,13 +86,8 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.write is not None:
-        command = "python benchmarks/distributed_noise.py " + " ".join(sys.argv[1:])
-        head = "" if args.write.exists() else "# Distributed noise: measured\n\nEach section is written by the " \
-            "command it names ([privacy.md](../privacy.md), \"Distributed\", says what is measured and why).\n"
-        with args.write.open("a") as out:
-            out.write(f"{head}\n## `{command}`\n\n{platform.machine()}, Python {platform.python_version()}, "
-                      f"{time.strftime('%Y-%m-%d')}.\n\n{table}\n")
-
+        append_section(args.write, "distributed_noise.py", "Distributed noise: measured",
+                       "[privacy.md](../privacy.md), \"Distributed\",", table)
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _results import append_section
 
 COMMON = ["algorithm.upload=\"delta\"", "algorithm.weighting=\"uniform\"", "run.export_onnx=false",
           "data.partition=\"iid\""]
@@ -104,14 +105,8 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.write is not None:  # appended: one section per run of the script
-        command = "python benchmarks/secagg_sessions.py " + " ".join(sys.argv[1:])
-        head = "" if args.write.exists() else "# Secure aggregation in sessions: measured\n\n" \
-            "Each section is written by the command it names ([secure-aggregation.md](../secure-aggregation.md) " \
-            "says what is measured and why).\n"
-        with args.write.open("a") as out:
-            out.write(f"{head}\n## `{command}`\n\n{platform.machine()}, Python {platform.python_version()}, "
-                      f"{time.strftime('%Y-%m-%d')}.\n\n{table}\n")
-
+        append_section(args.write, "secagg_sessions.py", "Secure aggregation in sessions: measured",
+                       "[secure-aggregation.md](../secure-aggregation.md)", table)
 
 if __name__ == "__main__":
     main()
