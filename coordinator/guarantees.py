@@ -115,6 +115,8 @@ def distributed(config: Config) -> Config:
         (p.max_epsilon > 0, "privacy.max_epsilon: the run is accounted, not stopped, in this mode"),
         (p.adaptive_clip, "privacy.adaptive_clip: its clip bits would need a secure sum of their own"),
         (p.accountant != "rdp", "privacy.accountant = \"pld\": the Skellam bound is an RDP bound"),
+        (p.min_reporters != 1, "privacy.min_reporters: the fewest inputs a sum is unmasked with is the secure "
+                               "round's own (n - k + t)"),
     ]
     for refused, why in refusals:
         if refused:

@@ -83,6 +83,7 @@ def test_a_round_with_fewer_inputs_than_the_noise_shares_assume_is_not_released(
     (["privacy.accountant=\"pld\""], "privacy.accountant"),
     (["privacy.mode=\"central\""], "use privacy.mode = \"distributed\""),
     (["privacy.delta=0.5"], "below 1/population"),
+    (["privacy.min_reporters=3"], "privacy.min_reporters"),
 ])
 def test_what_distributed_noise_cannot_hold_with_is_refused_in_one_line(sets: list[str], says: str) -> None:
     with pytest.raises(ConfigError) as refused:
