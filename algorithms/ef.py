@@ -225,6 +225,7 @@ class Client(WrappedClient):
         self.residual: np.ndarray | None = None
         self.residual_base: int | None = 0  # the public version the residual was left against (None: not known)
         self.clip = 0.0          # the coordinator's norm bound on this round's update (0: none known)
+        self.bound = 0.0         # the largest magnitude one value sent may take (0: none)
         self.scale = 1.0         # ... and what the last update was scaled by to fit it
 
     def initial_model(self, arrays: Arrays) -> None:
@@ -242,6 +243,11 @@ class Client(WrappedClient):
         keeps the rest, so that an honest device's update is never scaled by the coordinator (and lost). The base
         half is not told: what it returns is the delta ef compresses, and only what is sent is clipped."""
         self.clip = float(norm_bounds.get("update", norm_bounds.get("*", 0.0)))
+
+    def on_value_bound(self, round_number: int, bound: float) -> None:
+        """Secure aggregation's grid clips each coordinate to ``bound``: what is sent is clamped to it and the
+        residual keeps the excess."""
+        self.bound = float(bound)
 
     def clip_scale(self) -> float:
         return self.scale
@@ -269,7 +275,8 @@ class Client(WrappedClient):
                    ) -> tuple[TensorGroup, np.ndarray, float]:
         """What is sent of ``update`` (the change with the residual): its top ``keep`` with indices, clipped under
         the task's bound; the new residual; the clip's scale."""
-        sent = compress(layout, update, self.config.keep, self.config.value_dtype, dense=integers, clip=self.clip)
+        sent = compress(layout, update, self.config.keep, self.config.value_dtype, dense=integers, clip=self.clip,
+                        bound=self.bound)
         return sent.group, sent.residual, sent.scale
 
     def state_dict(self) -> Arrays:

@@ -97,13 +97,15 @@ def support_from(groups: Mapping[str, TensorGroup], layout: FlatLayout) -> np.nd
 
 
 def on_support(layout: FlatLayout, support: np.ndarray, update: np.ndarray, value_dtype: str,
-               dense: Mapping[str, np.ndarray], clip: float = 0.0) -> tuple[TensorGroup, np.ndarray, float]:
+               dense: Mapping[str, np.ndarray], clip: float = 0.0, bound: float = 0.0
+               ) -> tuple[TensorGroup, np.ndarray, float]:
     """``update`` sent on ``support`` (values bound to it, no indices): the group, the new residual (the update
-    off the support, what the decoding lost on it) and the scale that fit the values under ``clip`` (0: none)."""
+    off the support, what the clamp to ``bound`` and the decoding lost on it) and the scale that fit the values
+    under ``clip`` (0: none)."""
     indices = np.flatnonzero(support)
     values = np.ascontiguousarray(update[indices], dtype=np.float32)
     group, received, scale = fitted(layout, indices, values, value_dtype, dense, clip, lambda wire: SparseSection.
-                                    masked_values(layout.names, layout.shapes, support, wire, select=True))
+                                    masked_values(layout.names, layout.shapes, support, wire, select=True), bound)
     residual = np.array(update, dtype=np.float32)
     residual[indices] = values - received
     return group, residual, scale
@@ -207,4 +209,4 @@ class Client(ef.Client):
                    ) -> tuple[TensorGroup, np.ndarray, float]:
         if self.support is None:
             raise RuntimeError("ef-shared: an update before its task's support came")
-        return on_support(layout, self.support, update, self.config.value_dtype, integers, self.clip)
+        return on_support(layout, self.support, update, self.config.value_dtype, integers, self.clip, self.bound)

@@ -133,13 +133,14 @@ CLIP_MARGIN = 1 - 2.0 ** -10
 
 def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dtype: str,
              dense: Mapping[str, np.ndarray] | None = None, candidates: np.ndarray | None = None,
-             clip: float = 0.0) -> Compressed:
+             clip: float = 0.0, bound: float = 0.0) -> Compressed:
     """Send the top ``keep`` fraction (by |value|) of ``update`` among ``candidates`` (default: all positions).
 
     ``update`` is the full flat vector (already including the old residual). The new residual is ``update``
     everywhere except at the sent positions, where it is what the receiver misses: update - decoded (zero when the
     values travel as f32). ``clip`` (0: none): the values sent are scaled so that their decoded L2 norm is at most
-    ``clip``, and the residual keeps the rest.
+    ``clip``, and the residual keeps the rest; ``bound`` (0: none): each value sent is first clamped to [-bound,
+    bound], and the residual keeps the excess.
     """
     pool = update if candidates is None else update[candidates]
     count = codec.retained_count(int(pool.size), keep=keep)
@@ -147,7 +148,8 @@ def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dt
     indices = (chosen if candidates is None else candidates[chosen]).astype(np.int64)
     values = np.ascontiguousarray(update[indices], dtype=np.float32)
     group, received, scale = fitted(layout, indices, values, value_dtype, dense, clip,
-                                    lambda wire: SparseSection.with_indices(layout.names, layout.shapes, indices, wire))
+                                    lambda wire: SparseSection.with_indices(layout.names, layout.shapes, indices, wire),
+                                    bound)
     residual = np.array(update, dtype=np.float32)
     residual[indices] = values - received
     return Compressed(group=group, indices=indices, decoded=received, residual=residual, scale=scale)
@@ -155,10 +157,13 @@ def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dt
 
 def fitted(layout: FlatLayout, indices: np.ndarray, values: np.ndarray, value_dtype: str,
            dense: Mapping[str, np.ndarray] | None, clip: float,
-           section: Callable[[np.ndarray], SparseSection]) -> tuple[TensorGroup, np.ndarray, float]:
+           section: Callable[[np.ndarray], SparseSection], bound: float = 0.0
+           ) -> tuple[TensorGroup, np.ndarray, float]:
     """The values sent at ``indices`` as a group (``section`` places them: with indices, or bound to a mask) in
-    ``value_dtype``, scaled so that their decoded L2 norm is at most ``clip`` (0: none); with the values the receiver
-    decodes and the scale."""
+    ``value_dtype``, each clamped to [-bound, bound] (0: not), scaled so that their decoded L2 norm is at most
+    ``clip`` (0: none); with the values the receiver decodes and the scale."""
+    if bound > 0:
+        values = np.clip(values, -np.float32(bound), np.float32(bound))
     scale = 1.0
     for _ in range(CLIP_TRIES):
         scaled = values if scale == 1.0 else (values * np.float32(scale)).astype(np.float32)

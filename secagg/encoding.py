@@ -94,6 +94,14 @@ def task_settings(grid: Grid | NoisyGrid, threshold: float, neighbours: int, gra
     return {"bits": grid.bits, "levels": grid.levels, "clip": list(grid.clips), **common}
 
 
+def value_bound(settings: Mapping[str, Any] | None) -> float:
+    """The largest magnitude one value of a securely aggregated update keeps on a Task's grid (its smallest clip
+    range); 0 when nothing clips coordinate by coordinate (no secure aggregation, or distributed noise's L2 clip)."""
+    if not settings or settings.get("dp") is not None or not settings.get("clip"):
+        return 0.0
+    return float(min(settings["clip"]))
+
+
 def grid_of(settings: Mapping[str, Any], sizes: Sequence[int]) -> Grid | NoisyGrid:
     """A device's reading of a Task's ``sa`` map over its own float tensors' sizes (checked: ``ValueError``): the
     grid, or under distributed noise (``dp``) the noisy grid."""

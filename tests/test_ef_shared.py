@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -171,3 +172,18 @@ def test_a_securely_aggregated_mean_folds_on_the_support_and_tells_what_every_de
     assert [server.model.believed(i)[0] for i in range(3)] == [Belief.HOLDS, Belief.UNSYNCED, Belief.HOLDS]
     moved = server.layout.flat(server.evaluation_arrays()) - server.layout.flat(state_to_arrays(halves(3)[0]))
     assert np.allclose(moved[support], 0.01) and not moved[~support].any()
+
+
+def test_a_value_bound_clamps_what_is_sent_and_the_residual_keeps_the_excess() -> None:
+    """Secure aggregation's grid clips every coordinate to its clip range: told the bound (``on_value_bound``), the
+    device clamps what it sends and keeps the rest, so that nothing it moved is lost (CI's small-budget run lost 5
+    points when the grid clipped the accumulated residuals instead)."""
+    _, server, devices = halves(2)
+    for device in devices:
+        device.on_value_bound(1, 0.004)
+    rng = np.random.default_rng(3)
+    changes = [rng.normal(0, 0.01, 1010).astype(np.float32) for _ in devices]
+    sent = one_round(server, devices, 1, changes)
+    for flat, change, device in zip(sent, changes, devices, strict=True):
+        assert np.abs(flat).max() == pytest.approx(0.004, rel=1e-6) and np.abs(change[server.support(1)]).max() > 0.01
+        assert np.allclose(flat + device.residual, change, atol=1e-6)  # type: ignore[operator]
