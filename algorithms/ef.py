@@ -189,7 +189,7 @@ class Server(BaseServer):
         merged = {name: value.astype(self.public[name].dtype) for name, value in folding.integers.medians().items()}
         exact = folding.mean().astype(np.float32) + self.residual  # S - K
         sent = compress(self.layout, exact, self.config.keep, self.config.down_value_dtype, dense=merged)
-        keyframe = self.model.clock.due(folding.count)
+        keyframe = self.model.clock.due(self.reported(folding))
         self.residual = sent.residual if keyframe else exact
         self.model.publish(round_number, sent, merged, keyframe)
         behind, left = float(np.linalg.norm(exact)), float(np.linalg.norm(sent.residual))
@@ -197,6 +197,10 @@ class Server(BaseServer):
                 "ef_keyframe": int(keyframe), "ef_sent_down": int(sent.indices.size),
                 "ef_residual_norm": left, "ef_public_error": left / behind if behind else 0.0}
 
+
+    def reported(self, folding: FlatMean) -> int:
+        """How many devices' updates the round's sums hold (the keyframe clock's count): one per update folded."""
+        return folding.count
 
     def evaluation_arrays(self) -> Arrays | None:
         """The coordinator's exact model S = K + residual (what the clients' updates made it; P approximates it)."""

@@ -121,6 +121,7 @@ class Server(ef.Server):
         self.rate = np.zeros(self.layout.size, dtype=np.float32)  # each coordinate's mean change per round
         self.age = np.zeros(self.layout.size, dtype=np.int64)       # rounds since it was last in a support
         self.supports: tuple[int, np.ndarray] | None = None  # the round whose support is cached, and it
+        self.summed = 0  # the devices in the round's securely aggregated mean (0: none folded)
 
     def support(self, round_number: int) -> np.ndarray:
         """S_t, drawn once per round from what the devices are estimated to hold when the round opens: each
@@ -158,11 +159,18 @@ class Server(ef.Server):
         problem = self.section_problem(round_number, group.sparse)
         if problem or group.sparse is None:
             raise ValueError(problem)
-        for index in update.payload.meta.get(SECURE_CONTRIBUTORS, (update.index,)):
+        contributors = update.payload.meta.get(SECURE_CONTRIBUTORS, (update.index,))
+        for index in contributors:
             self.model.note_holds(int(index), self.model.key_version)
+        self.summed += len(contributors)
         if self.folding is None:
             self.folding, self.stale = ef.FlatMean(self.layout.size), 0
         self.folding.add(group.sparse.values, self.positions(round_number, group.sparse), 1.0, group.dense)
+
+    def reported(self, folding: ef.FlatMean) -> int:
+        """A securely aggregated mean is one fold of every device it sums: the keyframe clock counts them all (else
+        a full round looked like one device of many, and keyframes stopped)."""
+        return self.summed or folding.count
 
     def shared_form(self, round_number: int, update: ClientUpdate) -> ClientUpdate | None:
         """Every update of a round already lies on one support; one against an older public model joins no sum."""
@@ -178,6 +186,7 @@ class Server(ef.Server):
             self.age += 1
             self.age[support] = 0
         metrics = super().close_round(round_number)
+        self.summed = 0
         return {**metrics, "ef_support": int(np.count_nonzero(self.support(round_number)))}
 
     def state_dict(self) -> tuple[Arrays, dict[str, Any]]:

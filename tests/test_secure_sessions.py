@@ -73,6 +73,7 @@ def test_the_model_moves_by_exactly_the_survivors_quantised_mean(algorithm: str,
         assert rows[1]["dssa_sparse"] == 1 and 0.4 < folded[1].size / folded[0].size < 0.6
     if algorithm.startswith("ef-shared"):  # the words of the round's published support alone
         assert [f.size for f in folded] == [r["ef_support"] for r in rows] and rows[0]["ef_dense_resyncs"] == 0
+        assert [r["ef_keyframe"] for r in rows] == [1, 1]  # a full round: the mean counts every device it sums
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "dssa-fedprox"])
