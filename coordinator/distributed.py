@@ -2,7 +2,8 @@
 noisy grid, and the accounting of the rounds whose noisy sum the coordinator learned.
 
 ``SessionNoise.grid`` chooses a round's ``secagg.distributed.NoisyGrid``: the L2 clip ``privacy.clip``, the largest
-scale whose sum stays inside the field (``wrap_scale``, for the devices selected), and each device's share of the
+scale whose sum stays inside the field (``wrap_scale``, for the devices selected; no larger than keeps each device's
+noise variance within ``MAX_NOISE``), and each device's share of the
 central variance (scale z clip)^2, divided among the inputs the round needs before it is released. ``account``
 writes the round's line to privacy.jsonl (fsynced) before the noisy mean is kept or folded: its sensitivities and
 variance, from which ``coordinator.skellam`` bounds its RDP; epsilon is that of every line so far, so a round redone
@@ -12,13 +13,14 @@ after a crash is accounted again and epsilon never decreases. Knows no transport
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from typing import Any
 
 from fedge.coordinator.rundir import RunDir
 from fedge.coordinator.sections import PrivacySection
 from fedge.coordinator.skellam import ORDERS, SkellamRound, epsilon_of, total_rdp
-from fedge.secagg.distributed import NoisyGrid, padded_size, rounded_l1_bound, wrap_scale
+from fedge.secagg.distributed import MAX_NOISE, NoisyGrid, padded_size, rounded_l1_bound, wrap_scale
 
 log = logging.getLogger("fedge.coordinator")
 
@@ -39,7 +41,8 @@ class SessionNoise:
     def grid(self, bits: int, size: int, devices: int, release: int) -> NoisyGrid:
         """A round's noisy grid over ``size`` coordinates for ``devices`` selected, released only with at least
         ``release`` inputs (ValueError when the field cannot hold their sum at any scale)."""
-        scale = wrap_scale(bits, self.clip, padded_size(size), devices, self.multiplier, release)
+        scale = min(wrap_scale(bits, self.clip, padded_size(size), devices, self.multiplier, release),
+                    math.sqrt(MAX_NOISE * release) / (self.multiplier * self.clip))  # wider fields buy nothing more
         if scale <= 0:
             raise ValueError(f"secagg.bits = {bits} cannot hold the noisy sum of {devices} devices")
         variance = (scale * self.multiplier * self.clip) ** 2

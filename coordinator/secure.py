@@ -36,6 +36,7 @@ from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.secure_device import SecureLayout
 from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.server_half import Aggregation, ServerHalf
+from fedge.secagg.aggregator import RoundStage
 from fedge.secagg.distributed import NoisyGrid
 from fedge.secagg.encoding import Grid, grid_for, setup_of, task_settings
 from fedge.secagg.graph import neighbourhoods, threshold_of
@@ -154,14 +155,21 @@ class SessionSecAgg:
             return None
         return grid.mean(total, len(secure.contributors))
 
+    def account_unmask(self) -> None:
+        """Under distributed noise, once the round's unmask requests are about to go out (the sum can be computed
+        from their answers): the round's line in the release log, fsynced, first. A round whose unmask then fails
+        stays accounted (never fewer rounds accounted than sums that could have been learned)."""
+        secure, grid = self.round, self.grid
+        if self.noise is not None and isinstance(grid, NoisyGrid) and secure is not None and \
+                secure.stage is RoundStage.UNMASK and not self.accounted:
+            self.accounted = self.noise.account(secure.number, grid)
+
     def keep(self, run_id: str, index_of: Callable[[str], int]) -> None:
         """Right after the unmask stage summed the round: its mean change kept durably, tied to the run, the round
         and the layout (crash point ``unmasked`` just before: what the restart rule alone must cover)."""
         secure, change, layout = self.round, self.mean_change(), self.layout
         if secure is None or change is None or layout is None:
             return
-        if self.noise is not None and isinstance(self.grid, NoisyGrid):  # accounted before anything is kept
-            self.accounted = self.noise.account(secure.number, self.grid)
         crash_point("unmasked", secure.number)
         contributors = sorted([c, index_of(c)] for c in secure.contributors)
         save_arrays(self.run_dir / SUM_FILE, {"mean": change}, {
@@ -206,9 +214,8 @@ class SessionSecAgg:
         if secure is None:
             return {}
         failed = secure.failed or ("" if secure.done else "the round ended before its unmask stage")
-        privacy = self.accounted if self.noise is not None and not failed else {}
         return {"secagg_attempt": secure.attempt, "secagg_summed": len(secure.contributors),
-                "secagg_failed": failed, **privacy}
+                "secagg_failed": failed, **self.accounted, **({"dp_released": False} if failed and self.accounted else {})}
 
     def close(self) -> None:
         """The round is committed (its checkpoint written): its kept sum is no longer needed."""

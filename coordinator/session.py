@@ -301,6 +301,8 @@ class Session:
             if current is not None:
                 self.write_status(f"round {number}: {len(current.updates)}/{len(current.selected)} updates")
         current, cancels = self.protocol.close_round(time.monotonic())
+        if self.secagg is not None:  # under distributed noise: accounted before any unmask request goes out
+            self.secagg.account_unmask()
         self.act(cancels)
         while secure is not None and not secure.done:  # the unmask stage: the survivors' answers
             if self.stopping:

@@ -163,6 +163,8 @@ class SecureDevice:
         self.run_id, self.client_id, self.round = run_id, client_id, task.round
         self.attempt = int(task.secagg["attempt"])
         self.grid: Grid | NoisyGrid = grid_of(task.secagg, layout.sizes)
+        if isinstance(self.grid, NoisyGrid) and self.grid.noise <= 0:
+            raise ValueError("a task under distributed noise that asks for no noise")
         self.setup = setup_of(run_id, task.round, task.secagg, self.grid.words, layout.support)
         self.rng = rounding_rng(run_seed, task.round, client_index, self.attempt)
         self.machine = SecAggDevice(client_id, self.setup)
@@ -190,9 +192,10 @@ class SecureDevice:
                                                for sender, sealed in message.shares))
                 return []
             case codec.SecAggUnmask():
-                if isinstance(self.grid, NoisyGrid) and len(message.survivors) < self.grid.release:
-                    raise Refused(f"an unmask of {len(message.survivors)} inputs, fewer than the "
-                                  f"{self.grid.release} whose noise shares make the sum private")
+                survivors = len(set(message.survivors))  # a name repeated counts once
+                if isinstance(self.grid, NoisyGrid) and survivors < self.grid.release:
+                    raise Refused(f"an unmask of {survivors} inputs, fewer than the {self.grid.release} whose noise "
+                                  "shares make the sum private")
                 reveal = self.machine.unmask(UnmaskRequest(message.survivors, message.dropped))
                 return [codec.SecAggReveal(
                     self.run_id, self.round, self.client_id, attempt=self.attempt,

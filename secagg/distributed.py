@@ -31,6 +31,9 @@ import numpy.typing as npt
 from fedge.secagg import field
 
 BETA = math.exp(-0.5)  # conditional rounding: a draw is kept with probability at least 1 - beta
+# The largest per-device noise variance: numpy draws Poisson(lambda) in double precision, and above 2^53 its draws
+# come in steps of a power of two (the low bits of the sum would carry no noise); 2^41 keeps lambda at 2^40.
+MAX_NOISE = 2.0 ** 41
 WRAP_PROBABILITY = 1e-6
 ROUNDING_TRIES = 64
 
@@ -115,6 +118,9 @@ class NoisyGrid:
                 self.noise < 0 or not 0 <= self.beta < 1 or self.release < 1:
             raise ValueError("a noisy grid needs coordinates, a clip and a scale above 0, a noise variance >= 0, "
                              "beta in [0, 1) and a release of at least one input")
+        if self.noise > MAX_NOISE:
+            raise ValueError(f"a noise variance of {self.noise:.3g} per device: above {MAX_NOISE:.3g} the Poisson "
+                             "draws lose their low bits")
 
     @property
     def padded(self) -> int:

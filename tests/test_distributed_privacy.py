@@ -105,6 +105,11 @@ def test_a_device_refuses_to_help_unmask_a_sum_of_fewer_inputs_than_its_noise_as
     assert isinstance(task, codec.Task) and task.secagg is not None and task.secagg["dp"]["release"] == 5
     device = SecureDevice("r1", "a0", 0, 7, task, SecureLayout((("w", (4, 4)),)))
     assert isinstance(device.grid, NoisyGrid) and device.grid.release == 5 and device.setup.size == 16
-    request = codec.SecAggUnmask("r1", 2, "coordinator", attempt=0, survivors=("a0", "a1", "a2", "a3"), dropped=())
-    with pytest.raises(Refused, match="fewer than the 5 whose noise shares"):
-        device.receive(request)
+    for survivors in (("a0", "a1", "a2", "a3"), ("a0", "a1", "a1", "a1", "a1")):  # a name repeated counts once
+        request = codec.SecAggUnmask("r1", 2, "coordinator", attempt=0, survivors=survivors, dropped=())
+        with pytest.raises(Refused, match="fewer than the 5 whose noise shares"):
+            device.receive(request)
+    silent = codec.Task("r1", 2, "coordinator", secagg=task_settings(
+        NoisyGrid(16, 16, 1.0, 100.0, 0.0, rotation_seed=1, release=5), 0.6, 50, 3, 0))
+    with pytest.raises(ValueError, match="asks for no noise"):
+        SecureDevice("r1", "a0", 0, 7, silent, SecureLayout((("w", (4, 4)),)))

@@ -123,3 +123,25 @@ def test_the_skellam_epsilon_tends_to_the_gaussians_as_the_scale_grows() -> None
     assert epsilons[0] > epsilons[1] > epsilons[2] >= reference * 0.999
     assert epsilons[2] == pytest.approx(reference, rel=1e-3)
     assert epsilon_of(total_rdp([]), 1e-5) == 0.0
+
+
+def test_the_noise_keeps_its_low_bits_at_the_largest_variance_a_grid_takes() -> None:
+    """numpy's Poisson draws lose their low bits above 2^53: a grid refuses a variance beyond ``MAX_NOISE``, the
+    session's scale never asks for one (however wide the field), and at ``MAX_NOISE`` the draws still take odd
+    values (their greatest common divisor is 1)."""
+    from fedge.coordinator.distributed import SessionNoise
+    from fedge.coordinator.sections import PrivacySection
+    from fedge.secagg.distributed import MAX_NOISE
+
+    draws = skellam(MAX_NOISE, 4096, np.random.default_rng(9))
+    assert math.gcd(*(int(d) for d in draws)) == 1
+    with pytest.raises(ValueError, match="lose their low bits"):
+        NoisyGrid(48, 16, 1.0, 1e9, MAX_NOISE * 4, rotation_seed=1)
+
+    class NoLog:
+        def read_jsonl(self, name: str) -> list:
+            return []
+
+    noise = SessionNoise(PrivacySection(mode="distributed", noise_multiplier=1.0), 10, NoLog())  # type: ignore[arg-type]
+    for bits in (16, 32, 48, 62):
+        assert noise.grid(bits, 1000, 10, 7).noise <= MAX_NOISE
