@@ -136,10 +136,10 @@ class SessionSecAgg:
         """How many masked inputs the open round needs before over-selection may close it (``release_minimum``)."""
         return self.release if self.round is not None else 0
 
-    def noise_fields(self) -> dict[str, Any]:
-        """What a task of a round under distributed noise announces beside its ``sa`` map: every device clips its
-        whole change to the L2 clip itself (an error-feedback residual keeps the rest), as the grid would."""
-        return {"norm_bounds": {"*": self.noise.clip}} if self.noise is not None else {}
+    def noise_bounds(self) -> dict[str, float]:
+        """The norm bounds a task under distributed noise announces: every device clips its whole change to the L2
+        clip itself (an error-feedback residual keeps the rest), as the noisy grid would."""
+        return {"*": self.noise.clip} if self.noise is not None else {}
 
     def task_fields(self, number: int) -> dict[str, Any]:
         """The ``secagg`` field of round ``number``'s tasks."""

@@ -162,9 +162,10 @@ class Session:
         personal = self.config.eval.personal_every
         return {"personal_eval": bool(personal and number % personal == 0),
                 "evaluate": self.evaluator is None and self.rows.due(number),
-                "norm_bounds": self.privacy.norm_bounds if self.privacy is not None else self.aggregation.norm_bounds,
-                **(self.secagg.task_fields(number) if self.secagg is not None else {}),
-                **(self.secagg.noise_fields() if self.secagg is not None else {})}
+                "norm_bounds": self.privacy.norm_bounds if self.privacy is not None else
+                self.secagg.noise_bounds() if self.secagg is not None and self.secagg.noise is not None else
+                self.aggregation.norm_bounds,
+                **(self.secagg.task_fields(number) if self.secagg is not None else {})}
 
     # ----------------------------------------------------------------------------------------- driving the protocol
     def act(self, events: list[CoordinatorEvent]) -> None:
