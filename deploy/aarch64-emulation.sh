@@ -10,11 +10,16 @@
 #    `bash scripts/install.sh --agent` there: the agent profile with constraints/cpu-aarch64.txt (PyPI's aarch64
 #    CPU wheel of torch), exactly what a board runs. The root gets the host's CA bundle, and /proc, /sys and
 #    /dev mounted (torch reads the CPU's features there).
-# 3. Starts the x86_64 coordinator on 127.0.0.1 (an ephemeral port, 2 rounds of the `mlp`, fedavg, 64 training
-#    images) and the emulated agent in the root against it; waits for the session; checks metrics.jsonl.
-# 4. Copies the coordinator's model.onnx into the board's state folder and runs `edge-agent predict` there (the
+# 3. Secure aggregation's arithmetic on the board: `benchmarks/secagg_cost.py --known-answer` (10 devices, the paper
+#    CNN, 16 bits, fixed keys and seeds) on x86_64 and in the root must print the same digest of every masked packet
+#    and of the sum, or an aarch64 device's masks would not cancel with an x86_64 device's; the emulated masking
+#    time is printed (emulated: slower than a board).
+# 4. Starts the x86_64 coordinator on 127.0.0.1 (an ephemeral port, 2 rounds of the `mlp`, fedavg, 64 training
+#    images each, secure aggregation on) with two x86_64 agents and the emulated agent in the root against it; waits
+#    for the session; checks metrics.jsonl: every round summed all three devices' masked inputs.
+# 5. Copies the coordinator's model.onnx into the board's state folder and runs `edge-agent predict` there (the
 #    agent profile has no export extra) on 100 test samples; the classes must equal torch's on x86_64.
-# 5. Prints each step's time; stops every process it started (by PID) and unmounts what it mounted.
+# 6. Prints each step's time; stops every process it started (by PID) and unmounts what it mounted.
 #
 # Needs: root, apt (debootstrap, qemu-user-static, binfmt-support are installed if missing), the repository's
 # .venv (bash scripts/install.sh) for the coordinator, and network access to Debian's and PyPI's package servers.
@@ -91,7 +96,20 @@ t=$SECONDS
 chroot "$ROOT" /opt/fedge-src/.venv/bin/python -c "import torch, platform; print('torch', torch.__version__, platform.machine())"
 echo "torch_import_s=$((SECONDS - t))" >>"$WORK/timings"
 
-step "a shard for the emulated board, and the x86_64 coordinator on 127.0.0.1"
+step "secure aggregation's known answer: x86_64 against the emulated board"
+known() { grep '^known answer' "$1" || true; }
+"$REPO/.venv/bin/python" "$REPO/benchmarks/secagg_cost.py" --known-answer --devices 10 --bits 16 \
+    >"$WORK/secagg-x86_64.txt" || fail "secagg_cost.py on x86_64"
+t=$SECONDS
+chroot "$ROOT" /opt/fedge-src/.venv/bin/python /opt/fedge-src/benchmarks/secagg_cost.py --known-answer \
+    --devices 10 --bits 16 >"$WORK/secagg-aarch64.txt" || fail "secagg_cost.py on the emulated board"
+echo "secagg_known_answer_s=$((SECONDS - t))" >>"$WORK/timings"
+cat "$WORK/secagg-aarch64.txt"
+[[ -n $(known "$WORK/secagg-x86_64.txt") && $(known "$WORK/secagg-x86_64.txt") == $(known "$WORK/secagg-aarch64.txt") ]] \
+    || fail "the board's masked packets differ from x86_64's (see $WORK/secagg-*.txt)"
+echo "the same masked packets and sum on both machines (the emulated board's 'mask s per device' is emulated time)"
+
+step "shards for the emulated board and two x86_64 agents, and the x86_64 coordinator on 127.0.0.1"
 rm -rf "$RUN" && mkdir -p "$RUN"
 "$REPO/.venv/bin/coordinator" partition --dataset fmnist-demo --partition iid --clients 8 --seed 0 \
     --out "$RUN/shards" >/dev/null
@@ -100,13 +118,19 @@ cp "$RUN/shards/client-000.npz" "$ROOT/var/lib/fedge-agent/shard.npz"
 rm -rf "$ROOT/var/lib/fedge-agent/state"
 port=$("$REPO/.venv/bin/python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 t=$SECONDS
-setsid "$REPO/.venv/bin/coordinator" start --bind "tcp://127.0.0.1:$port" --expect 1 --rounds 2 --model mlp \
+setsid "$REPO/.venv/bin/coordinator" start --bind "tcp://127.0.0.1:$port" --expect 3 --rounds 2 --model mlp \
     --algorithm fedavg --run-dir "$RUN/session" --set data.train_limit=64 --set train.batch_size=32 \
-    --set round.deadline_s=900 --set fleet.liveness_s=120 --quiet >"$RUN/coordinator.out" 2>&1 &
+    --set round.deadline_s=900 --set fleet.liveness_s=120 --set secagg.enabled=true --set secagg.stage_timeout_s=600 \
+    --quiet >"$RUN/coordinator.out" 2>&1 &
 pids+=($!)
 coordinator_pid=$!
 
-step "the emulated aarch64 agent joins (tcp://127.0.0.1:$port)"
+step "two x86_64 agents and the emulated aarch64 agent join (tcp://127.0.0.1:$port)"
+for i in 1 2; do
+    setsid "$REPO/.venv/bin/edge-agent" run --coordinator "tcp://127.0.0.1:$port" --client-id "x86-$i" \
+        --data "$RUN/shards/client-00$i.npz" --state-dir "$RUN/x86-$i" --device cpu >"$RUN/x86-$i.out" 2>&1 &
+    pids+=($!)
+done
 setsid chroot "$ROOT" /opt/fedge-src/.venv/bin/edge-agent run --coordinator "tcp://127.0.0.1:$port" \
     --client-id pi-emulated --data /var/lib/fedge-agent/shard.npz --state-dir /var/lib/fedge-agent/state \
     --device cpu >"$RUN/agent.out" 2>&1 &
@@ -119,15 +143,16 @@ kill -0 "$coordinator_pid" 2>/dev/null && fail "the session did not end within 3
 wait "$coordinator_pid" || fail "the coordinator failed (see $RUN/coordinator.out)"
 echo "session_s=$((SECONDS - t))" >>"$WORK/timings"
 
-step "check: two rounds, one aarch64 agent, every round reported"
+step "check: two rounds, each the secure sum of the aarch64 agent's and two x86_64 agents' inputs"
 "$REPO/.venv/bin/python" - "$RUN/session" <<'EOF'
 import json, sys
 from pathlib import Path
 run = Path(sys.argv[1])
 rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 clients = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
-assert [r["round"] for r in rows] == [1, 2] and all(r["reported"] == 1 for r in rows), rows
-assert {c["client_id"] for c in clients} == {"pi-emulated"}
+assert [r["round"] for r in rows] == [1, 2], rows
+assert all((r["reported"], r["secagg_summed"], r["secagg_failed"]) == (3, 3, "") for r in rows), rows
+assert {c["client_id"] for c in clients} == {"pi-emulated", "x86-1", "x86-2"}
 print("rounds:", ", ".join(f"{r['round']}: acc {r['test_accuracy']:.3f}, {r['wall_s']:.1f} s, "
                            f"train {r['train_s_max']:.1f} s" for r in rows))
 EOF

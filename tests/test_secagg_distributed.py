@@ -107,6 +107,29 @@ def test_the_skellam_bound_is_the_papers_formula() -> None:
         skellam_rdp(1, 1.0, 1.0, 1.0)
 
 
+# (clip, scale, padded dimension, noise stddev before scaling) -> the rounded L2 and L1 sensitivities and the RDP at
+# orders 2, 16 and 128, as the paper's authors' own code computes them: google-research/federated,
+# distributed_dp/accounting_utils.py at a5af8c4 (rounded_l2_norm_bound with beta = exp(-1/2),
+# rounded_l1_norm_bound, _skellam_rdp), run on these inputs. Their code works in unscaled units; ours in integer
+# units (sensitivities times the scale, variance times its square).
+AUTHORS_VALUES = [
+    (0.03, 1024.0, 1 << 20, 0.02, 513.4495480570608, 263630.43840000004,
+     (631.9157177852468, 5042.213293776848, 40324.59390170966)),
+    (1.0, 64.0, 1 << 16, 0.5, 143.77760604489143, 20672.0, (20.231857299804688, 161.68235778808594, 1293.286361694336)),
+    (0.1, 4096.0, 1 << 18, 0.1, 483.7083418755563, 233973.76000000004,
+     (1.3946109880962467, 11.156815171114431, 89.2544486352599)),
+]
+
+
+@pytest.mark.parametrize("clip, scale, dimension, stddev, l2, l1, rdp", AUTHORS_VALUES)
+def test_the_skellam_bound_gives_the_authors_values(clip: float, scale: float, dimension: int, stddev: float,
+                                                    l2: float, l1: float, rdp: tuple[float, ...]) -> None:
+    assert rounded_l2_bound(scale * clip, dimension) == pytest.approx(l2, rel=1e-12)
+    assert rounded_l1_bound(l2, dimension) == pytest.approx(l1, rel=1e-12)
+    ours = [skellam_rdp(order, l2, l1, (scale * stddev) ** 2) for order in (2, 16, 128)]
+    assert ours == pytest.approx(list(rdp), rel=1e-9)
+
+
 def test_the_skellam_epsilon_tends_to_the_gaussians_as_the_scale_grows() -> None:
     """Against dp-accounting's Gaussian event, composed over 50 rounds at the same noise multiplier: the discrete
     mechanism costs more at a coarse scale (rounding inflates the sensitivity) and converges to it at a fine one."""
