@@ -44,6 +44,7 @@ from fedge.protocol.payload import DELTA_GROUP, SECURE_CONTRIBUTORS, SUPPORT_GRO
 class Config(ef.Config):
     explore: float = 0.5     # the fraction of the support given to the coordinates that waited longest
     smoothing: float = 0.5   # beta of each coordinate's rate estimate (0: the last observation alone)
+    dense_rounds: int = 0    # the first rounds whose support is every coordinate (every rate estimated at once)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -51,6 +52,8 @@ class Config(ef.Config):
             raise ValueError(f"algorithm.explore must lie in (0, 1], got {self.explore}")
         if not 0 <= self.smoothing < 1:
             raise ValueError(f"algorithm.smoothing must lie in [0, 1), got {self.smoothing}")
+        if isinstance(self.dense_rounds, bool) or not isinstance(self.dense_rounds, int) or self.dense_rounds < 0:
+            raise ValueError(f"algorithm.dense_rounds must be an int >= 0, got {self.dense_rounds!r}")
 
 
 def make_config(base_module: ModuleType, options: Mapping[str, Any]) -> Config:
@@ -128,8 +131,10 @@ class Server(ef.Server):
         coordinate's rate times the rounds it has waited (its pending change, as the devices' residuals hold it)."""
         if self.supports is None or self.supports[0] != round_number:
             pending = self.rate * (self.age + 1).astype(np.float32)
-            self.supports = (round_number, support_of(pending, self.age, self.config.keep, self.config.explore,
-                                                      self.context.seed, round_number))
+            self.supports = (round_number, np.ones(self.layout.size, dtype=bool)
+                             if round_number <= self.config.dense_rounds else
+                             support_of(pending, self.age, self.config.keep, self.config.explore, self.context.seed,
+                                        round_number))
         return self.supports[1]
 
     def downlink(self, round_number: int, client_index: int) -> Payload:

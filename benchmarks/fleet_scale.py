@@ -2,12 +2,14 @@
 
     python benchmarks/fleet_scale.py [--agents 10,100,1000] [--algorithms fedavg,ef-fedprox] [--curve off,on]
         [--rounds 4] [--per-process 250] [--max-uploads 16] [--bounds derived,preset] [--profile PREFIX]
+        [--input-shape 3,32,32] [--set KEY=VALUE ...]
 
-Starts ``coordinator start --bind tcp://127.0.0.1:0`` (the paper CNN at 3x32x32, 1,147,466 parameters, no data on
+Starts ``coordinator start --bind tcp://127.0.0.1:0`` (the paper CNN at ``--input-shape``: at 3x32x32 it has
+1,147,466 parameters, at 1x28x28 688,138; no data on
 the coordinator, no evaluation) and N light agents in processes of ``--per-process`` agents each. A light agent is
 the agent's own protocol object (``fedge.protocol.agent``) and the real codec over its own DEALER socket, without
-torch: it answers a task with a synthetic update of the right names, shapes and encoding, computed cheaply (FedAvg:
-the received model sent back; ef-fedprox: an int8 indexed section of 30 % of the float coordinates, against the
+torch: it answers a task with a synthetic update of the right names, shapes and encoding, computed cheaply (FedAvg
+and DSSA: the received model sent back; ef-fedprox: an int8 indexed section of 30 % of the float coordinates, against the
 public model the task names). Samples the coordinator's CPU time and resident memory through psutil and prints, per
 configuration, over rounds 2 to R: the coordinator's CPU seconds per round (the primary figure: on 2 cores the
 light agents compete for the CPU), its wall time per round (the light agents compute nothing, so this is all
@@ -18,7 +20,7 @@ paced (``fleet.max_uploads``, ``--max-uploads``; 0: unpaced). ``--bounds``: ``de
 fleet derives its weight cap and norm bound from round 1's claims and norms, so round 1 holds every update until
 it closes), ``preset`` (``robust.max_samples`` and ``robust.norm_bound`` set: no round holds), ``off``, or a
 robust aggregator's name (over the preset bounds: every round holds its updates for the rule), or ``secagg``
-(secure aggregation, fedavg only: the light agents mask with the agent's own protocol objects, ``protocol.agent`` and
+(secure aggregation, fedavg or DSSA: the light agents mask with the agent's own protocol objects, ``protocol.agent`` and
 ``protocol.secure_device``, and the bounds are off; the light agents' CPU per round is then the masking's, since
 their update costs nothing else). ``--profile PREFIX`` runs each coordinator under cProfile. Figures only: no thresholds (docs/scale.md has the table).
 """
@@ -63,8 +65,10 @@ from fedge.protocol.events import (
     Train,
 )
 
-MODEL = ["--model", "cnn", "--set", "model.input_shape=[3, 32, 32]", "--set", "model.outputs=10",
-         "--set", 'data.dataset=""']
+
+def model_args(shape: tuple[int, ...]) -> list[str]:
+    return ["--model", "cnn", "--set", f"model.input_shape={list(shape)}", "--set", "model.outputs=10",
+            "--set", 'data.dataset=""']
 KEEP = 0.3
 
 
@@ -73,11 +77,12 @@ class LightAgent:
     """One agent: its protocol object and its socket; answers tasks with synthetic updates."""
 
     layout: list[tuple[str, tuple[int, ...]]] = []  # the model's float tensors (the parent process builds it)
+    input_shape: tuple[int, ...] = (3, 32, 32)
 
     def __init__(self, context: zmq.Context[Any], endpoint: str, client_id: str, curve: dict[str, bytes] | None):
         self.client_id = client_id
         facts = DeviceFacts(fedge_version=fedge.__version__, torch_version="none", dataset_size=64,
-                            input_shape=(3, 32, 32), num_outputs=10)
+                            input_shape=LightAgent.input_shape, num_outputs=10)
         self.protocol = AgentProtocol(client_id, hello_interval_s=1.0, facts=facts, stay=False)
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.IDENTITY, client_id.encode())
@@ -114,9 +119,16 @@ class LightAgent:
 
     def update(self, task: codec.Task) -> bytes:
         fields = {"num_samples": 64, "steps": 1, "train_loss": 1.0, "train_s": 0.0}
-        if EF_KEY not in task.meta:  # FedAvg: the received model, as if a step changed nothing
+        if EF_KEY not in task.meta:  # FedAvg, DSSA: the received model, as if a step changed nothing
+            model = task.groups["model"]
+            section = model.sparse
+            if section is not None and section.mask is not None:  # DSSA's sparse round: the complement's values
+                complement = trained_values(int(np.count_nonzero(~section.mask.astype(bool))),
+                                            zlib.crc32(f"{self.client_id}:{task.round}".encode()) % 8)
+                model = codec.TensorGroup(dense=model.dense, sparse=codec.SparseSection.masked_values(
+                    section.names, section.shapes, section.mask, complement, select=False))
             return codec.encode(codec.Update(run_id=task.run_id, round=task.round, sender=self.client_id,
-                                             groups={"model": task.groups["model"]}, **fields))
+                                             groups={"model": model}, **fields))
         names = tuple(n for n, _ in LightAgent.layout)
         shapes = tuple(s for _, s in LightAgent.layout)
         indices, values = pattern(sum(int(np.prod(s)) for s in shapes), zlib.crc32(f"{self.client_id}:{task.round}".encode()) % 8)
@@ -145,9 +157,21 @@ def pattern(size: int, which: int) -> tuple[np.ndarray, np.ndarray]:
     return PATTERNS[which]
 
 
-def serve_agents(endpoint: str, first: int, count: int, keys_dir: str, layout: str) -> int:
+TRAINED: dict[tuple[int, int], np.ndarray] = {}
+
+
+def trained_values(size: int, which: int) -> np.ndarray:
+    """One of 8 seeded float32 vectors of a round's change in scale (DSSA's values on its mask's complement, which
+    grow from zero): as hard to compress as trained values, drawn once per process."""
+    if (size, which) not in TRAINED:
+        TRAINED[size, which] = np.random.default_rng(which).normal(0, 1e-3, size).astype(np.float32)
+    return TRAINED[size, which]
+
+
+def serve_agents(endpoint: str, first: int, count: int, keys_dir: str, layout: str, shape: tuple[int, ...]) -> int:
     """A process of light agents, until every one of them has left its session."""
     LightAgent.layout = [(name, tuple(shape)) for name, shape in json.loads(Path(layout).read_text())]
+    LightAgent.input_shape = shape
     context = zmq.Context()
     ids = [f"light-{i:05d}" for i in range(first, first + count)]
     curves: dict[str, dict[str, bytes] | None] = dict.fromkeys(ids)
@@ -229,21 +253,22 @@ BOUNDS = {"derived": [], "preset": ["--set", "robust.max_samples=100000", "--set
           "off": ["--set", "robust.max_samples=1000000000000", "--set", "robust.norm_factor=0"]}
 for _rule in ("multi-krum", "centered-clip", "trimmed-mean", "median"):  # a robust rule over preset bounds
     BOUNDS[_rule] = [*BOUNDS["preset"], "--set", f'robust.aggregator="{_rule}"']
-# secure aggregation (fedavg; its bounds off, unpaced): the light agents mask with the agent's own protocol objects
+# secure aggregation (fedavg, DSSA; its bounds off, unpaced): the light agents mask with the agent's own protocol objects
 BOUNDS["secagg"] = ["--set", "secagg.enabled=true", "--set", "secagg.stage_timeout_s=600"]
 
 
 def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int, max_uploads: int,
-        workdir: Path, profile: str = "", bounds: str = "derived") -> dict[str, Any]:
+        workdir: Path, profile: str = "", bounds: str = "derived", shape: tuple[int, ...] = (3, 32, 32),
+        settings: tuple[str, ...] = ()) -> dict[str, Any]:
     run_dir = workdir / f"{algorithm}-{agents}-{'curve' if curve else 'plain'}-{bounds}"
     keys = workdir / f"keys-{agents}-{algorithm}"
     profiler = ["-m", "cProfile", "-o", f"{profile}-{run_dir.name}.prof"] if profile else []
     args = [sys.executable, *profiler, "-m", "fedge.runtime.cli", "start", "--bind", "tcp://127.0.0.1:0", "--expect",
-            str(agents), "--rounds", str(rounds), "--run-dir", str(run_dir), "--algorithm", algorithm, *MODEL,
+            str(agents), "--rounds", str(rounds), "--run-dir", str(run_dir), "--algorithm", algorithm, *model_args(shape),
             "--set", f"data.clients={agents}", "--set", "eval.every=0", "--set", "run.export_onnx=false",
             "--set", "fleet.heartbeat_s=5", "--set", "fleet.liveness_s=300", "--set", "round.deadline_s=900",
             "--set", "fleet.join_timeout_s=600", "--set", f"security.curve={'on' if curve else 'off'}", "--quiet",
-            *BOUNDS[bounds]]
+            *BOUNDS[bounds], *(arg for setting in settings for arg in ("--set", setting))]
     if curve:
         subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "keygen", "--keys-dir", str(keys)],
                        check=True, capture_output=True)
@@ -261,7 +286,8 @@ def run(algorithm: str, agents: int, curve: bool, rounds: int, per_process: int,
     light = [subprocess.Popen([sys.executable, __file__, "--serve-agents", str(first), str(min(per_process,
                                                                                            agents - first)),
                                "--endpoint", endpoint, "--keys-dir", str(keys) if curve else "",
-                               "--layout", str(workdir / "layout.json")])
+                               "--layout", str(workdir / "layout.json"),
+                               "--input-shape", ",".join(map(str, shape))])
              for first in range(0, agents, per_process)]
     peak_rss, joined_rss, samples, seen = 0, 0, [], 0
     light_cpu: dict[int, float] = {}  # the light agents' processes: their CPU seconds, last read
@@ -327,11 +353,11 @@ def phase(run_dir: Path) -> str:
         return ""
 
 
-def write_layout(path: Path) -> None:
+def write_layout(path: Path, shape: tuple[int, ...]) -> None:
     """The float tensors of the coordinator's model (ef's light agents build their updates over them)."""
     from fedge.models import ModelSpec, build
 
-    spec = ModelSpec.from_dict({"name": "cnn", "input_shape": [3, 32, 32], "num_classes": 10, "pan": "off",
+    spec = ModelSpec.from_dict({"name": "cnn", "input_shape": list(shape), "num_classes": 10, "pan": "off",
                                 "pan_a": 0.1, "pan_t": 1.0, "options": {}})
     state = build(spec, seed=0).state_dict()
     path.write_text(json.dumps([[name, list(t.shape)] for name, t in state.items() if t.is_floating_point()]))
@@ -354,16 +380,21 @@ def main() -> int:
     parser.add_argument("--max-uploads", type=int, default=16, help="paced uploads (fleet.max_uploads); 0: unpaced")
     parser.add_argument("--bounds", default="derived", help=f"comma-separated: {', '.join(BOUNDS)}")
     parser.add_argument("--profile", default="", help="write cProfile data of each coordinator to PREFIX-RUN.prof")
+    parser.add_argument("--input-shape", default="3,32,32", help="the paper CNN's input shape (1,28,28: FMNIST's)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="passed to every coordinator (e.g. algorithm.warmup_rounds=1 for DSSA's sparse rounds)")
     parser.add_argument("--serve-agents", nargs=2, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--keys-dir", default="", help=argparse.SUPPRESS)
     parser.add_argument("--layout", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    shape = tuple(int(n) for n in args.input_shape.split(","))
     if args.serve_agents:
         one_blas_thread()  # as a real agent process does
-        return serve_agents(args.endpoint, args.serve_agents[0], args.serve_agents[1], args.keys_dir, args.layout)
+        return serve_agents(args.endpoint, args.serve_agents[0], args.serve_agents[1], args.keys_dir, args.layout,
+                            shape)
     workdir = Path(tempfile.mkdtemp(prefix="fedge-fleet-"))
-    write_layout(workdir / "layout.json")
+    write_layout(workdir / "layout.json", shape)
     print(f"# fleet_scale: {os.cpu_count()} CPUs; runs under {workdir}")
     print("| algorithm | agents | CurveZMQ | bounds | coordinator CPU s / round (its round loop's thread) | "
           "wall s / round | floor s | wall / floor | peak RSS MB | RSS bound / joined MB | down MB / round | "
@@ -376,7 +407,7 @@ def main() -> int:
                 if bounds not in BOUNDS:
                     parser.error(f"--bounds: {bounds!r} is not one of {', '.join(BOUNDS)}")
                 result = run(algorithm, agents, curve, args.rounds, args.per_process, args.max_uploads, workdir,
-                             args.profile, bounds)
+                             args.profile, bounds, shape, tuple(args.set))
                 down = int(result["down_mb"] * 1e6 / max(agents, 1))
                 up = int(result["up_mb"] * 1e6 / max(agents, 1))
                 floor = transport_floor(b"t" * max(down, 1), b"u" * max(up, 1), agents)

@@ -187,3 +187,31 @@ def test_a_value_bound_clamps_what_is_sent_and_the_residual_keeps_the_excess() -
     for flat, change, device in zip(sent, changes, devices, strict=True):
         assert np.abs(flat).max() == pytest.approx(0.004, rel=1e-6) and np.abs(change[server.support(1)]).max() > 0.01
         assert np.allclose(flat + device.residual, change, atol=1e-6)  # type: ignore[operator]
+
+
+def test_a_dense_first_round_estimates_every_coordinate_and_the_next_support_takes_the_largest() -> None:
+    """``dense_rounds = 1``: round 1's support is every coordinate (nothing waits in a residual), and from round 2
+    on the top part of the support is the coordinates whose mean change was largest."""
+    torch.manual_seed(0)
+    model = nn.Linear(100, 10)
+    initial = state_to_arrays(model)
+    options = {**OPTIONS, "dense_rounds": 1}
+    server = make_server("ef-shared-fedavg", options, initial, ServerContext(3, ModelLayout.of(model), seed=1))
+    devices = [make_client("ef-shared-fedavg", options, index) for index in range(3)]
+    for device in devices:
+        device.initial_model(initial)
+    assert isinstance(server, ef_shared.Server)
+    assert server.support(1).all()
+    rng = np.random.default_rng(4)
+    changes = [rng.normal(0, 0.01, 1010).astype(np.float32) for _ in devices]
+    one_round(server, devices, 1, changes)  # type: ignore[arg-type]
+    assert all(np.abs(d.residual).max() < 1e-7 for d in devices)  # type: ignore[attr-defined, arg-type]
+    size = server.layout.size
+    count = codec.retained_count(size, keep=OPTIONS["keep"])
+    top = count - math.ceil(server.config.explore * count)
+    largest = np.argsort(-np.abs(np.mean(changes, axis=0)), kind="stable")[:top]
+    support = server.support(2)
+    assert np.count_nonzero(support) == count and support[largest].all()
+    with pytest.raises(ValueError, match="dense_rounds"):
+        make_server("ef-shared-fedavg", {**OPTIONS, "dense_rounds": -1}, initial,
+                    ServerContext(3, ModelLayout.of(model), seed=1))
