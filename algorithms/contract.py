@@ -35,10 +35,11 @@ class ClientHalf(Protocol):
         """The L2 bound the coordinator applies to each update group's change this round (the task's
         ``norm_bounds``, by group name, ``*`` for every group; empty when none is known yet), given after
         ``on_receive``: a half that keeps what it does not send (ef's residual) clips what it sends to it."""
-    def on_value_bound(self, round_number: int, bound: float) -> None:
-        """The largest magnitude one value of this round's update may take (0: none), given after ``on_bounds``:
-        secure aggregation's grid clips every coordinate beyond it; a half that keeps what it does not send (ef's
-        residual) clamps what it sends to it, so that nothing is lost."""
+    def on_value_grid(self, round_number: int, bound: float, step: float) -> None:
+        """The grid this round's values are summed on (0: none), given after ``on_bounds``: secure aggregation
+        clips every coordinate beyond ``bound`` and rounds it to a multiple of ``step`` at random; a half that keeps
+        what it does not send (ef's residual) clamps what it sends to ``bound`` and rounds it to the grid itself, so
+        that neither loses anything."""
     def before_training(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                         settings: TrainSettings) -> None:
         """Called once before the first step of a round."""
@@ -106,7 +107,7 @@ class BaseClient:
     def on_bounds(self, round_number: int, norm_bounds: Mapping[str, float]) -> None:
         return None
 
-    def on_value_bound(self, round_number: int, bound: float) -> None:
+    def on_value_grid(self, round_number: int, bound: float, step: float) -> None:
         return None
 
     def clip_scale(self) -> float:
@@ -235,8 +236,8 @@ class WrappedClient(BaseClient):
     def on_bounds(self, round_number: int, norm_bounds: Mapping[str, float]) -> None:
         self.base.on_bounds(round_number, norm_bounds)
 
-    def on_value_bound(self, round_number: int, bound: float) -> None:
-        self.base.on_value_bound(round_number, bound)
+    def on_value_grid(self, round_number: int, bound: float, step: float) -> None:
+        self.base.on_value_grid(round_number, bound, step)
 
     def clip_scale(self) -> float:
         return self.base.clip_scale()

@@ -45,7 +45,7 @@ from fedge.algorithms.base import (
 from fedge.algorithms.contract import BaseServer, WrappedClient
 from fedge.algorithms.ef_meta import EfTask, EfUpdate
 from fedge.algorithms.keyframes import PublicModel, Replica, float_layout, start_model
-from fedge.algorithms.sparse import FlatLayout, compress
+from fedge.algorithms.sparse import NO_GRID, FlatLayout, ValueGrid, compress
 from fedge.codec import SparseSection, TensorGroup
 
 VALUE_DTYPES = ("f32", "f16", "bf16", "int8", "ternary", "quinary")
@@ -229,7 +229,7 @@ class Client(WrappedClient):
         self.residual: np.ndarray | None = None
         self.residual_base: int | None = 0  # the public version the residual was left against (None: not known)
         self.clip = 0.0          # the coordinator's norm bound on this round's update (0: none known)
-        self.bound = 0.0         # the largest magnitude one value sent may take (0: none)
+        self.grid = NO_GRID      # the grid the round's values are summed on (secure aggregation's; none by default)
         self.scale = 1.0         # ... and what the last update was scaled by to fit it
 
     def initial_model(self, arrays: Arrays) -> None:
@@ -248,10 +248,10 @@ class Client(WrappedClient):
         half is not told: what it returns is the delta ef compresses, and only what is sent is clipped."""
         self.clip = float(norm_bounds.get("update", norm_bounds.get("*", 0.0)))
 
-    def on_value_bound(self, round_number: int, bound: float) -> None:
-        """Secure aggregation's grid clips each coordinate to ``bound``: what is sent is clamped to it and the
-        residual keeps the excess."""
-        self.bound = float(bound)
+    def on_value_grid(self, round_number: int, bound: float, step: float) -> None:
+        """Secure aggregation's grid clips each coordinate to ``bound`` and rounds it to ``step``: what is sent is
+        clamped and rounded so already, and the residual keeps what that moved."""
+        self.grid = ValueGrid(float(bound), float(step))
 
     def clip_scale(self) -> float:
         return self.scale
@@ -280,7 +280,7 @@ class Client(WrappedClient):
         """What is sent of ``update`` (the change with the residual): its top ``keep`` with indices, clipped under
         the task's bound; the new residual; the clip's scale."""
         sent = compress(layout, update, self.config.keep, self.config.value_dtype, dense=integers, clip=self.clip,
-                        bound=self.bound)
+                        grid=self.grid)
         return sent.group, sent.residual, sent.scale
 
     def state_dict(self) -> Arrays:

@@ -5,7 +5,8 @@ rule or a private sum needs of compressed updates.
 
 - Server: ef's server half (``algorithms.ef``: the public model, keyframes, catch-ups, its residual), with the
   round's support S_t published in every task as the group ``support`` (a mask, its values zero: near the mask's
-  entropy on the wire, and counted in the downlink's bytes). S_t holds k coordinates (k from ``keep``, as ef's):
+  entropy on the wire, and counted in the downlink's bytes). In the first ``dense_rounds`` rounds S_t is every
+  coordinate (so every coordinate's rate is estimated at once); then it holds k coordinates (k from ``keep``, as ef's):
   the k - r largest estimates of what the devices hold of each coordinate (its rate, the mean change it brought per
   round waited when it was last in a support, smoothed by ``smoothing``, times the rounds it has waited since), and
   r = ceil(``explore`` k) that have waited longest, ties in an order drawn by (session seed, round): no coordinate
@@ -35,7 +36,7 @@ from fedge.algorithms import ef
 from fedge.algorithms.base import Arrays, ClientUpdate, Payload, ServerContext, wrapper_config
 from fedge.algorithms.ef_meta import EfUpdate
 from fedge.algorithms.keyframes import float_layout
-from fedge.algorithms.sparse import FlatLayout, fitted
+from fedge.algorithms.sparse import NO_GRID, FlatLayout, ValueGrid, fitted
 from fedge.codec import SparseSection, TensorGroup
 from fedge.protocol.payload import DELTA_GROUP, SECURE_CONTRIBUTORS, SUPPORT_GROUP
 
@@ -44,7 +45,7 @@ from fedge.protocol.payload import DELTA_GROUP, SECURE_CONTRIBUTORS, SUPPORT_GRO
 class Config(ef.Config):
     explore: float = 0.5     # the fraction of the support given to the coordinates that waited longest
     smoothing: float = 0.5   # beta of each coordinate's rate estimate (0: the last observation alone)
-    dense_rounds: int = 0    # the first rounds whose support is every coordinate (every rate estimated at once)
+    dense_rounds: int = 1    # the first rounds whose support is every coordinate (every rate estimated at once)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -100,15 +101,15 @@ def support_from(groups: Mapping[str, TensorGroup], layout: FlatLayout) -> np.nd
 
 
 def on_support(layout: FlatLayout, support: np.ndarray, update: np.ndarray, value_dtype: str,
-               dense: Mapping[str, np.ndarray], clip: float = 0.0, bound: float = 0.0
+               dense: Mapping[str, np.ndarray], clip: float = 0.0, grid: ValueGrid = NO_GRID
                ) -> tuple[TensorGroup, np.ndarray, float]:
     """``update`` sent on ``support`` (values bound to it, no indices): the group, the new residual (the update
-    off the support, what the clamp to ``bound`` and the decoding lost on it) and the scale that fit the values
+    off the support, what the grid and the decoding moved on it) and the scale that fit the values
     under ``clip`` (0: none)."""
     indices = np.flatnonzero(support)
     values = np.ascontiguousarray(update[indices], dtype=np.float32)
     group, received, scale = fitted(layout, indices, values, value_dtype, dense, clip, lambda wire: SparseSection.
-                                    masked_values(layout.names, layout.shapes, support, wire, select=True), bound)
+                                    masked_values(layout.names, layout.shapes, support, wire, select=True), grid)
     residual = np.array(update, dtype=np.float32)
     residual[indices] = values - received
     return group, residual, scale
@@ -223,4 +224,4 @@ class Client(ef.Client):
                    ) -> tuple[TensorGroup, np.ndarray, float]:
         if self.support is None:
             raise RuntimeError("ef-shared: an update before its task's support came")
-        return on_support(layout, self.support, update, self.config.value_dtype, integers, self.clip, self.bound)
+        return on_support(layout, self.support, update, self.config.value_dtype, integers, self.clip, self.grid)

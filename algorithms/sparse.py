@@ -131,16 +131,37 @@ CLIP_TRIES = 4
 CLIP_MARGIN = 1 - 2.0 ** -10
 
 
+@dataclass(frozen=True)
+class ValueGrid:
+    """The grid a sum puts every value sent on (secure aggregation's, ``ClientHalf.on_value_grid``): each value
+    clamped to [-``bound``, ``bound``] (0: not) and rounded to the nearest multiple of ``step`` (0: not), so that the
+    sum's own clip and rounding change nothing and error feedback keeps what they would have lost."""
+
+    bound: float = 0.0
+    step: float = 0.0
+
+    def clamped(self, values: np.ndarray) -> np.ndarray:
+        return np.clip(values, -np.float32(self.bound), np.float32(self.bound)) if self.bound > 0 else values
+
+    def rounded(self, values: np.ndarray) -> np.ndarray:
+        if self.step <= 0:
+            return values
+        return (np.rint(values.astype(np.float64) / self.step) * self.step).astype(np.float32)
+
+
+NO_GRID = ValueGrid()
+
+
 def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dtype: str,
              dense: Mapping[str, np.ndarray] | None = None, candidates: np.ndarray | None = None,
-             clip: float = 0.0, bound: float = 0.0) -> Compressed:
+             clip: float = 0.0, grid: ValueGrid = NO_GRID) -> Compressed:
     """Send the top ``keep`` fraction (by |value|) of ``update`` among ``candidates`` (default: all positions).
 
     ``update`` is the full flat vector (already including the old residual). The new residual is ``update``
     everywhere except at the sent positions, where it is what the receiver misses: update - decoded (zero when the
     values travel as f32). ``clip`` (0: none): the values sent are scaled so that their decoded L2 norm is at most
-    ``clip``, and the residual keeps the rest; ``bound`` (0: none): each value sent is first clamped to [-bound,
-    bound], and the residual keeps the excess.
+    ``clip``, and the residual keeps the rest; ``grid``: each value sent is first clamped to its bound and put on
+    its step, and the residual keeps what that moved.
     """
     pool = update if candidates is None else update[candidates]
     count = codec.retained_count(int(pool.size), keep=keep)
@@ -149,7 +170,7 @@ def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dt
     values = np.ascontiguousarray(update[indices], dtype=np.float32)
     group, received, scale = fitted(layout, indices, values, value_dtype, dense, clip,
                                     lambda wire: SparseSection.with_indices(layout.names, layout.shapes, indices, wire),
-                                    bound)
+                                    grid)
     residual = np.array(update, dtype=np.float32)
     residual[indices] = values - received
     return Compressed(group=group, indices=indices, decoded=received, residual=residual, scale=scale)
@@ -157,16 +178,15 @@ def compress(layout: FlatLayout, update: np.ndarray, keep: float | str, value_dt
 
 def fitted(layout: FlatLayout, indices: np.ndarray, values: np.ndarray, value_dtype: str,
            dense: Mapping[str, np.ndarray] | None, clip: float,
-           section: Callable[[np.ndarray], SparseSection], bound: float = 0.0
+           section: Callable[[np.ndarray], SparseSection], grid: ValueGrid = NO_GRID
            ) -> tuple[TensorGroup, np.ndarray, float]:
     """The values sent at ``indices`` as a group (``section`` places them: with indices, or bound to a mask) in
-    ``value_dtype``, each clamped to [-bound, bound] (0: not), scaled so that their decoded L2 norm is at most
-    ``clip`` (0: none); with the values the receiver decodes and the scale."""
-    if bound > 0:
-        values = np.clip(values, -np.float32(bound), np.float32(bound))
+    ``value_dtype``, each clamped to the grid's bound, scaled so that their decoded L2 norm is at most ``clip`` (0:
+    none) and put on the grid's step; with the values the receiver decodes and the scale."""
+    values = grid.clamped(values)
     scale = 1.0
     for _ in range(CLIP_TRIES):
-        scaled = values if scale == 1.0 else (values * np.float32(scale)).astype(np.float32)
+        scaled = grid.rounded(values if scale == 1.0 else (values * np.float32(scale)).astype(np.float32))
         wire_values = ternary(layout, indices, scaled, SIGNED_LEVELS[value_dtype]) \
             if value_dtype in SIGNED_LEVELS else scaled
         group = TensorGroup(dense=dict(dense or {}), sparse=section(wire_values), value_dtype=wire_dtype(value_dtype))

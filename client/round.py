@@ -24,7 +24,7 @@ from fedge.client.joining import JoinedSession, Tensors
 from fedge.client.metering import mask_figures
 from fedge.client.state import DeviceState
 from fedge.meter import ParamSnapshot
-from fedge.secagg.encoding import value_bound
+from fedge.secagg.encoding import value_grid
 
 
 class RoundMeter(Protocol):
@@ -71,7 +71,7 @@ def play_task(session: JoinedSession, tensors: Tensors, state: DeviceState, task
         payload = Payload(groups=dict(task.groups), meta=dict(task.meta))
         client.on_receive(task.round, payload, model)
         client.on_bounds(task.round, dict(task.norm_bounds))
-        client.on_value_bound(task.round, value_bound(task.secagg))
+        client.on_value_grid(task.round, *value_grid(task.secagg))
         if received is not None:
             received(payload, model)
     inference = None if client.inference_after_training else model_arrays(model)

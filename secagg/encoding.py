@@ -94,12 +94,15 @@ def task_settings(grid: Grid | NoisyGrid, threshold: float, neighbours: int, gra
     return {"bits": grid.bits, "levels": grid.levels, "clip": list(grid.clips), **common}
 
 
-def value_bound(settings: Mapping[str, Any] | None) -> float:
-    """The largest magnitude one value of a securely aggregated update keeps on a Task's grid (its smallest clip
-    range); 0 when nothing clips coordinate by coordinate (no secure aggregation, or distributed noise's L2 clip)."""
+def value_grid(settings: Mapping[str, Any] | None) -> tuple[float, float]:
+    """A Task's grid as one value of a securely aggregated update meets it: the largest magnitude it keeps (the
+    smallest clip range) and the grid's step (clip / L, when every tensor has the same clip range; else 0); (0, 0)
+    when nothing clips coordinate by coordinate (no secure aggregation, or distributed noise's L2 clip)."""
     if not settings or settings.get("dp") is not None or not settings.get("clip"):
-        return 0.0
-    return float(min(settings["clip"]))
+        return 0.0, 0.0
+    clips, levels = [float(c) for c in settings["clip"]], int(settings.get("levels") or 0)
+    step = clips[0] / levels if levels > 0 and len(set(clips)) == 1 else 0.0
+    return min(clips), step
 
 
 def grid_of(settings: Mapping[str, Any], sizes: Sequence[int]) -> Grid | NoisyGrid:

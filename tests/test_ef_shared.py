@@ -22,7 +22,7 @@ from fedge.models import state_to_arrays
 from fedge.simulation.inprocess import through_codec
 from tests.simfleet import overrides, read_jsonl, run_here
 
-OPTIONS = {"keep": 0.1, "value_dtype": "f32"}
+OPTIONS = {"keep": 0.1, "value_dtype": "f32", "dense_rounds": 0}
 
 
 def test_the_support_is_the_top_estimates_then_the_coordinates_that_waited_longest() -> None:
@@ -143,7 +143,8 @@ def test_a_resumed_coordinator_publishes_the_same_supports() -> None:
 def test_a_session_moves_a_tenth_of_fedavgs_bytes_with_its_supports_counted(tmp_path: Path) -> None:
     rows = {}
     for name in ("fedavg", "ef-shared-fedprox"):
-        run_here(overrides(name, 1.0, "simulated", "inline", ("run.rounds=4", "algorithm.value_dtype=\"f16\"")
+        run_here(overrides(name, 1.0, "simulated", "inline", ("run.rounds=4", "algorithm.value_dtype=\"f16\"",
+                                                              "algorithm.dense_rounds=0")
                            if name != "fedavg" else ("run.rounds=4",)), tmp_path / name)
         rows[name] = read_jsonl(tmp_path / name / "metrics.jsonl")
     shared = rows["ef-shared-fedprox"]
@@ -174,19 +175,31 @@ def test_a_securely_aggregated_mean_folds_on_the_support_and_tells_what_every_de
     assert np.allclose(moved[support], 0.01) and not moved[~support].any()
 
 
-def test_a_value_bound_clamps_what_is_sent_and_the_residual_keeps_the_excess() -> None:
-    """Secure aggregation's grid clips every coordinate to its clip range: told the bound (``on_value_bound``), the
-    device clamps what it sends and keeps the rest, so that nothing it moved is lost (CI's small-budget run lost 5
-    points when the grid clipped the accumulated residuals instead)."""
+def test_the_value_grid_clamps_and_rounds_what_is_sent_and_the_residual_keeps_what_it_moved() -> None:
+    """Secure aggregation's grid clips every coordinate to its clip range and rounds it to its step at random:
+    told the grid (``on_value_grid``), the device clamps and rounds what it sends itself and keeps the rest, so that
+    nothing it moved is lost (CI's small-budget run lost 5 points when the grid clipped the accumulated residuals
+    instead) and the sum's rounding has nothing left to draw."""
+    from fedge.secagg import field
+    from fedge.secagg.encoding import grid_for, value_grid
+
+    grid = grid_for(8, 0.004, [1010], 10)
+    bound, step = value_grid({"clip": list(grid.clips), "levels": grid.levels})
+    assert (bound, step) == (0.004, 0.004 / grid.levels)
     _, server, devices = halves(2)
     for device in devices:
-        device.on_value_bound(1, 0.004)
+        device.on_value_grid(1, bound, step)
     rng = np.random.default_rng(3)
     changes = [rng.normal(0, 0.01, 1010).astype(np.float32) for _ in devices]
     sent = one_round(server, devices, 1, changes)
+    support = server.support(1)
     for flat, change, device in zip(sent, changes, devices, strict=True):
-        assert np.abs(flat).max() == pytest.approx(0.004, rel=1e-6) and np.abs(change[server.support(1)]).max() > 0.01
+        assert np.abs(flat).max() == pytest.approx(0.004, rel=1e-6) and np.abs(change[support]).max() > 0.01
+        on_grid = flat[support] / step
+        assert np.abs(on_grid - np.rint(on_grid)).max() < 1e-4 and len(np.unique(np.rint(on_grid))) > 3
         assert np.allclose(flat + device.residual, change, atol=1e-6)  # type: ignore[operator]
+        words = field.quantise(flat[support], 0.004, grid.levels, np.random.default_rng(0))
+        assert np.array_equal(words, np.rint(on_grid).astype(np.int64))  # the sum's rounding draws nothing
 
 
 def test_a_dense_first_round_estimates_every_coordinate_and_the_next_support_takes_the_largest() -> None:
@@ -195,7 +208,7 @@ def test_a_dense_first_round_estimates_every_coordinate_and_the_next_support_tak
     torch.manual_seed(0)
     model = nn.Linear(100, 10)
     initial = state_to_arrays(model)
-    options = {**OPTIONS, "dense_rounds": 1}
+    options = {key: value for key, value in OPTIONS.items() if key != "dense_rounds"}  # the default: 1
     server = make_server("ef-shared-fedavg", options, initial, ServerContext(3, ModelLayout.of(model), seed=1))
     devices = [make_client("ef-shared-fedavg", options, index) for index in range(3)]
     for device in devices:
