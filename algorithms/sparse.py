@@ -134,8 +134,9 @@ CLIP_MARGIN = 1 - 2.0 ** -10
 @dataclass(frozen=True)
 class ValueGrid:
     """The grid a sum puts every value sent on (secure aggregation's, ``ClientHalf.on_value_grid``): each value
-    clamped to [-``bound``, ``bound``] (0: not) and rounded to the nearest multiple of ``step`` (0: not), so that the
-    sum's own clip and rounding change nothing and error feedback keeps what they would have lost."""
+    clamped to [-``bound``, ``bound``] (0: not) and rounded to a multiple of ``step`` (0: not), so that the sum's own
+    clip and rounding change nothing and error feedback keeps what they would have lost. On a grid the values travel
+    as float32 whatever the value encoding (the field's words are what goes on the wire)."""
 
     bound: float = 0.0
     step: float = 0.0
@@ -143,10 +144,15 @@ class ValueGrid:
     def clamped(self, values: np.ndarray) -> np.ndarray:
         return np.clip(values, -np.float32(self.bound), np.float32(self.bound)) if self.bound > 0 else values
 
-    def rounded(self, values: np.ndarray) -> np.ndarray:
+    def rounded(self, values: np.ndarray, toward_zero: bool = False) -> np.ndarray:
+        """To the nearest step, or toward zero (no value grows: an L2 bound met before rounding is met after)."""
         if self.step <= 0:
             return values
-        return (np.rint(values.astype(np.float64) / self.step) * self.step).astype(np.float32)
+        steps = values.astype(np.float64) / self.step
+        return ((np.trunc(steps) if toward_zero else np.rint(steps)) * self.step).astype(np.float32)
+
+    def encoding(self, value_dtype: str) -> str:
+        return "f32" if self.step > 0 else value_dtype
 
 
 NO_GRID = ValueGrid()
@@ -182,11 +188,14 @@ def fitted(layout: FlatLayout, indices: np.ndarray, values: np.ndarray, value_dt
            ) -> tuple[TensorGroup, np.ndarray, float]:
     """The values sent at ``indices`` as a group (``section`` places them: with indices, or bound to a mask) in
     ``value_dtype``, each clamped to the grid's bound, scaled so that their decoded L2 norm is at most ``clip`` (0:
-    none) and put on the grid's step; with the values the receiver decodes and the scale."""
+    none) and put on the grid's step (in float32, toward zero under a norm bound); with the values the receiver
+    decodes and the scale."""
     values = grid.clamped(values)
+    value_dtype = grid.encoding(value_dtype)
     scale = 1.0
     for _ in range(CLIP_TRIES):
-        scaled = grid.rounded(values if scale == 1.0 else (values * np.float32(scale)).astype(np.float32))
+        scaled = grid.rounded(values if scale == 1.0 else (values * np.float32(scale)).astype(np.float32),
+                              toward_zero=clip > 0)
         wire_values = ternary(layout, indices, scaled, SIGNED_LEVELS[value_dtype]) \
             if value_dtype in SIGNED_LEVELS else scaled
         group = TensorGroup(dense=dict(dense or {}), sparse=section(wire_values), value_dtype=wire_dtype(value_dtype))

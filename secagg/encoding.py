@@ -94,14 +94,21 @@ def task_settings(grid: Grid | NoisyGrid, threshold: float, neighbours: int, gra
     return {"bits": grid.bits, "levels": grid.levels, "clip": list(grid.clips), **common}
 
 
+# The most levels a device rounds its values to itself: float32 carries k * (clip / L) so closely that the secure
+# layer rounds it back to k but for a few values in a million (measured at 10 devices: none at 8 bits, 20 at 16, 422
+# at 20; 7,118 at 24 bits, where L passes 2^16). Beyond it the secure layer's unbiased rounding is left alone.
+DEVICE_ROUNDING_LEVELS = 1 << 16
+
+
 def value_grid(settings: Mapping[str, Any] | None) -> tuple[float, float]:
     """A Task's grid as one value of a securely aggregated update meets it: the largest magnitude it keeps (the
-    smallest clip range) and the grid's step (clip / L, when every tensor has the same clip range; else 0); (0, 0)
-    when nothing clips coordinate by coordinate (no secure aggregation, or distributed noise's L2 clip)."""
+    smallest clip range) and the grid's step (clip / L, when every tensor has the same clip range and L is at most
+    ``DEVICE_ROUNDING_LEVELS``; else 0); (0, 0) when nothing clips coordinate by coordinate (no secure aggregation,
+    or distributed noise's L2 clip)."""
     if not settings or settings.get("dp") is not None or not settings.get("clip"):
         return 0.0, 0.0
     clips, levels = [float(c) for c in settings["clip"]], int(settings.get("levels") or 0)
-    step = clips[0] / levels if levels > 0 and len(set(clips)) == 1 else 0.0
+    step = clips[0] / levels if 0 < levels <= DEVICE_ROUNDING_LEVELS and len(set(clips)) == 1 else 0.0
     return min(clips), step
 
 
