@@ -7,7 +7,9 @@ noise variance within ``MAX_NOISE``), and each device's share of the
 central variance (scale z clip)^2, divided among the inputs the round needs before it is released. ``account``
 writes the round's line to privacy.jsonl (fsynced) before the noisy mean is kept or folded: its sensitivities and
 variance, from which ``coordinator.skellam`` bounds its RDP; epsilon is that of every line so far, so a round redone
-after a crash is accounted again and epsilon never decreases. Knows no transport and no algorithm.
+after a crash is accounted again and epsilon never decreases. With ``privacy.max_epsilon`` a round whose grid would
+take epsilon past it is never opened (``BudgetSpent``): it is known, and checked, before any device is asked for
+anything, since its accounting depends on its grid alone. Knows no transport and no algorithm.
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ log = logging.getLogger("fedge.coordinator")
 RELEASE_LOG = "privacy.jsonl"
 
 
+class BudgetSpent(Exception):
+    """The next round's release would take epsilon past ``privacy.max_epsilon``: the session ends before it."""
+
+
 class SessionNoise:
     """See the module docstring."""
 
     def __init__(self, settings: PrivacySection, population: int, run_dir: RunDir) -> None:
-        self.multiplier, self.clip = settings.noise_multiplier, settings.clip
+        self.multiplier, self.clip, self.max_epsilon = settings.noise_multiplier, settings.clip, settings.max_epsilon
         self.delta = settings.delta or min(1e-5, 0.1 / max(population, 1))
         self.run_dir = run_dir
         self.rounds = [SkellamRound(float(line["l2"]), float(line["l1"]), float(line["variance"]))
@@ -46,31 +52,44 @@ class SessionNoise:
         if scale <= 0:
             raise ValueError(f"secagg.bits = {bits} cannot hold the noisy sum of {devices} devices")
         variance = (scale * self.multiplier * self.clip) ** 2
-        return NoisyGrid(bits, size, self.clip, scale, variance / release, secrets.randbits(62), release)
+        grid = NoisyGrid(bits, size, self.clip, scale, variance / release, secrets.randbits(62), release)
+        if self.max_epsilon > 0:
+            after = epsilon_of(total_rdp([*self.rounds, accounted(grid)]), self.delta)
+            if after > self.max_epsilon:
+                raise BudgetSpent(f"privacy: the next round would take epsilon past privacy.max_epsilon = "
+                                  f"{self.max_epsilon:g} (now {self.epsilon:.4g}, {after:.4g} after it); stopping")
+        return grid
 
     def account(self, number: int, grid: NoisyGrid) -> dict[str, Any]:
         """Round ``number``'s noisy sum is about to be learned: its line in the release log, fsynced, first.
         Returns metrics.jsonl's privacy fields."""
-        l2 = grid.sensitivity()
-        release = grid.release
-        accounted = SkellamRound(l2, rounded_l1_bound(l2, grid.padded), grid.noise * release)
-        self.rounds.append(accounted)
+        line = accounted(grid)
+        self.rounds.append(line)
         self.epsilon = epsilon_of(total_rdp(self.rounds), self.delta)
-        noise_std = (accounted.variance ** 0.5) / grid.scale
+        noise_std = (line.variance ** 0.5) / grid.scale
         self.run_dir.append_jsonl(RELEASE_LOG, {
             "round": number, "accounted": len(self.rounds), "epsilon": self.epsilon, "delta": self.delta,
-            "l2": accounted.l2, "l1": accounted.l1, "variance": accounted.variance, "scale": grid.scale,
-            "dimension": grid.padded, "release": release, "clip": grid.clip, "noise_std": noise_std}, durable=True)
+            "l2": line.l2, "l1": line.l1, "variance": line.variance, "scale": grid.scale,
+            "dimension": grid.padded, "release": grid.release, "clip": grid.clip, "noise_std": noise_std},
+            durable=True)
         return {"epsilon": self.epsilon, "clip": grid.clip, "noise_std": noise_std, "dp_released": True}
 
     def status(self) -> dict[str, Any]:
         """status.json's ``privacy``."""
         return {"mode": "distributed", "epsilon": self.epsilon, "delta": self.delta, "accountant": "rdp (Skellam)",
-                "rounds": len(self.rounds), "clip": self.clip}
+                "sampling": "no", "rounds": len(self.rounds), "clip": self.clip,
+                "max_epsilon": self.max_epsilon or None}
 
     def report(self) -> dict[str, Any]:
         """report.json's ``privacy``: with privacy.jsonl's lines, every figure epsilon is computed from."""
         return {"mode": "distributed", "mechanism": "Skellam (Agarwal et al. 2021), summed under secure aggregation",
                 "epsilon": self.epsilon, "delta": self.delta, "accountant": "rdp", "orders": [ORDERS[0], ORDERS[-1]],
                 "sampling": "none (q = 1)", "noise_multiplier": self.multiplier, "clip": self.clip,
-                "rounds": len(self.rounds)}
+                "rounds": len(self.rounds), "max_epsilon": self.max_epsilon}
+
+
+def accounted(grid: NoisyGrid) -> SkellamRound:
+    """What a round released on ``grid`` is accounted as: its rounded sensitivities and the variance of the noise
+    its release minimum of inputs carries."""
+    l2 = grid.sensitivity()
+    return SkellamRound(l2, rounded_l1_bound(l2, grid.padded), grid.noise * grid.release)

@@ -103,8 +103,10 @@ def distributed(config: Config) -> Config:
     if not (math.isfinite(p.noise_multiplier) and p.noise_multiplier > 0):
         raise ConfigError("privacy.mode = \"distributed\" needs privacy.noise_multiplier > 0 (the central noise's "
                           "standard deviation over the clip)")
-    if not (math.isfinite(p.clip) and p.clip > 0) or not (math.isfinite(p.delta) and 0 <= p.delta < 1):
-        raise ConfigError("privacy: clip must be a finite number > 0 and delta lie in [0, 1)")
+    if not (math.isfinite(p.clip) and p.clip > 0) or not (math.isfinite(p.delta) and 0 <= p.delta < 1) or \
+            not (math.isfinite(p.max_epsilon) and p.max_epsilon >= 0):
+        raise ConfigError("privacy: clip must be a finite number > 0, delta lie in [0, 1) and max_epsilon be a "
+                          "finite number >= 0")
     population = (config.data.clients or config.fleet.expect) if config.fleet.bind else \
         (config.data.clients or config.fleet.local_agents)
     if p.delta and population and p.delta >= 1 / population:
@@ -112,7 +114,6 @@ def distributed(config: Config) -> Config:
     refusals = [
         (p.target_epsilon > 0, "privacy.target_epsilon: give privacy.noise_multiplier; the epsilon it costs is "
                                "accounted each round"),
-        (p.max_epsilon > 0, "privacy.max_epsilon: the run is accounted, not stopped, in this mode"),
         (p.adaptive_clip, "privacy.adaptive_clip: its clip bits would need a secure sum of their own"),
         (p.accountant != "rdp", "privacy.accountant = \"pld\": the Skellam bound is an RDP bound"),
         (p.min_reporters != 1, "privacy.min_reporters: the fewest inputs a sum is unmasked with is the secure "

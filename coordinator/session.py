@@ -27,7 +27,7 @@ from fedge.coordinator.checkpoint import load_checkpoint, save_checkpoint
 from fedge.coordinator.config import Config, ConfigError
 from fedge.coordinator.crashpoints import crash_point
 from fedge.coordinator.deferred import DeferredRow, PendingRow
-from fedge.coordinator.distributed import SessionNoise
+from fedge.coordinator.distributed import BudgetSpent, SessionNoise
 from fedge.coordinator.downlinks import DownlinkBodies
 from fedge.coordinator.privacy import PrivacyPlan, SessionPrivacy
 from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
@@ -70,6 +70,7 @@ class Session:
         self.on_tick: Callable[[float], None] | None = None  # the local fleet's watch, called as the loop turns
         self.on_waiting: Callable[[int, int], None] | None = None  # (connected, expected) while waiting for agents
         self.stopping = False
+        self.budget_spent = False  # distributed noise: the next round would take epsilon past privacy.max_epsilon
         self.progress = 0
         registry = AgentRegistry(num_clients, config.fleet.liveness_s)
         registry.reserve(reserved_ids or [])
@@ -284,8 +285,13 @@ class Session:
         else:
             self.aggregation = Aggregation(self.server, number, private=self.privacy.open_round(), step=self.step)
         selected = self.select(number, available)
-        secure = self.secagg.open(self.run_id, number, selected, self.registry, self.server, started) \
-            if self.secagg is not None and selected else None
+        try:
+            secure = self.secagg.open(self.run_id, number, selected, self.registry, self.server, started) \
+                if self.secagg is not None and selected else None
+        except BudgetSpent as spent:  # its grid is known before anything is sent: the round is never opened
+            log.warning("%s", spent)
+            self.budget_spent = True
+            return None
         target = self.config.round.target
         if target and secure is not None and self.secagg is not None:
             target = max(target, self.secagg.min_inputs())  # enough inputs for every device's threshold
@@ -457,6 +463,9 @@ class Session:
                     return "no-agents"
             kept = self.secagg.kept(self.run_id, self.round + 1) if self.secagg is not None else None
             row = self.play_round(self.round + 1) if kept is None else self.recover_round(kept)
+            if row is None and self.budget_spent:
+                self.write_status("privacy budget spent", force=True)
+                return "budget"
             if row is None:
                 self.write_status("stopped", force=True)
                 return "stopped"

@@ -140,7 +140,8 @@ def command_status(args: argparse.Namespace) -> int:
     privacy = status.get("privacy")
     if privacy:
         print(f"  privacy: epsilon {privacy['epsilon']:.4g} at delta {privacy['delta']:.3g} after "
-              f"{privacy['rounds']} accounted round(s) ({privacy['accountant']}, {privacy['sampling']} sampling"
+              f"{privacy['rounds']} accounted round(s) ({privacy['accountant']}"
+              + (f", {privacy['sampling']} sampling" if privacy.get("sampling") else "")
               + (f"; stops before {privacy['max_epsilon']}" if privacy.get("max_epsilon") else "") + ")")
     agents = status.get("agents", [])
     if args.agents:

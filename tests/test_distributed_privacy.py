@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -74,11 +76,35 @@ def test_a_round_with_fewer_inputs_than_the_noise_shares_assume_is_not_released(
     assert rows[0]["test_accuracy"] == rows[1]["test_accuracy"]  # the model never moved
 
 
+def test_a_run_stops_before_a_round_would_take_epsilon_past_max_epsilon(tmp_path: Path) -> None:
+    """Each round's accounting depends on its grid alone, so the round that would cross ``privacy.max_epsilon`` is
+    known when it opens: it is never opened, the run ends as spent with its last released model, and epsilon stays
+    within the budget."""
+    from fedge.coordinator.rundir import RunDir
+    from fedge.runtime.launch import play
+    from fedge.runtime.plan import plan_session
+
+    run_here(overrides("fedavg", 1.0, "simulated", "inline", (*DISTRIBUTED, "run.rounds=3")), tmp_path / "free")
+    epsilons = [line["epsilon"] for line in read_jsonl(tmp_path / "free" / "privacy.jsonl")]
+    limit = (epsilons[1] + epsilons[2]) / 2  # two rounds fit, the third would not
+    sets = overrides("fedavg", 1.0, "simulated", "inline", (*DISTRIBUTED, "run.rounds=3",
+                                                             f"privacy.max_epsilon={limit}"))
+    report = play(plan_session(load_config(None, sets)), RunDir(tmp_path / "spent"), resuming=False)
+    assert report["status"] == "budget" and report["rounds_completed"] == 2
+    assert report["privacy"]["epsilon"] == pytest.approx(epsilons[1]) and report["privacy"]["max_epsilon"] == limit
+    assert len(read_jsonl(tmp_path / "spent" / "privacy.jsonl")) == 2  # the third round was never accounted
+    assert (tmp_path / "spent" / "model.npz").exists()
+    shown = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "status", str(tmp_path / "spent")],
+                           capture_output=True, text=True, timeout=60, check=True).stdout  # what an operator sees
+    assert f"privacy: epsilon {report['privacy']['epsilon']:.4g} at delta 1e-05 after 2 accounted round(s) " \
+           f"(rdp (Skellam), no sampling; stops before {limit})" in shown
+
+
 @pytest.mark.parametrize(("sets", "says"), [
     (["secagg.enabled=false"], "needs secagg.enabled = true"),
     (["privacy.noise_multiplier=0"], "needs privacy.noise_multiplier > 0"),
     (["privacy.target_epsilon=3.0"], "privacy.target_epsilon"),
-    (["privacy.max_epsilon=3.0"], "privacy.max_epsilon"),
+    (["privacy.max_epsilon=-1"], "max_epsilon be a finite number >= 0"),
     (["privacy.adaptive_clip=true"], "privacy.adaptive_clip"),
     (["privacy.accountant=\"pld\""], "privacy.accountant"),
     (["privacy.mode=\"central\""], "use privacy.mode = \"distributed\""),
