@@ -59,9 +59,9 @@ class WeightedSum:
             if total is None:
                 total = self.sums[name] = ExactSum(array.size)
                 self.shapes[name] = array.shape
-            terms = array.astype(np.float64).ravel()  # a copy of its own ...
-            terms *= weight
-            total.add(terms, owned=True)               # ... used as the sum's scratch
+            # one pass: each value widened to float64, then multiplied (the same bits as in two), into a copy of
+            # its own that the sum uses as scratch
+            total.add(np.multiply(array.ravel(), weight, dtype=np.float64), owned=True)
 
     def total(self, name: str) -> np.ndarray:
         """sum_i w_i y_i of one float tensor, float64, in its shape."""

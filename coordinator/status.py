@@ -3,7 +3,8 @@
 ``StatusBoard.write`` turns the registry and the session's counts into those files, at most once a second (unless
 forced, at a round's end): ``status.json`` holds counts and the 100 agents heard from most recently, ``agents.json``
 every agent (every 10 s and when forced; ``coordinator status --agents``, the dashboard's agent table),
-``fedge.prom`` the same facts as gauges. ``AgentTallies`` keeps each agent's running totals (bytes each way,
+``fedge.prom`` the same facts as gauges; they are replaced atomically but not fsynced (they say how things are
+now, and a lost one is rewritten within a second). ``AgentTallies`` keeps each agent's running totals (bytes each way,
 messages refused, rounds declined, last round aggregated), checkpointed with the session. Knows no algorithm and no
 transport.
 """
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from fedge.coordinator.rundir import RunDir
+from fedge.plumbing.files import without_fsync
 from fedge.protocol.registry import AgentRegistry
 
 STATUS_AGENTS = 100   # status.json lists the agents heard from most recently, at most this many
@@ -81,33 +83,34 @@ class StatusBoard:
         if not force and now - self.status_written < 1.0:
             return
         self.status_written = now
-        mean_round = float(np.mean(round_walls[-5:])) if round_walls else None
-        eta_s = mean_round * (self.rounds - round_number) if mean_round is not None else None
-        agents: list[dict[str, Any]] = [
-            {"client_id": a.client_id, "index": a.index, "connected": registry.alive(a, now),
-             "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None,
-             "round_s": round(a.round_s, 3) if a.round_s is not None else None,
-             **{kind: int((bounded or {}).get(a.client_id, {}).get(kind, 0)) for kind in BOUNDED_KINDS},
-             "quarantined": a.client_id in quarantined}
-            for a in registry.agents.values()]
-        connected = sum(1 for a in agents if a["connected"])
-        recent = sorted(agents, key=lambda a: (a["seconds_since_seen"] is None, a["seconds_since_seen"] or 0.0))
-        self.run_dir.write_status(run_id=run_id, phase=phase, round=round_number, rounds=self.rounds,
-                                  algorithm=self.algorithm, agents=recent[:STATUS_AGENTS], agents_total=len(agents),
-                                  agents_connected=connected, rejections=rejections, eta_s=eta_s,
-                                  privacy=dict(privacy) if privacy is not None else None)
-        if force or now - self.agents_written >= AGENTS_EVERY_S:  # every agent: `coordinator status --agents`
-            self.agents_written = now
-            every = [{**a, **(tallies.of(a["client_id"]) if tallies is not None else dict.fromkeys(TALLIES, 0))}
-                     for a in agents]
-            self.run_dir.write_json("agents.json", {"run_id": run_id, "updated_at": time.time(), "agents": every})
-        self.show(f"{phase}; round {round_number}/{self.rounds}; {connected}/{len(agents)} agents connected"
-                  + (f"; ETA {eta_s / 60:.1f} min" if eta_s is not None else ""))
-        gauges = fleet_gauges(run_id, round_number, self.rounds, agents, bytes_total, rejections, eta_s)
-        if privacy is not None:
-            gauges.append(("fedge_privacy_epsilon", "Epsilon spent so far, at the run's delta.", {"run_id": run_id},
-                           float(privacy["epsilon"])))
-        self.run_dir.write_prometheus(gauges)
+        with without_fsync():  # atomic for readers, not forced to disk: the next write replaces them
+            mean_round = float(np.mean(round_walls[-5:])) if round_walls else None
+            eta_s = mean_round * (self.rounds - round_number) if mean_round is not None else None
+            agents: list[dict[str, Any]] = [
+                {"client_id": a.client_id, "index": a.index, "connected": registry.alive(a, now),
+                 "seconds_since_seen": round(now - a.last_seen, 1) if a.last_seen else None,
+                 "round_s": round(a.round_s, 3) if a.round_s is not None else None,
+                 **{kind: int((bounded or {}).get(a.client_id, {}).get(kind, 0)) for kind in BOUNDED_KINDS},
+                 "quarantined": a.client_id in quarantined}
+                for a in registry.agents.values()]
+            connected = sum(1 for a in agents if a["connected"])
+            recent = sorted(agents, key=lambda a: (a["seconds_since_seen"] is None, a["seconds_since_seen"] or 0.0))
+            self.run_dir.write_status(run_id=run_id, phase=phase, round=round_number, rounds=self.rounds,
+                                      algorithm=self.algorithm, agents=recent[:STATUS_AGENTS], agents_total=len(agents),
+                                      agents_connected=connected, rejections=rejections, eta_s=eta_s,
+                                      privacy=dict(privacy) if privacy is not None else None)
+            if force or now - self.agents_written >= AGENTS_EVERY_S:  # every agent: `coordinator status --agents`
+                self.agents_written = now
+                every = [{**a, **(tallies.of(a["client_id"]) if tallies is not None else dict.fromkeys(TALLIES, 0))}
+                         for a in agents]
+                self.run_dir.write_json("agents.json", {"run_id": run_id, "updated_at": time.time(), "agents": every})
+            self.show(f"{phase}; round {round_number}/{self.rounds}; {connected}/{len(agents)} agents connected"
+                      + (f"; ETA {eta_s / 60:.1f} min" if eta_s is not None else ""))
+            gauges = fleet_gauges(run_id, round_number, self.rounds, agents, bytes_total, rejections, eta_s)
+            if privacy is not None:
+                gauges.append(("fedge_privacy_epsilon", "Epsilon spent so far, at the run's delta.", {"run_id": run_id},
+                               float(privacy["epsilon"])))
+            self.run_dir.write_prometheus(gauges)
 
 
 def fleet_gauges(run_id: str, round_number: int, rounds: int, agents: list[dict[str, Any]],

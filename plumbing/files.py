@@ -25,7 +25,9 @@ _local = threading.local()
 @contextlib.contextmanager
 def without_fsync() -> Iterator[None]:
     """Within this block, in this thread, writes stay atomic (temporary file and rename) but are not forced to disk:
-    for in-process simulations and tests, where a power cut loses nothing that matters. Never used by a service."""
+    for in-process simulations and tests, where a power cut loses nothing that matters, and for files that only say
+    how things are now (the coordinator's status files), which the next write replaces. A service never writes its
+    checkpoints, records or state in one."""
     before = getattr(_local, "skip", False)
     _local.skip = True
     try:

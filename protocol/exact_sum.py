@@ -17,6 +17,8 @@ import numpy as np
 
 SLICE_BITS = 32
 MAX_TERMS = 1 << 21  # accumulators hold integers below 2^53: 2^21 terms of at most 32 bits each
+SLICE_UNIT = 2.0 ** SLICE_BITS
+MAX_NORMAL_EXPONENT = 1023  # 2.0 ** e is a float64 up to here; ldexp beyond
 
 
 class ExactSum:
@@ -36,33 +38,63 @@ class ExactSum:
         rest = np.asarray(terms, dtype=np.float64).ravel()
         if not owned or rest is terms and not rest.flags.writeable:
             rest = rest.copy()
-        piece = np.empty_like(rest)
         largest = max(float(rest.max()), -float(rest.min())) if rest.size else 0.0  # max |term|, NaN if any
         if not np.isfinite(largest):
             raise ValueError("an exact sum takes finite values only")
         if largest == 0.0:
             return
         k = -(-(int(np.frexp(largest)[1]) - SLICE_BITS) // SLICE_BITS)  # the top slice: ceil((e_max - 32) / 32)
-        while True:  # from the top slice down, until nothing is left (every step exact in float64)
-            np.ldexp(rest, -SLICE_BITS * k, out=piece)
-            np.trunc(piece, out=piece)
-            accumulator = self.slices.get(k)
-            if accumulator is None:
-                accumulator = self.slices[k] = np.zeros(self.size, dtype=np.float64)
-            if at is None:
-                accumulator += piece
-            else:
-                np.add.at(accumulator, at, piece)  # positions never repeat: the same bits as a[at] += piece, half the time
-            np.ldexp(piece, SLICE_BITS * k, out=piece)
-            rest -= piece
+        if k > 0:  # terms of 2^32 or more: scaling them down could round the smallest, so cut them as they are
+            self.add_from_top(rest, at, k)
+            return
+        # In units of slice k: every term times 2^(-32k), exact (a scale up, all below 2^32); then, slice by slice,
+        # the whole units go to accumulator k and the fraction left, times 2^32, is the next slice's units.
+        if SLICE_BITS * -k <= MAX_NORMAL_EXPONENT:
+            rest *= 2.0 ** (SLICE_BITS * -k)
+        else:
+            np.ldexp(rest, SLICE_BITS * -k, out=rest)
+        whole = np.empty_like(rest)
+        while True:
+            np.trunc(rest, out=whole)
+            self.accumulate(k, whole, at)
+            rest -= whole
             left = np.count_nonzero(rest)
             if not left:
                 return
             if left < rest.size // 4:  # the lower slices hold few terms: carry on with those alone
                 keep = np.flatnonzero(rest)
                 rest, at = rest[keep], keep if at is None else at[keep]
+                whole = np.empty_like(rest)
+            rest *= SLICE_UNIT
+            k -= 1
+
+    def add_from_top(self, rest: np.ndarray, at: np.ndarray | None, k: int) -> None:
+        """``add`` for terms of 2^32 or more: each slice cut from the terms in their own units."""
+        piece = np.empty_like(rest)
+        while True:
+            np.ldexp(rest, -SLICE_BITS * k, out=piece)
+            np.trunc(piece, out=piece)
+            self.accumulate(k, piece, at)
+            np.ldexp(piece, SLICE_BITS * k, out=piece)
+            rest -= piece
+            left = np.count_nonzero(rest)
+            if not left:
+                return
+            if left < rest.size // 4:
+                keep = np.flatnonzero(rest)
+                rest, at = rest[keep], keep if at is None else at[keep]
                 piece = np.empty_like(rest)
             k -= 1
+
+    def accumulate(self, k: int, whole: np.ndarray, at: np.ndarray | None) -> None:
+        """Add slice k's whole units (integers below 2^32 in magnitude) to its accumulator."""
+        accumulator = self.slices.get(k)
+        if accumulator is None:
+            accumulator = self.slices[k] = np.zeros(self.size, dtype=np.float64)
+        if at is None:
+            accumulator += whole
+        else:
+            np.add.at(accumulator, at, whole)  # positions never repeat: the same bits as a[at] += whole, half the time
 
     def value(self) -> np.ndarray:
         """The sum as float64, combined in one fixed order (the same bits for the same terms in any order)."""

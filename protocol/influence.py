@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,21 +77,25 @@ class Bounded:
 def change_of(group: TensorGroup, reference: Arrays | None) -> list[np.ndarray]:
     """A group's change as float64 pieces: each dense float tensor minus its reference (when one is given for it),
     and the sparse section's values as they are."""
-    pieces = []
+    return list(change_pieces(group, reference))
+
+
+def change_pieces(group: TensorGroup, reference: Arrays | None) -> Iterator[np.ndarray]:
+    """``change_of``'s pieces one at a time. Each is made in one pass: float32 operands are widened to float64
+    inside the subtraction (the same bits as widening them first, without the two float64 copies)."""
     for name, array in group.dense.items():
         if array.dtype.kind != "f":
             continue
-        values = np.asarray(array, dtype=np.float64).ravel()
         if reference is not None and name in reference:
-            values = values - np.asarray(reference[name], dtype=np.float64).ravel()
-        pieces.append(values)
+            yield np.subtract(np.ravel(array), np.ravel(reference[name]), dtype=np.float64)
+        else:
+            yield np.asarray(array, dtype=np.float64).ravel()
     if group.sparse is not None:
-        pieces.append(np.asarray(group.sparse.values, dtype=np.float64))
-    return pieces
+        yield np.asarray(group.sparse.values, dtype=np.float64)
 
 
 def change_norm(group: TensorGroup, reference: Arrays | None) -> float:
-    return math.sqrt(sum(float(np.dot(piece, piece)) for piece in change_of(group, reference)))
+    return math.sqrt(sum(float(np.dot(piece, piece)) for piece in change_pieces(group, reference)))
 
 
 def scale_change(group: TensorGroup, reference: Arrays | None, scale: float) -> TensorGroup:

@@ -101,3 +101,24 @@ def test_the_slices_hold_the_exact_sum_of_terms_given_at_positions_whatever_thei
     held = [sum((Fraction(float(total.slices[k][j])) * Fraction(2) ** (32 * k) for k in total.slices), Fraction(0))
             for j in range(size)]
     assert held == expected
+
+
+def test_the_slices_are_exact_at_the_ends_of_float64_subnormals_and_huge_terms_included() -> None:
+    """Terms that are scaled up by more than 2^1023 (below 2^-990), subnormal, at 2^32 exactly, and huge (cut as they
+    are): each slice still holds the exact sum."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(11)
+    size, total = 64, ExactSum(64)
+    expected = [Fraction(0)] * size
+    edges = [5e-324, -5e-324, 2.0 ** -1074 * 12345, 1e-310, 2.0 ** -1000, 2.0 ** 32, -(2.0 ** 32), 2.0 ** 32 - 1,
+             1e300, -1e300, 3.0]
+    for scale in (1e-310, 1e-300, 1.0, 1e20, 1e300):
+        terms = rng.standard_normal(size) * scale
+        terms[: len(edges)] = rng.permutation(edges)
+        total.add(terms)
+        for position, term in enumerate(terms):
+            expected[position] += Fraction(float(term))
+    held = [sum((Fraction(float(total.slices[k][j])) * Fraction(2) ** (32 * k) for k in total.slices), Fraction(0))
+            for j in range(size)]
+    assert held == expected
