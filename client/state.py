@@ -13,7 +13,10 @@ recent sessions are kept in all, the current one included, and older ones are re
 
 Beside the client half's state, each round's file holds the model the device would answer predictions with (its
 ``model`` arrays and their ``model_meta``: the model spec, the normalisation, the run and round), so that what
-``edge-agent predict`` uses is always the latest *committed* model, promoted in the same rename.
+``edge-agent predict`` uses is always the latest *committed* model, promoted in the same rename. A model array equal,
+bit for bit, to one of the state's (ef's public replica is the model its device answers with) is stored once. The
+state this process promoted is also kept in memory, and a round reads it from there while committed.npz is still the
+file promoted (its inode, size and modification time); anything else is read from the file.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fedge.plumbing import atomic_write_bytes, load_arrays_and_model, replace_durably, save_arrays
+from fedge.plumbing import atomic_write_bytes, load_arrays_and_model, load_meta, replace_durably, save_arrays
 
 MASKED_RUNS = 16  # the secure sessions whose last masked round a device remembers
 
@@ -42,16 +45,56 @@ class StoredState:
 
 
 def _save(path: Path, state: StoredState) -> None:
-    meta = {"run_id": state.run_id, "round": state.round, "model_meta": state.model_meta}
-    save_arrays(path, state.arrays, meta, state.model)
+    """A model array equal to one of the state's (ef's public replica is the model a device answers with) is stored
+    once: meta's ``model_aliases`` names the state array that holds it."""
+    aliases = model_aliases(state.arrays, state.model)
+    meta = {"run_id": state.run_id, "round": state.round, "model_meta": state.model_meta, "model_aliases": aliases}
+    save_arrays(path, state.arrays, meta, {name: value for name, value in state.model.items() if name not in aliases})
+
+
+def model_aliases(arrays: dict[str, np.ndarray], model: dict[str, np.ndarray]) -> dict[str, str]:
+    """Model array name -> the state array ending in ``/NAME`` (or named NAME) with the same dtype, shape and
+    bytes."""
+    by_tail: dict[str, list[str]] = {}
+    for key in arrays:
+        by_tail.setdefault(key.rsplit("/", 1)[-1], []).append(key)
+    aliases = {}
+    for name, value in model.items():
+        value = np.asarray(value)
+        for key in by_tail.get(name, ()):
+            held = np.asarray(arrays[key])
+            if held.dtype == value.dtype and held.shape == value.shape and np.array_equal(
+                    np.ascontiguousarray(held).view(np.uint8), np.ascontiguousarray(value).view(np.uint8)):
+                aliases[name] = key
+                break
+    return aliases
 
 
 def _load(path: Path, with_model: bool = False) -> StoredState | None:
     if not path.exists():
         return None
     arrays, meta, model = load_arrays_and_model(path, "a/", "m/" if with_model else None)
+    if with_model:
+        model.update({name: arrays[key] for name, key in dict(meta.get("model_aliases") or {}).items()})
     return StoredState(run_id=str(meta["run_id"]), round=int(meta["round"]), arrays=arrays, model=model,
                        model_meta=dict(meta.get("model_meta") or {}))
+
+
+def _load_round(path: Path) -> tuple[str, int] | None:
+    """The run and round of a stored state, without reading its arrays (a commit needs no more)."""
+    if not path.exists():
+        return None
+    meta = load_meta(path)
+    return str(meta["run_id"]), int(meta["round"])
+
+
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """The inode, size and modification time of a file (None when absent): another one in its place differs."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 class DeviceState:
@@ -68,6 +111,11 @@ class DeviceState:
         self.sessions_dir = self.dir / "sessions"
         self.keep_sessions = keep_sessions
         self.current_run: str | None = None  # the run of committed.npz, once read (a commit keeps it up to date)
+        # What this process wrote as pending.npz (run, round, a copy of its arrays) and, once promoted, what
+        # committed.npz holds (run, the file's identity, arrays): a round reads its committed state from memory
+        # while the file is the one promoted (anything else that replaced or removed it is read from disk).
+        self.written: tuple[str, int, dict[str, np.ndarray]] | None = None
+        self.held: tuple[str, tuple[int, int, int] | None, dict[str, np.ndarray]] | None = None
 
     def archived_path(self, run_id: str) -> Path:
         """Where an earlier session's committed state is kept (a file name made of the run id)."""
@@ -78,6 +126,8 @@ class DeviceState:
     def committed(self, run_id: str) -> dict[str, np.ndarray]:
         """The committed state of this run: the current one, or an earlier session's kept one; empty for a new run
         (the state of another run is never reused)."""
+        if self.held is not None and self.held[0] == run_id and self.held[1] == file_identity(self.committed_path):
+            return {name: value.copy() for name, value in self.held[2].items()}
         for path in (self.committed_path, self.archived_path(run_id)):
             state = _load(path)
             if state is not None and state.run_id == run_id:
@@ -101,10 +151,11 @@ class DeviceState:
         """Before another run's state becomes the committed one: keep the current run's (a rename), and remove
         the sessions beyond ``keep_sessions``."""
         if self.current_run is None:
-            current = _load(self.committed_path)
-            self.current_run = current.run_id if current is not None else ""
+            current = _load_round(self.committed_path)
+            self.current_run = current[0] if current is not None else ""
         if self.current_run in ("", run_id):
             return
+        self.held = None
         if self.keep_sessions > 1:
             self.sessions_dir.mkdir(exist_ok=True)
             replace_durably(self.committed_path, self.archived_path(self.current_run))
@@ -116,7 +167,9 @@ class DeviceState:
 
     def write_pending(self, run_id: str, round_number: int, arrays: dict[str, np.ndarray],
                       model: dict[str, np.ndarray] | None = None, model_meta: dict[str, Any] | None = None) -> None:
+        self.written = None
         _save(self.pending_path, StoredState(run_id, round_number, arrays, dict(model or {}), dict(model_meta or {})))
+        self.written = (run_id, round_number, {name: np.array(value, copy=True) for name, value in arrays.items()})
 
     def note_masked(self, run_id: str, round_number: int) -> None:
         """Remember durably the last round of run ``run_id`` this device masked an input of
@@ -148,23 +201,30 @@ class DeviceState:
 
     def confirm(self, run_id: str, accepted_round: int) -> bool:
         """Promote the pending state if it is this run's state of ``accepted_round``; drop it if it is older."""
-        pending = _load(self.pending_path)
+        pending = _load_round(self.pending_path)
         if pending is None:
             return False
-        if pending.run_id != run_id:
-            self.pending_path.unlink(missing_ok=True)
+        pending_run, pending_round = pending
+        if pending_run != run_id:
+            self.drop_pending()
             return False
-        if pending.round == accepted_round:
+        if pending_round == accepted_round:
             self.archive_for(run_id)
+            written, self.written = self.written, None
             replace_durably(self.pending_path, self.committed_path)
             self.current_run = run_id
+            self.held = (run_id, file_identity(self.committed_path), written[2]) \
+                if written is not None and written[:2] == (run_id, pending_round) else None
             return True
-        if pending.round < accepted_round:
-            self.pending_path.unlink(missing_ok=True)
+        if pending_round < accepted_round:
+            self.drop_pending()
         return False
+
+    def drop_pending(self) -> None:
+        self.written = None
+        self.pending_path.unlink(missing_ok=True)
 
     def discard_unconfirmed(self, run_id: str, last_accepted_round: int) -> None:
         """At the start of a round: keep nothing pending that the coordinator did not accept."""
         self.confirm(run_id, last_accepted_round)
-        if self.pending_path.exists():
-            self.pending_path.unlink()
+        self.drop_pending()

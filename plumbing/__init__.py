@@ -11,10 +11,11 @@ from fedge.plumbing.files import (
     hold_directory,
     load_arrays,
     load_arrays_and_model,
+    load_meta,
     replace_durably,
     save_arrays,
     without_fsync,
 )
 
 __all__ = ["DirectoryLocked", "atomic_write_bytes", "fsync_directory", "fsync_file", "hold_directory", "load_arrays",
-           "load_arrays_and_model", "replace_durably", "save_arrays", "without_fsync"]
+           "load_arrays_and_model", "load_meta", "replace_durably", "save_arrays", "without_fsync"]

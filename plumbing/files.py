@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 __all__ = ["DirectoryLocked", "atomic_write", "atomic_write_bytes", "fsync_directory", "fsync_file", "hold_directory", "load_arrays",
-           "load_arrays_and_model", "replace_durably", "save_arrays", "without_fsync"]
+           "load_arrays_and_model", "load_meta", "replace_durably", "save_arrays", "without_fsync"]
 
 _local = threading.local()
 
@@ -129,6 +129,13 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str,
 def load_arrays(path: Path, prefix: str = "a/") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     arrays, meta, _ = load_arrays_and_model(path, prefix)
     return arrays, meta
+
+
+def load_meta(path: Path) -> dict[str, Any]:
+    """The JSON meta of a named-arrays file alone (its arrays are not read)."""
+    with np.load(path, allow_pickle=False) as data:
+        meta: dict[str, Any] = json.loads(bytes(data["meta"]).decode())
+    return meta
 
 
 def load_arrays_and_model(path: Path, prefix: str = "a/", model_prefix: str | None = None) -> tuple[

@@ -96,3 +96,42 @@ def test_wire_estimate(stream: int, ip_only: int, ethernet: int, physical: int) 
     assert wire_bytes_estimate(stream, ethernet=False) == ip_only
     assert wire_bytes_estimate(stream) == ethernet
     assert wire_bytes_estimate(stream, physical=True) == physical
+
+
+def test_own_connections_are_found_among_the_processs_descriptors_as_psutil_finds_them() -> None:
+    """The descriptors read from /proc/self/fd name the same connections as psutil's host-wide table: each
+    established one to the peer, none to another peer, none listening or closed, IPv6 included where the host has
+    it."""
+    from fedge.meter.net import own_tcp_fds, psutil_tcp_fds
+
+    listeners, clients, accepted = [], [], []
+    families = [(socket.AF_INET, "127.0.0.1")] + ([(socket.AF_INET6, "::1")] if socket.has_ipv6 else [])
+    try:
+        for family, host in families:
+            try:
+                listener = socket.socket(family, socket.SOCK_STREAM)
+                listener.bind((host, 0))
+            except OSError:
+                continue  # no IPv6 loopback here
+            listener.listen(8)
+            listeners.append(listener)
+            for _ in range(2):
+                clients.append(socket.create_connection(listener.getsockname()[:2], timeout=10))
+                accepted.append(listener.accept()[0])
+        closed = socket.create_connection(listeners[0].getsockname()[:2], timeout=10)
+        accepted.append(listeners[0].accept()[0])
+        closed.close()
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.connect(listeners[0].getsockname()[:2])
+        clients.append(udp)
+        for listener in listeners:
+            remote = listener.getsockname()[:2]
+            mine = own_tcp_fds(remote)
+            assert mine == psutil_tcp_fds(remote)
+            expected = {c.getsockname()[:2]: c.fileno() for c in clients
+                        if c.type == socket.SOCK_STREAM and c.getpeername()[:2] == remote}
+            assert mine == expected and len(mine) == 2
+        assert own_tcp_fds(("127.0.0.1", 9)) == {}
+    finally:
+        for sock in (*clients, *accepted, *listeners):
+            sock.close()
