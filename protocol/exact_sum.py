@@ -7,11 +7,16 @@ times 2^(32k), found from the top slice down, every step exact in float64), and 
 accumulator k, a float64 array of integers below 2^53 (exact for up to 2^21 terms). The accumulators are therefore
 the same whatever the order; ``value()`` combines them, lowest slice first, into one float64 array, rounding the
 same way every time. Only the slices a term occupies are touched; a model's values usually span three or four.
-Pure numpy: the algorithms' weighted sums (``algorithms.accumulate``) and the private sum (``protocol.privacy``)
+A large add is cut into parts of positions, folded on a few threads (numpy lets go of the interpreter lock): each
+position's slices are the same however the terms are cut, so the sum is too. Pure numpy: the algorithms' weighted sums (``algorithms.accumulate``) and the private sum (``protocol.privacy``)
 build on it; it knows no update, payload or model.
 """
 
 from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -19,6 +24,22 @@ SLICE_BITS = 32
 MAX_TERMS = 1 << 21  # accumulators hold integers below 2^53: 2^21 terms of at most 32 bits each
 SLICE_UNIT = 2.0 ** SLICE_BITS
 MAX_NORMAL_EXPONENT = 1023  # 2.0 ** e is a float64 up to here; ldexp beyond
+PART_TERMS = 1 << 18  # an add of at least twice this many terms is cut into parts, folded on up to PARTS threads
+PARTS = max(1, min(4, os.cpu_count() or 1))
+CREATING = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def parts_for(size: int) -> int:
+    return max(1, min(PARTS, size // PART_TERMS))
+
+
+def pool() -> ThreadPoolExecutor:
+    """This process's threads for the parts (made again in a forked child, where the parent's are gone)."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (os.getpid(), ThreadPoolExecutor(max_workers=max(PARTS - 1, 1), thread_name_prefix="exact-sum"))
+    return _pool[1]
 
 
 class ExactSum:
@@ -34,18 +55,33 @@ class ExactSum:
         ``owned``: the caller hands over ``terms`` (it is used as scratch, saving a copy)."""
         if self.terms >= MAX_TERMS:
             raise OverflowError(f"an exact sum holds at most {MAX_TERMS} terms")
-        self.terms += 1
         rest = np.asarray(terms, dtype=np.float64).ravel()
         if not owned or rest is terms and not rest.flags.writeable:
             rest = rest.copy()
         largest = max(float(rest.max()), -float(rest.min())) if rest.size else 0.0  # max |term|, NaN if any
         if not np.isfinite(largest):
             raise ValueError("an exact sum takes finite values only")
+        self.terms += 1
         if largest == 0.0:
             return
         k = -(-(int(np.frexp(largest)[1]) - SLICE_BITS) // SLICE_BITS)  # the top slice: ceil((e_max - 32) / 32)
+        bounds = np.linspace(0, rest.size, parts_for(rest.size) + 1).astype(int)
+        spans = [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+        if len(spans) == 1:
+            self.add_span(rest, at, 0, k)
+            return
+        pending = [pool().submit(self.add_span, rest[lo:hi], None if at is None else at[lo:hi], lo, k)
+                   for lo, hi in spans[1:]]
+        lo, hi = spans[0]
+        self.add_span(rest[lo:hi], None if at is None else at[lo:hi], lo, k)
+        for part in pending:
+            part.result()
+
+    def add_span(self, rest: np.ndarray, at: np.ndarray | None, base: int, k: int) -> None:
+        """Terms ``rest`` (scratch) at ``at``, or at positions base, base + 1, ... when ``at`` is None; ``k``: the
+        top slice."""
         if k > 0:  # terms of 2^32 or more: scaling them down could round the smallest, so cut them as they are
-            self.add_from_top(rest, at, k)
+            self.add_from_top(rest, at, base, k)
             return
         # In units of slice k: every term times 2^(-32k), exact (a scale up, all below 2^32); then, slice by slice,
         # the whole units go to accumulator k and the fraction left, times 2^32, is the next slice's units.
@@ -56,25 +92,25 @@ class ExactSum:
         whole = np.empty_like(rest)
         while True:
             np.trunc(rest, out=whole)
-            self.accumulate(k, whole, at)
+            self.accumulate(k, whole, at, base)
             rest -= whole
             left = np.count_nonzero(rest)
             if not left:
                 return
             if left < rest.size // 4:  # the lower slices hold few terms: carry on with those alone
                 keep = np.flatnonzero(rest)
-                rest, at = rest[keep], keep if at is None else at[keep]
+                rest, at = rest[keep], keep + base if at is None else at[keep]
                 whole = np.empty_like(rest)
             rest *= SLICE_UNIT
             k -= 1
 
-    def add_from_top(self, rest: np.ndarray, at: np.ndarray | None, k: int) -> None:
-        """``add`` for terms of 2^32 or more: each slice cut from the terms in their own units."""
+    def add_from_top(self, rest: np.ndarray, at: np.ndarray | None, base: int, k: int) -> None:
+        """``add_span`` for terms of 2^32 or more: each slice cut from the terms in their own units."""
         piece = np.empty_like(rest)
         while True:
             np.ldexp(rest, -SLICE_BITS * k, out=piece)
             np.trunc(piece, out=piece)
-            self.accumulate(k, piece, at)
+            self.accumulate(k, piece, at, base)
             np.ldexp(piece, SLICE_BITS * k, out=piece)
             rest -= piece
             left = np.count_nonzero(rest)
@@ -82,17 +118,19 @@ class ExactSum:
                 return
             if left < rest.size // 4:
                 keep = np.flatnonzero(rest)
-                rest, at = rest[keep], keep if at is None else at[keep]
+                rest, at = rest[keep], keep + base if at is None else at[keep]
                 piece = np.empty_like(rest)
             k -= 1
 
-    def accumulate(self, k: int, whole: np.ndarray, at: np.ndarray | None) -> None:
-        """Add slice k's whole units (integers below 2^32 in magnitude) to its accumulator."""
+    def accumulate(self, k: int, whole: np.ndarray, at: np.ndarray | None, base: int) -> None:
+        """Add slice k's whole units (integers below 2^32 in magnitude) to its accumulator, at ``at`` or from
+        ``base`` on."""
         accumulator = self.slices.get(k)
         if accumulator is None:
-            accumulator = self.slices[k] = np.zeros(self.size, dtype=np.float64)
+            with CREATING:  # a part reaching a slice no other term reached
+                accumulator = self.slices.setdefault(k, np.zeros(self.size, dtype=np.float64))
         if at is None:
-            accumulator += whole
+            accumulator[base:base + whole.size] += whole
         else:
             np.add.at(accumulator, at, whole)  # positions never repeat: the same bits as a[at] += whole, half the time
 

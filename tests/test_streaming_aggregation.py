@@ -122,3 +122,30 @@ def test_the_slices_are_exact_at_the_ends_of_float64_subnormals_and_huge_terms_i
     held = [sum((Fraction(float(total.slices[k][j])) * Fraction(2) ** (32 * k) for k in total.slices), Fraction(0))
             for j in range(size)]
     assert held == expected
+
+
+@pytest.mark.parametrize("huge", [False, True])
+def test_an_add_cut_into_parts_on_threads_holds_the_same_slices_as_one_in_one_piece(
+        huge: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedge.protocol import exact_sum
+
+    rng = np.random.default_rng(21)
+    size = 3 * exact_sum.PART_TERMS + 12345
+    terms = [rng.standard_normal(size) * 10.0 ** rng.integers(-12, 3, size) for _ in range(3)]
+    if huge:  # terms of 2^32 and more: cut from the top, in their own units
+        terms[1][::7] *= 1e30
+    at = rng.choice(size, size - 1000, replace=False)
+    sums = []
+    for parts in (1, 3):
+        monkeypatch.setattr(exact_sum, "PARTS", parts)
+        total = ExactSum(size)
+        for term in terms:
+            total.add(term)
+        total.add(terms[0][: at.size] * 3.0, at=at)
+        assert exact_sum.parts_for(size) == parts
+        sums.append(total)
+    one, cut = sums
+    assert sorted(one.slices) == sorted(cut.slices) and one.terms == cut.terms == 4
+    for k in one.slices:
+        assert np.array_equal(one.slices[k], cut.slices[k]), k
+    assert np.array_equal(one.value(), cut.value())
