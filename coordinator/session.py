@@ -231,11 +231,12 @@ class Session:
     def drain(self) -> None:
         """Handle everything already queued (heartbeats included) so that liveness reflects the present."""
         for _ in range(10_000):
-            arrived = self.transport.poll(0)
-            if not arrived:
-                return
-            for peer, frame, identity in arrived:
+            handled = 0
+            for peer, frame, identity in self.transport.poll(0):
                 self.handle(peer, frame, identity)
+                handled += 1
+            if not handled:
+                return
 
     # ----------------------------------------------------------------------------------------- the round
     def select(self, round_number: int, available: list[int]) -> list[int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,17 +177,19 @@ class RouterTransport:
         self.bytes_out = 0
         self.dropped_multipart = 0
 
-    def poll(self, timeout_ms: int, batch: int = 1000) -> list[tuple[bytes, bytes, str | None]]:
-        """What arrived within the timeout, at most ``batch`` messages, as (peer routing id, frame, identity);
-        messages of more than one frame are dropped (counted; logged at the first and every 1000th)."""
-        received: list[tuple[bytes, bytes, str | None]] = []
+    def poll(self, timeout_ms: int, batch: int = 1000) -> Iterator[tuple[bytes, bytes, str | None]]:
+        """What arrived within the timeout, at most ``batch`` messages, as (peer routing id, frame, identity), each
+        read only once the caller has handled the one before: this side holds one received frame at a time, however
+        many are queued (a batch read at once held every granted upload twice over, the batch and the uploads
+        granted while it was handled). Messages of more than one frame are dropped (counted; logged at the first
+        and every 1000th)."""
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
-            return received
-        while len(received) < batch:
+            return
+        for _ in range(batch):
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return received
+                return
             if len(frames) != 2:
                 self.dropped_multipart += 1
                 if self.dropped_multipart % 1000 == 1:
@@ -197,8 +199,10 @@ class RouterTransport:
             frame = frames[1].bytes
             self.bytes_in += len(frame)
             identity = frames[1].get("User-Id") if self.curve else None
-            received.append((frames[0].bytes, frame, identity if isinstance(identity, str) else None))
-        return received
+            peer = frames[0].bytes
+            del frames  # libzmq's copy goes now, not when the next one is read
+            yield peer, frame, identity if isinstance(identity, str) else None
+            del frame
 
     def send(self, peer: bytes, frame: bytes) -> bool:
         """Send one frame to a connected peer; False (and a log line) when the peer is gone or its queue is full."""

@@ -80,7 +80,7 @@ def test_the_agents_transport_joins_a_task_that_comes_in_two_frames() -> None:
         until = time.monotonic() + 10
         while not agent.send(b"hello") and time.monotonic() < until:
             time.sleep(0.05)
-        while not router.poll(100) and time.monotonic() < until:
+        while not list(router.poll(100)) and time.monotonic() < until:
             pass
         assert router.send_parts(b"dev-1", [head, packet[len(head):]])
         frames: list[bytes] = []
