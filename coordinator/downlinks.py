@@ -10,10 +10,10 @@ that hands every client its one model does) and an equal meta; anything else (ef
 models) is encoded for its client alone. Identity, not content, is compared, so the check costs nothing per
 tensor, and the cached groups are kept referenced for the round so that no identity can be reused. Cleared at every round.
 
-``parts`` cuts the body into frames of at most ``BODY_FRAME`` bytes (views of the one body, not copies). Under
-CurveZMQ libzmq encrypts a frame when a connection's engine takes it from its queue and takes the next only once
-that one is written, so a connection holds one frame's ciphertext at a time: a thousand agents being sent a 4.6 MB
-model hold a thousand 64 KiB ciphertexts instead of a thousand whole copies (docs/scale.md). Pure bytes in memory:
+``parts`` cuts the body into frames of at most ``frame_bytes`` (views of the one body, not copies). Under CurveZMQ
+libzmq encrypts a frame when a connection's engine takes it from its queue and takes the next only once that one is
+written, so a connection holds one frame's ciphertext at a time: a thousand agents being sent a 4.6 MB model hold a
+thousand 16 KiB ciphertexts (``CURVE_BODY_FRAME``) instead of a thousand whole copies (docs/scale.md). Pure bytes in memory:
 no sockets, no algorithms by name.
 """
 
@@ -25,9 +25,11 @@ from typing import Any
 from fedge import codec
 
 MAX_BODIES = 64  # distinct payloads cached in one round (beyond, a payload is encoded for its client alone)
-# the largest body frame of a Task sent in parts (one connection's ciphertext under CurveZMQ), and the smallest
-# frame pyzmq sends without copying it
+# The largest body frame of a Task sent in parts. Under CurveZMQ it is one connection's ciphertext, so it is kept
+# small there (16 KiB: ef's own 143 KB bodies at 1,000 agents held 64 MB of ciphertext in 64 KiB frames, 16 MB in
+# these); without it nothing is held per connection, and fewer frames cost the sender less.
 BODY_FRAME = 64 * 1024
+CURVE_BODY_FRAME = 16 * 1024
 
 
 def same_groups(a: Mapping[str, codec.TensorGroup], b: Mapping[str, codec.TensorGroup]) -> bool:
@@ -46,7 +48,8 @@ def same_groups(a: Mapping[str, codec.TensorGroup], b: Mapping[str, codec.Tensor
 class DownlinkBodies:
     """The bodies encoded in the current round; ``frame(task)`` is the Task's packet."""
 
-    def __init__(self) -> None:
+    def __init__(self, frame_bytes: int = BODY_FRAME) -> None:
+        self.frame_bytes = frame_bytes
         self.round = -1
         self.cached: list[tuple[dict[str, codec.TensorGroup], dict[str, Any], bytes]] = []
         self.encoded = 0  # bodies compressed this round
@@ -68,11 +71,11 @@ class DownlinkBodies:
 
     def parts(self, task: codec.Task) -> list[bytes | memoryview]:
         """The Task's packet in parts, its own header and then the (shared) body in frames of at most
-        ``BODY_FRAME`` bytes: the packet is their concatenation, and an agent that says it takes ``task-parts`` is
+        ``frame_bytes`` bytes: the packet is their concatenation, and an agent that says it takes ``task-parts`` is
         sent them as the frames of one ZeroMQ message, so that the body's bytes are queued once however many
         agents are sent them."""
-        body = memoryview(self.body(task))
-        return [codec.encode_header(task), *(body[at:at + BODY_FRAME] for at in range(0, len(body), BODY_FRAME))]
+        body, size = memoryview(self.body(task)), self.frame_bytes
+        return [codec.encode_header(task), *(body[at:at + size] for at in range(0, len(body), size))]
 
     def frame(self, task: codec.Task) -> bytes:
         """The Task's packet in one piece."""

@@ -28,7 +28,7 @@ from fedge.coordinator.config import Config, ConfigError
 from fedge.coordinator.crashpoints import crash_point
 from fedge.coordinator.deferred import DeferredRow, PendingRow
 from fedge.coordinator.distributed import BudgetSpent, SessionNoise
-from fedge.coordinator.downlinks import DownlinkBodies
+from fedge.coordinator.downlinks import BODY_FRAME, CURVE_BODY_FRAME, DownlinkBodies
 from fedge.coordinator.privacy import PrivacyPlan, SessionPrivacy
 from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
 from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, SPENT_FIELDS, RunDir, plain
@@ -105,7 +105,7 @@ class Session:
         # where the round's time went on this side (metrics.jsonl: receive_s, fold_s, downlink_s, close_s, tail_s)
         self.spent = dict.fromkeys(SPENT_FIELDS, 0.0)
         self.last_accepted = 0.0  # when the round's last update was accepted (the start of its tail)
-        self.downlinks = DownlinkBodies()  # a round's Task bodies, encoded once per distinct payload
+        self.downlinks = DownlinkBodies(CURVE_BODY_FRAME if getattr(transport, "curve", False) else BODY_FRAME)  # a round's Task bodies, encoded once per distinct payload
         self.bytes_total = {"down": 0, "up": 0}  # packet bytes of the rounds recorded so far (metrics.jsonl)
         # the last round's row, until its evaluation (beside the next round) is done
         self.rows = PendingRow(config.eval.every, config.run.rounds, evaluator, self.write_row)

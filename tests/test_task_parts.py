@@ -91,3 +91,20 @@ def test_the_agents_transport_joins_a_task_that_comes_in_two_frames() -> None:
     finally:
         agent.close()
         router.close()
+
+
+def test_under_curvezmq_body_frames_are_small_and_never_copied_per_peer() -> None:
+    """Each connection holds one body frame's ciphertext under CurveZMQ, so its frames are the smaller ones; and the
+    router hands frames of that size to libzmq without copying them (a copy per peer would hold the body once for
+    every agent)."""
+    from fedge.coordinator.downlinks import CURVE_BODY_FRAME
+
+    router = RouterTransport("tcp://127.0.0.1:0")
+    try:
+        assert router.socket.copy_threshold <= CURVE_BODY_FRAME < BODY_FRAME
+    finally:
+        router.close()
+    weights = np.random.default_rng(1).standard_normal(40_000).astype(np.float32)
+    parts = DownlinkBodies(CURVE_BODY_FRAME).parts(task_for("x", codec.TensorGroup(dense={"w": weights})))
+    assert max(len(part) for part in parts[1:]) == CURVE_BODY_FRAME and len(parts) > 5
+    assert b"".join(parts) == codec.encode(task_for("x", codec.TensorGroup(dense={"w": weights})))
