@@ -16,14 +16,16 @@ Beside the client half's state, each round's file holds the model the device wou
 ``edge-agent predict`` uses is always the latest *committed* model, promoted in the same rename. A model array equal,
 bit for bit, to one of the state's (ef's public replica is the model its device answers with) is stored once. The
 state this process promoted is also kept in memory, and a round reads it from there while committed.npz is still the
-file promoted (its inode, size and modification time); anything else is read from the file.
+file promoted (the random stamp each write puts in its meta); anything else is read from the file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,9 @@ import numpy as np
 
 from fedge.plumbing import atomic_write_bytes, load_arrays_and_model, load_meta, replace_durably, save_arrays
 
+# The prefix of a model's own arrays in a file where some of them are the state's (``model_aliases``): an agent
+# from before such files reads no model there ("no committed model yet") rather than a model with arrays missing.
+SHARING_MODEL = "n/"
 MASKED_RUNS = 16  # the secure sessions whose last masked round a device remembers
 
 
@@ -44,12 +49,14 @@ class StoredState:
     model_meta: dict[str, Any] = field(default_factory=dict)
 
 
-def _save(path: Path, state: StoredState) -> None:
+def _save(path: Path, state: StoredState, stamp: str = "") -> None:
     """A model array equal to one of the state's (ef's public replica is the model a device answers with) is stored
-    once: meta's ``model_aliases`` names the state array that holds it."""
+    once: meta's ``model_aliases`` names the state array that holds it. ``stamp``: a random name of this write."""
     aliases = model_aliases(state.arrays, state.model)
-    meta = {"run_id": state.run_id, "round": state.round, "model_meta": state.model_meta, "model_aliases": aliases}
-    save_arrays(path, state.arrays, meta, {name: value for name, value in state.model.items() if name not in aliases})
+    meta = {"run_id": state.run_id, "round": state.round, "model_meta": state.model_meta, "model_aliases": aliases,
+            "stamp": stamp}
+    save_arrays(path, state.arrays, meta, {name: value for name, value in state.model.items() if name not in aliases},
+                model_prefix=SHARING_MODEL if aliases else "m/")
 
 
 def model_aliases(arrays: dict[str, np.ndarray], model: dict[str, np.ndarray]) -> dict[str, str]:
@@ -73,7 +80,7 @@ def model_aliases(arrays: dict[str, np.ndarray], model: dict[str, np.ndarray]) -
 def _load(path: Path, with_model: bool = False) -> StoredState | None:
     if not path.exists():
         return None
-    arrays, meta, model = load_arrays_and_model(path, "a/", "m/" if with_model else None)
+    arrays, meta, model = load_arrays_and_model(path, "a/", ("m/", SHARING_MODEL) if with_model else None)
     if with_model:
         model.update({name: arrays[key] for name, key in dict(meta.get("model_aliases") or {}).items()})
     return StoredState(run_id=str(meta["run_id"]), round=int(meta["round"]), arrays=arrays, model=model,
@@ -88,13 +95,13 @@ def _load_round(path: Path) -> tuple[str, int] | None:
     return str(meta["run_id"]), int(meta["round"])
 
 
-def file_identity(path: Path) -> tuple[int, int, int] | None:
-    """The inode, size and modification time of a file (None when absent): another one in its place differs."""
+def stamp_of(path: Path) -> str | None:
+    """The stamp a stored state was written with (None when absent or unreadable)."""
     try:
-        stat = path.stat()
-    except FileNotFoundError:
+        stamp = load_meta(path).get("stamp")
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
         return None
-    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+    return stamp if isinstance(stamp, str) and stamp else None
 
 
 class DeviceState:
@@ -111,11 +118,11 @@ class DeviceState:
         self.sessions_dir = self.dir / "sessions"
         self.keep_sessions = keep_sessions
         self.current_run: str | None = None  # the run of committed.npz, once read (a commit keeps it up to date)
-        # What this process wrote as pending.npz (run, round, a copy of its arrays) and, once promoted, what
-        # committed.npz holds (run, the file's identity, arrays): a round reads its committed state from memory
-        # while the file is the one promoted (anything else that replaced or removed it is read from disk).
-        self.written: tuple[str, int, dict[str, np.ndarray]] | None = None
-        self.held: tuple[str, tuple[int, int, int] | None, dict[str, np.ndarray]] | None = None
+        # What this process wrote as pending.npz (run, round, the write's stamp, a copy of its arrays) and, once
+        # promoted, what committed.npz holds (run, stamp, arrays): a round reads its committed state from memory
+        # while the file carries that stamp (anything else that replaced or removed it is read from disk).
+        self.written: tuple[str, int, str, dict[str, np.ndarray]] | None = None
+        self.held: tuple[str, str, dict[str, np.ndarray]] | None = None
 
     def archived_path(self, run_id: str) -> Path:
         """Where an earlier session's committed state is kept (a file name made of the run id)."""
@@ -126,7 +133,7 @@ class DeviceState:
     def committed(self, run_id: str) -> dict[str, np.ndarray]:
         """The committed state of this run: the current one, or an earlier session's kept one; empty for a new run
         (the state of another run is never reused)."""
-        if self.held is not None and self.held[0] == run_id and self.held[1] == file_identity(self.committed_path):
+        if self.held is not None and self.held[0] == run_id and self.held[1] == stamp_of(self.committed_path):
             return {name: value.copy() for name, value in self.held[2].items()}
         for path in (self.committed_path, self.archived_path(run_id)):
             state = _load(path)
@@ -167,9 +174,11 @@ class DeviceState:
 
     def write_pending(self, run_id: str, round_number: int, arrays: dict[str, np.ndarray],
                       model: dict[str, np.ndarray] | None = None, model_meta: dict[str, Any] | None = None) -> None:
-        self.written = None
-        _save(self.pending_path, StoredState(run_id, round_number, arrays, dict(model or {}), dict(model_meta or {})))
-        self.written = (run_id, round_number, {name: np.array(value, copy=True) for name, value in arrays.items()})
+        self.written, stamp = None, os.urandom(12).hex()
+        _save(self.pending_path, StoredState(run_id, round_number, arrays, dict(model or {}), dict(model_meta or {})),
+              stamp)
+        self.written = (run_id, round_number, stamp,
+                        {name: np.array(value, copy=True) for name, value in arrays.items()})
 
     def note_masked(self, run_id: str, round_number: int) -> None:
         """Remember durably the last round of run ``run_id`` this device masked an input of
@@ -213,7 +222,7 @@ class DeviceState:
             written, self.written = self.written, None
             replace_durably(self.pending_path, self.committed_path)
             self.current_run = run_id
-            self.held = (run_id, file_identity(self.committed_path), written[2]) \
+            self.held = (run_id, written[2], written[3]) \
                 if written is not None and written[:2] == (run_id, pending_round) else None
             return True
         if pending_round < accepted_round:

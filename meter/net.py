@@ -75,16 +75,23 @@ def own_tcp_fds(remote: tuple[str, int]) -> dict[tuple[str, int], int]:
     fraction of a millisecond; elsewhere from psutil, which parses every connection of the host (tens of
     milliseconds with a few hundred, and a meter window reads it twice)."""
     fds = Path("/proc/self/fd")
-    if not fds.is_dir():
+    if not fds.is_dir() or socket.getdefaulttimeout() is not None:
+        # With a default timeout set, making a socket object sets O_NONBLOCK, which a duplicate shares with the
+        # descriptor it copies: another library's blocking socket would start failing. psutil's table touches none.
         return psutil_tcp_fds(remote)
     found: dict[tuple[str, int], int] = {}
     for entry in os.listdir(fds):
         try:
             if not os.readlink(fds / entry).startswith("socket:"):
                 continue
-            sock = socket.socket(fileno=os.dup(int(entry)))  # a duplicate: the family and type are the socket's own
+            duplicate = os.dup(int(entry))
         except (OSError, ValueError):
-            continue  # closed meanwhile, or not a socket
+            continue  # closed meanwhile
+        try:
+            sock = socket.socket(fileno=duplicate)  # the family and type are the socket's own
+        except OSError:
+            os.close(duplicate)  # the number was reused by something that is not a socket
+            continue
         with sock:
             if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
                 continue

@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -117,11 +117,11 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
 
 
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
-                model: Mapping[str, np.ndarray] | None = None) -> None:
-    """Named arrays plus a JSON meta object in one .npz (``a/NAME``, ``m/NAME`` for ``model``, and ``meta``), written
-    atomically, no pickle."""
+                model: Mapping[str, np.ndarray] | None = None, model_prefix: str = "m/") -> None:
+    """Named arrays plus a JSON meta object in one .npz (``a/NAME``, ``m/NAME`` (``model_prefix``) for ``model``, and
+    ``meta``), written atomically, no pickle."""
     payload = {f"a/{k}": np.asarray(v) for k, v in arrays.items()}
-    payload.update({f"m/{k}": np.asarray(v) for k, v in (model or {}).items()})
+    payload.update({f"{model_prefix}{k}": np.asarray(v) for k, v in (model or {}).items()})
     payload["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     atomic_write(path, lambda handle: np.savez(handle, **payload))  # type: ignore[arg-type]
 
@@ -138,13 +138,13 @@ def load_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def load_arrays_and_model(path: Path, prefix: str = "a/", model_prefix: str | None = None) -> tuple[
+def load_arrays_and_model(path: Path, prefix: str = "a/", model_prefix: str | Sequence[str] | None = None) -> tuple[
         dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
-    """The ``prefix`` arrays, the meta and (with ``model_prefix``) the model arrays, all from one open of the
-    file, so that a file replaced meanwhile cannot pair one round's meta with another's model."""
+    """The ``prefix`` arrays, the meta and (with ``model_prefix``, or any of several) the model arrays, all from one
+    open of the file, so that a file replaced meanwhile cannot pair one round's meta with another's model."""
+    model_prefixes = () if not model_prefix else (model_prefix,) if isinstance(model_prefix, str) else model_prefix
     with np.load(path, allow_pickle=False) as data:
         meta = json.loads(bytes(data["meta"]).decode())
         arrays = {k[len(prefix):]: data[k] for k in data.files if k.startswith(prefix)}
-        model = ({k[len(model_prefix):]: data[k] for k in data.files if k.startswith(model_prefix)}
-                 if model_prefix else {})
+        model = {k[len(start):]: data[k] for start in model_prefixes for k in data.files if k.startswith(start)}
     return arrays, meta, model

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -73,7 +73,10 @@ class ExactSum:
         pending = [pool().submit(self.add_span, rest[lo:hi], None if at is None else at[lo:hi], lo, k)
                    for lo, hi in spans[1:]]
         lo, hi = spans[0]
-        self.add_span(rest[lo:hi], None if at is None else at[lo:hi], lo, k)
+        try:
+            self.add_span(rest[lo:hi], None if at is None else at[lo:hi], lo, k)
+        finally:  # every part has finished before add returns or raises
+            wait(pending)
         for part in pending:
             part.result()
 

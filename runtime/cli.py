@@ -129,7 +129,11 @@ def command_status(args: argparse.Namespace) -> int:
     path = Path(args.run_dir) / "status.json"
     if not path.exists():
         raise FileNotFoundError(f"{args.run_dir} has no status.json: is it a run directory?")
-    status = json.loads(path.read_text())
+    try:
+        status = json.loads(path.read_text())
+    except ValueError:  # status files are not fsynced: a power cut can leave one empty until the next write
+        raise ValueError(f"{path} cannot be read (empty or cut short, as after a power cut; the coordinator "
+                         "rewrites it within a second while it runs)") from None
     if args.json:
         print(json.dumps(status, indent=2))
         return 0

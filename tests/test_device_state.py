@@ -30,7 +30,7 @@ def test_a_model_equal_to_the_states_arrays_is_stored_once_and_read_back_whole(t
     state.write_pending(RUN, 1, arrays, model, {"spec": "x"})
     assert state.confirm(RUN, 1)
     with np.load(state.committed_path) as stored:
-        assert "m/fc.weight" not in stored.files and "m/fc.bias" in stored.files
+        assert "n/fc.weight" not in stored.files and "n/fc.bias" in stored.files
     committed = DeviceState(tmp_path / "state").committed_model()  # a fresh reader: from the file
     assert committed is not None and set(committed.model) == set(model)
     for name, value in model.items():
@@ -63,3 +63,16 @@ def test_the_committed_state_comes_from_memory_only_while_the_file_is_the_one_pr
     fresh.write_pending(RUN, 3, first)
     fresh.discard_unconfirmed(RUN, 2)
     assert fresh.written is None and fresh.held is None and fresh.committed(RUN) == {}
+
+
+def test_an_older_reader_of_a_file_that_shares_arrays_finds_no_model_rather_than_part_of_one(tmp_path: Path) -> None:
+    """An agent from before model_aliases read the model as every ``m/`` array: here there is none."""
+    arrays = state_arrays(3)
+    state = DeviceState(tmp_path / "state")
+    state.write_pending(RUN, 1, arrays, {"fc.weight": arrays["ef/public/fc.weight"].copy(),
+                                         "fc.extra": np.ones(3, np.float32)})
+    assert state.confirm(RUN, 1)
+    with np.load(state.committed_path) as stored:
+        assert not [name for name in stored.files if name.startswith("m/")]
+    committed = state.committed_model()
+    assert committed is not None and sorted(committed.model) == ["fc.extra", "fc.weight"]

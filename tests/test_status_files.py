@@ -33,3 +33,13 @@ def test_status_files_are_written_whole_without_an_fsync_and_records_still_are_f
     assert not [p for p in run_dir.path.iterdir() if p.name.endswith(".tmp")]
     run_dir.write_json("report.json", {"done": True})  # a record of the run: still forced to disk
     assert len(synced) == 2  # the file and its directory
+
+
+def test_coordinator_status_says_in_one_line_that_a_cut_short_status_file_cannot_be_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedge.runtime.cli import main
+
+    (tmp_path / "status.json").write_text('{"run_id": "r1", "pha')  # as a power cut can leave it
+    assert main(["status", str(tmp_path)]) != 0
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "cannot be read" in error and "Traceback" not in error
