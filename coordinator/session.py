@@ -40,8 +40,10 @@ from fedge.coordinator.welcome import welcome_fields
 from fedge.exhaustive import assert_never
 from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays
+from fedge.plumbing.threads import part_threads
 from fedge.protocol.coordinator import CoordinatorProtocol
 from fedge.protocol.events import Accepted, Checkpoint, CoordinatorEvent, Noted, Rejected, Send, SendFrame
+from fedge.protocol.exact_sum import fold_in_parts
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.round import RoundState
 from fedge.protocol.selection import choose, selection_count
@@ -64,6 +66,7 @@ class Session:
         self.run_dir = run_dir
         self.transport = transport
         self.spec = spec
+        fold_in_parts(*part_threads())  # a large exact sum's parts fold on a few threads (the same bits as in one)
         self.evaluator = evaluator
         self.on_round = on_round
         self.welcome_extra = dict(welcome_extra or {})

@@ -7,16 +7,15 @@ times 2^(32k), found from the top slice down, every step exact in float64), and 
 accumulator k, a float64 array of integers below 2^53 (exact for up to 2^21 terms). The accumulators are therefore
 the same whatever the order; ``value()`` combines them, lowest slice first, into one float64 array, rounding the
 same way every time. Only the slices a term occupies are touched; a model's values usually span three or four.
-A large add is cut into parts of positions, folded on a few threads (numpy lets go of the interpreter lock): each
-position's slices are the same however the terms are cut, so the sum is too. Pure numpy: the algorithms' weighted sums (``algorithms.accumulate``) and the private sum (``protocol.privacy``)
+A large add may be cut into parts of positions, which a driver folds on a few threads (numpy lets go of the
+interpreter lock; ``fold_in_parts``): each position's slices are the same however the terms are cut, so the sum is. Pure numpy: the algorithms' weighted sums (``algorithms.accumulate``) and the private sum (``protocol.privacy``)
 build on it; it knows no update, payload or model.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -24,22 +23,30 @@ SLICE_BITS = 32
 MAX_TERMS = 1 << 21  # accumulators hold integers below 2^53: 2^21 terms of at most 32 bits each
 SLICE_UNIT = 2.0 ** SLICE_BITS
 MAX_NORMAL_EXPONENT = 1023  # 2.0 ** e is a float64 up to here; ldexp beyond
-PART_TERMS = 1 << 18  # an add of at least twice this many terms is cut into parts, folded on up to PARTS threads
-PARTS = max(1, min(4, os.cpu_count() or 1))
-CREATING = threading.Lock()
-_pool: tuple[int, ThreadPoolExecutor] | None = None
+PART_TERMS = 1 << 18  # an add of at least twice this many terms may be cut into parts (``fold_in_parts``)
+
+Part = Callable[[], None]
+PartRunner = Callable[[Sequence[Part]], None]
+
+
+def in_turn(parts: Sequence[Part]) -> None:
+    for part in parts:
+        part()
+
+
+_parts: tuple[int, PartRunner] = (1, in_turn)
+
+
+def fold_in_parts(count: int, run: PartRunner) -> None:
+    """Let a large add be cut into up to ``count`` parts of positions, handed to ``run``, which must return only once
+    every part has finished and raise what any raised. A driver that may use threads installs them
+    (``plumbing.threads.part_threads``); this module has none, and without a driver an add is one part."""
+    global _parts
+    _parts = (max(1, count), run)
 
 
 def parts_for(size: int) -> int:
-    return max(1, min(PARTS, size // PART_TERMS))
-
-
-def pool() -> ThreadPoolExecutor:
-    """This process's threads for the parts (made again in a forked child, where the parent's are gone)."""
-    global _pool
-    if _pool is None or _pool[0] != os.getpid():
-        _pool = (os.getpid(), ThreadPoolExecutor(max_workers=max(PARTS - 1, 1), thread_name_prefix="exact-sum"))
-    return _pool[1]
+    return max(1, min(_parts[0], size // PART_TERMS))
 
 
 class ExactSum:
@@ -65,20 +72,13 @@ class ExactSum:
         if largest == 0.0:
             return
         k = -(-(int(np.frexp(largest)[1]) - SLICE_BITS) // SLICE_BITS)  # the top slice: ceil((e_max - 32) / 32)
-        bounds = np.linspace(0, rest.size, parts_for(rest.size) + 1).astype(int)
-        spans = [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
-        if len(spans) == 1:
+        count = parts_for(rest.size)
+        if count == 1:
             self.add_span(rest, at, 0, k)
             return
-        pending = [pool().submit(self.add_span, rest[lo:hi], None if at is None else at[lo:hi], lo, k)
-                   for lo, hi in spans[1:]]
-        lo, hi = spans[0]
-        try:
-            self.add_span(rest[lo:hi], None if at is None else at[lo:hi], lo, k)
-        finally:  # every part has finished before add returns or raises
-            wait(pending)
-        for part in pending:
-            part.result()
+        bounds = [rest.size * i // count for i in range(count + 1)]
+        _parts[1]([partial(self.add_span, rest[lo:hi], None if at is None else at[lo:hi], lo, k)
+                   for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)])
 
     def add_span(self, rest: np.ndarray, at: np.ndarray | None, base: int, k: int) -> None:
         """Terms ``rest`` (scratch) at ``at``, or at positions base, base + 1, ... when ``at`` is None; ``k``: the
@@ -129,9 +129,8 @@ class ExactSum:
         """Add slice k's whole units (integers below 2^32 in magnitude) to its accumulator, at ``at`` or from
         ``base`` on."""
         accumulator = self.slices.get(k)
-        if accumulator is None:
-            with CREATING:  # a part reaching a slice no other term reached
-                accumulator = self.slices.setdefault(k, np.zeros(self.size, dtype=np.float64))
+        if accumulator is None:  # setdefault is one step: parts that reach a new slice together share one
+            accumulator = self.slices.setdefault(k, np.zeros(self.size, dtype=np.float64))
         if at is None:
             accumulator[base:base + whole.size] += whole
         else:

@@ -127,6 +127,7 @@ def test_the_slices_are_exact_at_the_ends_of_float64_subnormals_and_huge_terms_i
 @pytest.mark.parametrize("huge", [False, True])
 def test_an_add_cut_into_parts_on_threads_holds_the_same_slices_as_one_in_one_piece(
         huge: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedge.plumbing.threads import PartThreads
     from fedge.protocol import exact_sum
 
     rng = np.random.default_rng(21)
@@ -137,7 +138,7 @@ def test_an_add_cut_into_parts_on_threads_holds_the_same_slices_as_one_in_one_pi
     at = rng.choice(size, size - 1000, replace=False)
     sums = []
     for parts in (1, 3):
-        monkeypatch.setattr(exact_sum, "PARTS", parts)
+        monkeypatch.setattr(exact_sum, "_parts", (parts, PartThreads(parts)))
         total = ExactSum(size)
         for term in terms:
             total.add(term)
@@ -149,3 +150,24 @@ def test_an_add_cut_into_parts_on_threads_holds_the_same_slices_as_one_in_one_pi
     for k in one.slices:
         assert np.array_equal(one.slices[k], cut.slices[k]), k
     assert np.array_equal(one.value(), cut.value())
+
+
+def test_part_threads_finish_every_part_before_they_return_or_raise() -> None:
+    import threading
+    import time
+
+    from fedge.plumbing.threads import PartThreads
+
+    done: list[str] = []
+
+    def slow() -> None:
+        time.sleep(0.2)
+        done.append(threading.current_thread().name)
+
+    def failing() -> None:
+        raise RuntimeError("part 0")
+
+    runner = PartThreads(3)
+    with pytest.raises(RuntimeError, match="part 0"):
+        runner([failing, slow, slow])
+    assert len(done) == 2 and all(name.startswith("exact-sum") for name in done)
