@@ -62,6 +62,7 @@ class Agent:
         self.parent_pid = parent_pid
         self.stop_requested = threading.Event()
         self.cancel_requested = threading.Event()  # the coordinator cancelled the round being trained
+        self.wake: Callable[[], None] = lambda: None  # ends the main loop's poll (the transport's, once serving)
         self.data = data or DeviceData.open(settings.data)  # first: bad data is refused before anything is written
         self.state = DeviceState(settings.state_dir, settings.keep_sessions)
         self.device = training_device(settings.device)
@@ -135,6 +136,13 @@ class Agent:
         self.worker.start()
 
     def train_round(self, session: JoinedSession, task: codec.Task, decode_cpu_s: float) -> None:
+        """The training thread: one task, its outcome then acted on by the main loop, which it wakes."""
+        try:
+            self.play_round(session, task, decode_cpu_s)
+        finally:
+            self.wake()
+
+    def play_round(self, session: JoinedSession, task: codec.Task, decode_cpu_s: float) -> None:
         try:
             if self.settings.data_refresh == "every-task" and self.data.from_callable:
                 self.data = self.data.refresh()
@@ -267,6 +275,8 @@ class Agent:
     def tick(self, transport: DealerTransport) -> None:
         now = time.monotonic()
         outcome = self.outcome
+        if outcome is not None and self.worker is not None and self.worker.is_alive():
+            self.worker.join(timeout=5)  # setting its outcome is among its last acts: the thread is ending
         if outcome is not None and (self.worker is None or not self.worker.is_alive()):
             self.outcome = None
             self.act(transport, self.protocol.finished(outcome.round, outcome.frame, outcome.error))
@@ -297,6 +307,7 @@ class Agent:
         if self.settings.curve == "on":
             curve = CurveClientKeys.load(self.settings.keys_dir, self.settings.coordinator_public_key)
         transport = DealerTransport(self.settings.coordinator, self.settings.client_id, curve)
+        self.wake = transport.wake  # the training thread's outcome is acted on as soon as it is set
         log.info("agent %s connecting to %s (CurveZMQ %s); energy source: %s", self.settings.client_id,
                  self.settings.coordinator, "on" if curve else "off",
                  self.meter.source.source if self.meter.source else "none")

@@ -4,13 +4,16 @@ ZeroMQ reconnects by itself with an exponential backoff (RECONNECT_IVL doubling 
 coordinator restart needs nothing from the caller but to say hello again. A socket monitor turns handshake failures
 into a readable reason (for example, the coordinator refused this agent's key). ZeroMQ does not reconnect after the
 coordinator refused the key, so the transport does, after 5 s doubling to 5 min: a device joins once an operator
-has added its key to the allow-list, without a restart. It moves bytes; it knows nothing of
+has added its key to the allow-list, without a restart. Another thread can end a poll at once (``wake``). It moves
+bytes; it knows nothing of
 the codec, algorithms, models or torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -74,6 +77,14 @@ class DealerTransport:
             self.socket.curve_publickey = curve.public
             self.socket.curve_serverkey = curve.server_public
         self.monitor = self.socket.get_monitor_socket()
+        # ``wake`` (any thread) ends a poll at once: the training thread's finished update goes out when it is
+        # ready, not when the poll's timeout comes round (up to 100 ms later, every round).
+        self.wake_read, self.wake_write = os.pipe()
+        os.set_blocking(self.wake_read, False)
+        os.set_blocking(self.wake_write, False)
+        self.poller = zmq.Poller()
+        self.poller.register(self.socket, zmq.POLLIN)
+        self.poller.register(self.wake_read, zmq.POLLIN)
         self.socket.connect(endpoint)
         self.endpoint = endpoint
         self.last_failure = ""
@@ -117,7 +128,12 @@ class DealerTransport:
             self.socket.connect(self.endpoint)
         frames: list[bytes] = []
         self.received_parts = []  # the ZeroMQ frame sizes of each packet returned, in order
-        if not self.socket.poll(timeout_ms, zmq.POLLIN):
+        ready = dict(self.poller.poll(timeout_ms))
+        if self.wake_read in ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.wake_read, 4096):
+                    pass
+        if self.socket not in ready:
             self._drain_monitor()
             return frames
         while True:
@@ -138,7 +154,15 @@ class DealerTransport:
         self.bytes_out += len(frame)
         return True
 
+    def wake(self) -> None:
+        """End the current (or next) poll now; safe from any thread."""
+        with contextlib.suppress(BlockingIOError, OSError):  # full (a wake is pending anyway), or closed
+            os.write(self.wake_write, b"\0")
+
     def close(self) -> None:
+        for fd in (self.wake_read, self.wake_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         self.socket.disable_monitor()
         self.monitor.close()
         self.socket.close()

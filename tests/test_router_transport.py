@@ -40,3 +40,30 @@ def test_poll_reads_the_next_message_only_after_the_one_before_was_handled() -> 
             dealer.close()
         context.term()
         router.close()
+
+
+def test_the_agents_poll_ends_as_soon_as_another_thread_wakes_it() -> None:
+    """The training thread wakes the agent's loop when its update is ready: the poll returns then, not at its
+    timeout (which used to delay every round's update by up to the loop's 100 ms)."""
+    import threading
+
+    from fedge.edge_agent.transport import DealerTransport
+
+    router = RouterTransport("tcp://127.0.0.1:0")
+    agent = DealerTransport(router.endpoint, "dev-1")
+    try:
+        assert agent.poll(0) == []
+        waker = threading.Timer(0.3, agent.wake)
+        began = time.monotonic()
+        waker.start()
+        assert agent.poll(30_000) == []
+        assert time.monotonic() - began < 10.0  # woken, not timed out
+        agent.wake()
+        agent.wake()  # several wakes: the next poll returns at once, the one after waits again
+        assert agent.poll(30_000) == []
+        began = time.monotonic()
+        assert agent.poll(200) == [] and time.monotonic() - began >= 0.15
+        waker.join()
+    finally:
+        agent.close()
+        router.close()
