@@ -49,6 +49,18 @@ def parts_for(size: int) -> int:
     return max(1, min(_parts[0], size // PART_TERMS))
 
 
+def still_to_cut(rest: np.ndarray, at: np.ndarray | None, base: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """What is left of the terms once a slice is cut from them: None when nothing is; the terms and their positions
+    as they are, or, when few are nonzero (the lower slices usually hold few), those alone at their positions."""
+    left = np.count_nonzero(rest)
+    if not left:
+        return None
+    if left >= rest.size // 4:
+        return rest, at
+    keep = np.flatnonzero(rest)
+    return rest[keep], keep + base if at is None else at[keep]
+
+
 class ExactSum:
     """The exact sum of float64 arrays of one shape (optionally added at flat positions)."""
 
@@ -97,12 +109,11 @@ class ExactSum:
             np.trunc(rest, out=whole)
             self.accumulate(k, whole, at, base)
             rest -= whole
-            left = np.count_nonzero(rest)
-            if not left:
+            left = still_to_cut(rest, at, base)
+            if left is None:
                 return
-            if left < rest.size // 4:  # the lower slices hold few terms: carry on with those alone
-                keep = np.flatnonzero(rest)
-                rest, at = rest[keep], keep + base if at is None else at[keep]
+            if left[0] is not rest:
+                rest, at = left
                 whole = np.empty_like(rest)
             rest *= SLICE_UNIT
             k -= 1
@@ -116,12 +127,11 @@ class ExactSum:
             self.accumulate(k, piece, at, base)
             np.ldexp(piece, SLICE_BITS * k, out=piece)
             rest -= piece
-            left = np.count_nonzero(rest)
-            if not left:
+            left = still_to_cut(rest, at, base)
+            if left is None:
                 return
-            if left < rest.size // 4:
-                keep = np.flatnonzero(rest)
-                rest, at = rest[keep], keep + base if at is None else at[keep]
+            if left[0] is not rest:
+                rest, at = left
                 piece = np.empty_like(rest)
             k -= 1
 
