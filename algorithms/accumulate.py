@@ -3,12 +3,14 @@ tensor's sum is a ``protocol.exact_sum.ExactSum``).
 
 ``WeightedSum`` folds named arrays with weights (a client's sample count, or 1): the sums of w_i * y_i per float
 tensor, the integer tensors (BatchNorm's counters) for their element-wise lower median (``IntegerMedian``: one
-device cannot move it, as it moved a maximum), and the total weight, so that
-FedAvg's mean (sum n_i y_i) / (sum n_i) is known only when the round closes, as it must be. Pure numpy; no torch.
+device cannot move it, as it moved a maximum), and the total weight (exactly rounded, so also order-independent), so
+that FedAvg's mean (sum n_i y_i) / (sum n_i) is known only when the round closes, as it must be. Pure numpy; no
+torch.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -38,18 +40,25 @@ class IntegerMedian:
 
 
 class WeightedSum:
-    """Sums of w_i * y_i over named arrays, the total weight, and the lower median of integer arrays."""
+    """Sums of w_i * y_i over named arrays, the total weight, and the lower median of integer arrays. An add's
+    ``counted`` is what it adds to the total weight when that differs from ``weight`` (an asynchronous session's
+    stale update: ``protocol.asynchronous``)."""
 
     def __init__(self) -> None:
         self.sums: dict[str, ExactSum] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.integers = IntegerMedian()
-        self.weight = 0.0
+        self.weights: list[float] = []
         self.count = 0
 
-    def add(self, arrays: Mapping[str, np.ndarray], weight: float) -> None:
+    @property
+    def weight(self) -> float:
+        """The total weight, exactly rounded (the same whatever order the adds came in)."""
+        return math.fsum(self.weights)
+
+    def add(self, arrays: Mapping[str, np.ndarray], weight: float, counted: float | None = None) -> None:
         self.count += 1
-        self.weight += weight
+        self.weights.append(weight if counted is None else counted)
         for name, array in arrays.items():
             array = np.asarray(array)
             if array.dtype.kind != "f":

@@ -90,12 +90,15 @@ class Folding:
         self.weighted = WeightedSum()
         self.empty = WeightedSum()
 
-    def add(self, round_number: int, arrays: Arrays, as_delta: bool, weight: float) -> None:
+    def add(self, round_number: int, arrays: Arrays, as_delta: bool, weight: float, discount: float = 1.0,
+            counted: float = 1.0) -> None:
+        """``discount`` and ``counted``: an asynchronous session's staleness factors (``ClientUpdate``'s)."""
         if round_number != self.round:
             raise ValueError(f"an update of round {round_number} folded into round {self.round}")
         if as_delta != self.as_delta:
             raise ValueError("updates mix models and deltas")
-        (self.weighted if weight > 0 else self.empty).add(arrays, weight if weight > 0 else 1.0)
+        base = weight if weight > 0 else 1.0
+        (self.weighted if weight > 0 else self.empty).add(arrays, base * discount, base * counted)
 
     def mean_into(self, base: Arrays, names: Sequence[str] | None = None) -> Arrays:
         """base with each of ``names`` (default: all of base) replaced by the round's mean (or base + mean delta);
@@ -149,7 +152,8 @@ class Server(BaseServer):
         folding = self.folding
         if folding is None:
             folding = self.folding = Folding(round_number, as_delta)
-        folding.add(round_number, arrays, as_delta, fold_weight(update, self.config.weighting))
+        folding.add(round_number, arrays, as_delta, fold_weight(update, self.config.weighting), update.discount,
+                    update.counted)
 
     def close_round(self, round_number: int) -> dict[str, Any]:
         folding, self.folding = self.folding, None

@@ -19,11 +19,13 @@ from typing import Any
 
 from fedge.coordinator.guarantees import settle
 from fedge.coordinator.sections import (
+    ASYNC_ALGORITHMS,
     COORDINATEWISE_RULES,
     DEFAULT_ALGORITHM,
     FLEET_BACKENDS,
     FLEET_MODES,
     ROBUST_ALGORITHMS,
+    ROUND_MODES,
     SECTION_CLASSES,
     SELECTION_POLICIES,
     SERVER_STEP_ALGORITHMS,
@@ -96,6 +98,8 @@ def from_dict(raw: dict[str, Any]) -> Config:
         algorithm = {**DEFAULT_ALGORITHM, **algorithm}
     if not isinstance(algorithm["name"], str):
         raise ConfigError("algorithm.name must be a string")
+    if built["round"].mode == "async" and algorithm["name"] in ASYNC_ALGORITHMS:
+        algorithm.setdefault("upload", "delta")  # an asynchronous update is a change from its task's base
     built["algorithm"] = algorithm
     config = Config(**built)
     validate(config)
@@ -174,6 +178,10 @@ def validate(config: Config) -> None:
         raise ConfigError(f"round.policy must be one of {', '.join(SELECTION_POLICIES)}, got {config.round.policy!r}")
     if config.round.deadline_s <= 0:
         raise ConfigError("round.deadline_s must be > 0")
+    if config.round.mode not in ROUND_MODES:
+        raise ConfigError(f"round.mode must be one of {', '.join(ROUND_MODES)}, got {config.round.mode!r}")
+    if config.round.mode == "async":
+        validate_async(config)
     if config.security.curve not in ("auto", "on", "off"):
         raise ConfigError("security.curve must be auto, on or off")
     if config.train.device not in ("auto", "cpu", "cuda"):
@@ -227,6 +235,33 @@ def validate(config: Config) -> None:
     if not config.data.dataset and not config.fleet.bind:
         raise ConfigError("a local fleet trains on a data set: set data.dataset (only a session bound for real "
                           "devices, fleet.bind, may have none)")
+
+
+def validate_async(config: Config) -> None:
+    """What asynchronous rounds take, and what they refuse in one line (docs/protocol.md, "Asynchronous rounds")."""
+    try:
+        config.asynchronous.settings()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    name = config.algorithm_name
+    if name not in ASYNC_ALGORITHMS:
+        raise ConfigError(f"round.mode = \"async\" runs {', '.join(ASYNC_ALGORITHMS)}, not {name!r}: an algorithm "
+                          "joins once its clients keep no state between tasks and its server folds a stale delta "
+                          "(docs/algorithms.md)")
+    if config.algorithm_options.get("upload", "delta") != "delta":
+        raise ConfigError("round.mode = \"async\" needs algorithm.upload = \"delta\": an update is a change from "
+                          "its task's base version, applied to the version current when it arrives")
+    refused = [
+        (config.round.target > 0, "round.target (over-selection): asynchronous.concurrency sets how many train"),
+        (config.round.policy != "uniform", "round.policy = \"latency\": every idle device may take the next task"),
+        (config.privacy.on, "privacy: its accountant counts rounds of sampled devices, not buffered versions"),
+        (config.secagg.enabled, "secure aggregation: its masks cancel within one round's cohort"),
+        (config.robust.aggregator != "mean", f"robust.aggregator = {config.robust.aggregator!r}: only the mean "
+                                             "(with the norm bound, measured per version)"),
+    ]
+    for bad, what in refused:
+        if bad:
+            raise ConfigError(f"round.mode = \"async\" does not take {what}")
 
 
 def local_clients(config: Config) -> int:

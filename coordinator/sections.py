@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedge.protocol.asynchronous import AsyncSettings
 from fedge.protocol.influence import InfluenceLimits
 from fedge.protocol.robust_rules import RobustRule
 
@@ -35,6 +36,7 @@ class RunSection:
 
 
 FLEET_MODES = ("process", "simulated")
+ROUND_MODES = ("sync", "async")
 SELECTION_POLICIES = ("uniform", "latency")
 FLEET_BACKENDS = ("inline", "local", "ray")
 
@@ -107,6 +109,28 @@ class RoundSection:
     # are sent Cancel. policy "latency" prefers agents whose measured round time fits (docs/protocol.md).
     target: int = 0
     policy: str = "uniform"
+    # "sync": rounds; "async": buffered asynchronous versions ([asynchronous]; docs/protocol.md)
+    mode: str = "sync"
+
+
+# The algorithms that run asynchronously: stateless clients uploading deltas, a server half that folds each under
+# its staleness discount (docs/algorithms.md, "Asynchronous rounds").
+ASYNC_ALGORITHMS = ("fedavg", "fedprox")
+
+
+@dataclass(frozen=True)
+class AsynchronousSection:
+    """Buffered asynchronous aggregation (protocol.asynchronous; docs/protocol.md); the defaults are the protocol's.
+    The section is named for the mode, as ``async`` is a Python keyword."""
+
+    concurrency: int = AsyncSettings.concurrency
+    buffer: int = AsyncSettings.buffer
+    max_staleness: int = AsyncSettings.max_staleness
+    staleness: str = AsyncSettings.staleness
+    normalize: str = AsyncSettings.normalize
+
+    def settings(self) -> AsyncSettings:
+        return AsyncSettings(**dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
@@ -198,6 +222,7 @@ class Config:
     privacy: PrivacySection = field(default_factory=PrivacySection)
     server: ServerSection = field(default_factory=ServerSection)
     secagg: SecAggSection = field(default_factory=SecAggSection)
+    asynchronous: AsynchronousSection = field(default_factory=AsynchronousSection)
 
     @property
     def algorithm_name(self) -> str:
@@ -215,6 +240,7 @@ SECTION_CLASSES: dict[str, type] = {
     "run": RunSection, "fleet": FleetSection, "data": DataSection, "model": ModelSection,
     "train": TrainSection, "round": RoundSection, "security": SecuritySection, "eval": EvalSection,
     "robust": RobustSection, "privacy": PrivacySection, "server": ServerSection, "secagg": SecAggSection,
+    "asynchronous": AsynchronousSection,
 }
 
 

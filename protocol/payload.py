@@ -40,10 +40,15 @@ class Payload:
 class ClientUpdate:
     """One decoded update as the server half sees it: whose (client id and index), its claimed sample count, its
     payload, and the factor the device says it scaled it by to fit the task's norm bounds (its own word: recorded,
-    and read only as differential privacy's clip bit, whose noise bounds what a lie can do)."""
+    and read only as differential privacy's clip bit, whose noise bounds what a lie can do). In an asynchronous
+    session the coordinator, never the device, sets ``discount``, the staleness weight s(tau) its values count
+    with, and ``counted``, what its weight adds to the mean's divisor (``protocol.asynchronous``); both are 1
+    otherwise."""
 
     client_id: str
     index: int
     num_samples: int
     payload: Payload
     clip_scale: float = 1.0
+    discount: float = 1.0
+    counted: float = 1.0

@@ -58,6 +58,7 @@ from fedge.protocol.influence import Influence, InfluenceLimits
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.robust_rules import RobustRule
 from fedge.protocol.server_half import Aggregation
+from fedge.protocol.server_step import ServerStep
 from fedge.simulation.client import LogicalClient, simulated_facts
 
 RUN_ID = "inprocess"
@@ -84,6 +85,7 @@ class Fleet:
     aggregation: Aggregation | None = None  # the round in progress's
     influence: Influence | None = None  # bounded influence (make_fleet's ``bounds``), as a session has it
     rule: RobustRule | None = None  # a robust aggregation rule (make_fleet's ``rule``)
+    step: ServerStep | None = None  # the server's optimizer step (``protocol.server_step``); None: the aggregate
     keep: Any = None  # the temporary directory, when the fleet made its own
 
     @property
@@ -214,7 +216,7 @@ def run_round(fleet: Fleet, round_number: int, data: Sequence[tuple[torch.Tensor
     coordinator.replace_server(fleet.server)  # a test may have swapped the server half for a restored one
     chosen = list(range(len(fleet.clients))) if participants is None else list(participants)
     fleet.clock += 1.0
-    fleet.aggregation = Aggregation(fleet.server, round_number, fleet.influence, fleet.rule)
+    fleet.aggregation = Aggregation(fleet.server, round_number, fleet.influence, fleet.rule, step=fleet.step)
     with without_fsync():
         for index, action, _ in deliver(fleet, coordinator.open_round(round_number, chosen, fleet.clock, FOREVER_S)):
             if not isinstance(action, Train):

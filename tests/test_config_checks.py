@@ -34,11 +34,31 @@ ROOT = Path(__file__).resolve().parents[1]
     (["round.count=2", "round.target=3"], "round.target (3) cannot exceed round.count (2)"),
     (["round.target=-1"], "round.target must be >= 0"),
     (["round.policy=fastest"], "round.policy must be one of uniform, latency, got 'fastest'"),
+    (["round.mode=later"], "round.mode must be one of sync, async, got 'later'"),
+    (["round.mode=async"], "round.mode = \"async\" runs fedavg, fedprox, not 'ef-fedprox'"),
+    (["round.mode=async", "algorithm.name=fedavg", "algorithm.upload=model"], "needs algorithm.upload = \"delta\""),
+    (["round.mode=async", "algorithm.name=fedavg", "asynchronous.buffer=0"], "asynchronous.concurrency and "
+                                                                             "asynchronous.buffer must be >= 1"),
+    (["round.mode=async", "algorithm.name=fedavg", "asynchronous.staleness=linear"], "asynchronous.staleness must"),
+    (["round.mode=async", "algorithm.name=fedavg", "round.target=2"], "does not take round.target"),
+    (["round.mode=async", "algorithm.name=fedprox", "round.policy=latency"], "does not take round.policy"),
+    (["round.mode=async", "algorithm.name=fedavg", "robust.aggregator=median"], "does not take robust.aggregator"),
+    (["round.mode=async", "algorithm.name=fedavg", "secagg.enabled=true"], "does not take secure aggregation"),
+    (["round.mode=async", "algorithm.name=fedavg"], "`coordinator start` serves synchronous rounds"),
 ])
 def test_bad_options_are_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         plan_session(load_config(None, ["fleet.local_agents=2", *overrides]))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_async_rounds_upload_deltas_and_take_the_asynchronous_section() -> None:
+    config = load_config(None, ["round.mode=async", "algorithm.name=fedprox", "asynchronous.buffer=3",
+                                "asynchronous.normalize=weight"])
+    assert config.algorithm["upload"] == "delta"
+    settings = config.asynchronous.settings()
+    assert (settings.buffer, settings.normalize, settings.concurrency) == (3, "weight", 10)
+    assert "upload" not in load_config(None, ["algorithm.name=fedavg"]).algorithm  # sync keeps the model upload
 
 
 def test_an_integer_is_a_valid_float_option() -> None:
