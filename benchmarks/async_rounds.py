@@ -160,11 +160,12 @@ def table(results: dict[str, dict[int, list[dict[str, Any]]]], seeds: list[int],
     return lines, summary
 
 
-def write_docs(lines: list[str], command: str, concurrency: int) -> None:
+def write_docs(lines: list[str], command: str, concurrency: int, sigma: float) -> None:
     page = ROOT / "docs" / "results" / "async.md"
-    begin, end = BEGIN.replace("figures", f"figures C={concurrency}"), END.replace("figures", f"figures C={concurrency}")
+    what = f"figures C={concurrency} sigma={sigma:g}"
+    begin, end = BEGIN.replace("figures", what), END.replace("figures", what)
     text = page.read_text() if page.exists() else ""
-    block = "\n".join([begin, "", f"`{command}`", "", *lines, "", end])
+    block = "\n".join([begin, "", f"### C = {concurrency}, σ = {sigma:g}", "", f"`{command}`", "", *lines, "", end])
     if begin in text and end in text:
         text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
     else:
@@ -215,8 +216,8 @@ def main() -> int:
     print(json.dumps(summary))
     if args.write_docs and not args.quick:
         command = f"python benchmarks/async_rounds.py --concurrency {args.concurrency} --seeds {args.seeds} " \
-                  f"--rounds {args.rounds} --model {args.model} --write-docs"
-        write_docs(lines, command, args.concurrency)
+                  f"--rounds {args.rounds} --sigma {args.sigma:g} --model {args.model} --out {args.out} --write-docs"
+        write_docs(lines, command, args.concurrency, args.sigma)
     return 0
 
 

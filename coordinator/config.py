@@ -254,6 +254,8 @@ def validate_async(config: Config) -> None:
     refused = [
         (config.round.target > 0, "round.target (over-selection): asynchronous.concurrency sets how many train"),
         (config.round.policy != "uniform", "round.policy = \"latency\": every idle device may take the next task"),
+        (config.fleet.max_uploads > 0, "fleet.max_uploads (paced uploads): asynchronous.concurrency bounds the "
+                                       "updates in flight"),
         (config.privacy.on, "privacy: its accountant counts rounds of sampled devices, not buffered versions"),
         (config.secagg.enabled, "secure aggregation: its masks cancel within one round's cohort"),
         (config.robust.aggregator != "mean", f"robust.aggregator = {config.robust.aggregator!r}: only the mean "

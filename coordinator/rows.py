@@ -1,5 +1,6 @@
 """A closed round's records: each agent's meter record completed with the update's own bytes, the round's row of
-metrics.jsonl (with the agents' own evaluations when the session has no test set) and its rows of clients.jsonl.
+metrics.jsonl (with the agents' own evaluations when the session has no test set) and its rows of clients.jsonl;
+and the same of a flushed asynchronous version.
 Pure functions over decoded messages and plain values; no sockets, no algorithms, no torch.
 """
 
@@ -16,7 +17,9 @@ from fedge.algorithms.task import METRIC_NAMES as EVAL_METRICS
 from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS
 from fedge.meter import round_totals, zmtp
 from fedge.meter.record import ENERGY_FIELDS, MAX_FIELDS, MIN_FIELDS, SUM_FIELDS
+from fedge.protocol.asynchronous import Flush
 from fedge.protocol.round import RoundState
+from fedge.protocol.versions import VersionRecord
 
 NUMERIC_FIELDS = frozenset((*SUM_FIELDS, *MAX_FIELDS, *MIN_FIELDS, *ENERGY_FIELDS, "cpu_s_decode"))
 
@@ -146,3 +149,36 @@ def client_rows(number: int, current: RoundState, client_ids: Mapping[int, str],
 def finite(value: float) -> float | None:
     """A figure for a JSON record: None for NaN and infinities (JSON has neither)."""
     return value if math.isfinite(value) else None
+
+
+def version_row(number: int, algorithm: str, flush: Flush, record: VersionRecord, extra: Mapping[str, Any],
+                records: list[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.jsonl's row of a flushed asynchronous version (``round`` is the version): the fields of a round's
+    row where they mean something (``selected``: the devices sent a task while it was built; ``accepted``: the
+    client index of each update in it, in arrival order) and ``updates``, ``staleness_mean``, ``staleness_max``,
+    ``cancelled``."""
+    row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
+    row.update(round=number, algorithm=algorithm, selected=len(record.bytes_down), reported=len(record.updates),
+               dropped=0, unavailable=0, accepted=[u[0] for u in record.updates],
+               selected_indices=sorted(record.bytes_down), bytes_down=sum(record.bytes_down.values()),
+               bytes_up=sum(u[3] for u in record.updates), bytes_up_tensors=None, updates=len(flush.arrivals),
+               cancelled=len(flush.cancelled), **flush.staleness())
+    row.update(update_summary([(str(u[0]), u[2]) for u in record.updates]))
+    row.update(extra)
+    row.update(meter_totals(records))
+    return row
+
+
+def client_rows_of_version(number: int, record: VersionRecord, client_ids: Mapping[int, str],
+                           records: list[dict[str, Any]], shares: Sequence[float | None],
+                           bounds: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """clients.jsonl's rows of a flushed version: one per update in it, in arrival order, with its ``task`` and
+    ``staleness``."""
+    return [{**meter, "round": number, "client_id": client_ids[index], "client_index": index, "task": task,
+             "staleness": staleness, "available": True, "num_samples": update.num_samples,
+             "bytes_down": record.bytes_down.get(index, 0), "bytes_up": size, "bytes_up_tensors": None,
+             "train_loss": finite(update.train_loss), "train_s": finite(update.train_s), "energy_j_share": share,
+             **client_evaluation(update), "device_clip_scale": update.clip_scale, "dp_norm": None, "dp_scale": None,
+             "dp_unclipped": None, **bounds.get(index, {})}
+            for (index, task, update, size, staleness), meter, share in zip(record.updates, records, shares,
+                                                                             strict=True)]

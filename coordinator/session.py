@@ -23,6 +23,7 @@ from fedge import codec
 from fedge.algorithms import make_server
 from fedge.algorithms.base import ModelLayout, ServerContext
 from fedge.codec import vocabulary as words
+from fedge.coordinator import asynchronous
 from fedge.coordinator.checkpoint import load_checkpoint, save_checkpoint
 from fedge.coordinator.config import Config, ConfigError
 from fedge.coordinator.crashpoints import crash_point
@@ -112,6 +113,7 @@ class Session:
         self.bytes_total = {"down": 0, "up": 0}  # packet bytes of the rounds recorded so far (metrics.jsonl)
         # the last round's row, until its evaluation (beside the next round) is done
         self.rows = PendingRow(config.eval.every, config.run.rounds, evaluator, self.write_row)
+        self.resumed_versions: dict[str, Any] | None = None  # an asynchronous session's task table, as checkpointed
 
     @property
     def registry(self) -> AgentRegistry:
@@ -133,6 +135,7 @@ class Session:
             "model_hash": self.model_hash, "server": server_meta, **self.registry.state(),
             **self.trust.state(), **self.tallies.state(),
             **(self.privacy.state() if self.privacy is not None else {}),
+            asynchronous.STATE_KEY: None if self.protocol.versions is None else self.protocol.versions.rounds.state(),
             "pending_row": None if self.rows.held is None else plain(self.rows.held.row)})
 
     def load_checkpoint(self) -> None:
@@ -146,6 +149,7 @@ class Session:
         if self.privacy is not None:
             self.privacy.load_state(meta, int(meta["round"]))
         self.protocol.resume(str(meta["run_id"]), int(meta["round"]))
+        self.resumed_versions = meta.get(asynchronous.STATE_KEY)
         for name in ("metrics.jsonl", "clients.jsonl"):
             self.run_dir.truncate_jsonl(name, self.round)
         pending = meta.get("pending_row")
@@ -162,7 +166,10 @@ class Session:
                 **self.welcome_extra}
 
     def task_flags(self, number: int) -> dict[str, Any]:
-        """The runtime's fields of a task in round ``number``: its evaluation flags and the round's norm bounds."""
+        """The runtime's fields of a task in round ``number``: its evaluation flags and the round's norm bounds (an
+        asynchronous task, ``number`` its task id: the version's norm bounds alone)."""
+        if self.protocol.versions is not None:
+            return {"norm_bounds": self.aggregation.norm_bounds}
         personal = self.config.eval.personal_every
         return {"personal_eval": bool(personal and number % personal == 0),
                 "evaluate": self.evaluator is None and self.rows.due(number),
@@ -224,10 +231,14 @@ class Session:
         self.spent["receive_s"] += time.monotonic() - began
         self.act(events)
 
-    def pump(self, timeout_ms: int) -> None:
+    def pump(self, timeout_ms: int, until: Callable[[], bool] | None = None) -> None:
+        """Handle what one poll brings, one message at a time; ``until``: stop after the message that makes it true
+        (the rest stay queued for the next poll)."""
         self.progress += 1
         for peer, frame, identity in self.transport.poll(timeout_ms):
             self.handle(peer, frame, identity)
+            if until is not None and until():
+                break
         if self.on_tick is not None:
             self.on_tick(time.monotonic())
 
@@ -452,6 +463,8 @@ class Session:
     def play_rounds(self, expect: int, join_timeout_s: float) -> str:
         if not self.wait_for_agents(expect, join_timeout_s):
             return "stopped"
+        if self.config.round.mode == "async":
+            return asynchronous.play_versions(self, self.resumed_versions)
         while self.round < self.config.run.rounds:
             if self.privacy is not None and self.privacy.over_budget():
                 log.warning("privacy: another round would take epsilon past privacy.max_epsilon = %g (now %.4g); "

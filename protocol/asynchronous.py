@@ -182,7 +182,10 @@ class AsyncRounds:
 
     def arrive(self, task_id: int, index: int) -> Arrival | Refusal:
         """An update of task ``task_id`` from client ``index``: buffered with its factors, or refused with a reason
-        (a task that is not in flight, another client's task, or one staler than allowed)."""
+        (a task that is not in flight, another client's task, or one staler than allowed). A version takes exactly
+        ``buffer`` updates: the driver flushes it before it hands over the next."""
+        if self.flush_due:
+            raise RuntimeError(f"version {self.version + 1} has its {self.settings.buffer} updates: flush it first")
         task = self.in_flight.get(task_id)
         if task is None:
             return Refusal(task_id, index, f"task {task_id} is not in flight (never sent, already answered, or "

@@ -30,6 +30,7 @@ from typing import Any
 
 from fedge import codec
 from fedge.codec import vocabulary as words
+from fedge.protocol.asynchronous import Flush
 from fedge.protocol.events import (
     COORDINATOR,
     Accepted,
@@ -49,6 +50,7 @@ from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.selection import censored, measured
 from fedge.protocol.server_half import ServerHalf
 from fedge.protocol.validation import check_update
+from fedge.protocol.versions import Refused, VersionRecord, VersionRounds
 
 
 class CoordinatorProtocol:
@@ -77,6 +79,7 @@ class CoordinatorProtocol:
         self.declined: dict[str, None] = {}   # client ids that declined the session (bounded, oldest dropped)
         self.pacer = UploadPacer(max_uploads)  # paced uploads (fleet.max_uploads; 0: unpaced)
         self.secure: SecureRound | None = None  # a securely aggregated round's stages, from its opening to its commit
+        self.versions: VersionRounds | None = None  # an asynchronous session's tasks and versions (start_versions)
 
     def resume(self, run_id: str, committed_round: int) -> None:
         """A checkpoint was loaded: the session is run ``run_id``, and ``committed_round`` its last committed
@@ -128,6 +131,8 @@ class CoordinatorProtocol:
                 echo: list[CoordinatorEvent] = [Send(peer=peer, message=codec.Heartbeat(
                     run_id=self.run_id, round=self.round, sender=COORDINATOR))]
                 return echo + self.on_ready(agent.index, message, now) if message.ready else echo
+            case codec.Update() if self.versions is not None:
+                return self.on_task_update(peer, client_id, agent.index, message, len(frame), now)
             case codec.Update():
                 outcome = self.on_update(peer, agent.index, message, len(frame), now) + self.grants(now)
                 if self.current is not None and agent.index in self.current.updates and \
@@ -218,6 +223,11 @@ class CoordinatorProtocol:
                                               f"({hello.dataset_size} samples, torch {hello.torch_version})"))
         events.append(Send(peer=peer, message=codec.Welcome(run_id=self.run_id, round=self.round, sender=COORDINATOR,
                                                **self.welcome_fields(index))))
+        if self.versions is not None:  # a task it does not say it holds is lost: it may be given another
+            held = self.versions.held_by(index)
+            if held is not None and hello.holds != (self.run_id, held.task_id):
+                events += self.versions.lost(index, "its device said hello without it")
+            return events
         current = self.current
         holds_this_round = current is not None and hello.holds == (self.run_id, current.number)
         if current is not None and index in current.pending and not holds_this_round:
@@ -264,8 +274,10 @@ class CoordinatorProtocol:
         return [Accepted(current.number, decoded)]
 
     def on_bye(self, client_id: str, index: int, bye: codec.Bye) -> list[CoordinatorEvent]:
-        """The agent leaves: it is no longer awaited in the round in progress."""
+        """The agent leaves: it is no longer awaited in the round in progress (or its task, asynchronously)."""
         self.registry.agents[client_id].connected = False
+        if self.versions is not None:
+            self.versions.lost(index, "its device left")
         current = self.current
         if current is not None and index in current.pending:
             current.fail(index)
@@ -274,6 +286,8 @@ class CoordinatorProtocol:
     def on_unavailable(self, index: int, round_number: int, reason: str) -> None:
         """A selected agent may not train now: stop waiting for it. Not a failure: the server half keeps what it
         assumes of the device (no ``forget``), and the round does not count it as missed."""
+        if self.versions is not None:
+            self.versions.lost(index, f"unavailable: {reason[:200]}", round_number)
         current = self.current
         if current is not None and current.number == round_number and index in current.chosen and \
                 index not in current.updates:
@@ -282,6 +296,11 @@ class CoordinatorProtocol:
     def on_failed_round(self, index: int, round_number: int) -> list[CoordinatorEvent]:
         """An agent could not do its round: stop waiting for it, and let the server half forget what it assumed of
         the device's state (e.g. ef's replica), so the next downlink is self-sufficient."""
+        if self.versions is not None:
+            events = self.versions.lost(index, "its device reported it failed", round_number)
+            if events:
+                self.forget(index)
+            return events
         current = self.current
         if current is None or current.number != round_number:  # a stale report: nothing to stop waiting for
             return []
@@ -294,6 +313,8 @@ class CoordinatorProtocol:
         """An agent declined the session at its welcome: it is gone, and its index is free again unless it had
         trained (then it keeps it, and the server half forgets what it assumed of the device)."""
         self.registry.agents[client_id].connected = False
+        if self.versions is not None:
+            self.versions.lost(index, "its device declined the session")
         self.declined.pop(client_id, None)
         self.declined[client_id] = None
         while len(self.declined) > 4 * self.registry.capacity + 64:
@@ -311,6 +332,45 @@ class CoordinatorProtocol:
 
     def forget(self, index: int) -> None:
         self.server.forget(index)
+
+    # ------------------------------------------------------------------------------------------ asynchronous
+    def start_versions(self, versions: VersionRounds) -> None:
+        """Serve asynchronous versions (``protocol.versions``) in place of rounds, from ``versions.version`` on."""
+        if self.phase is RoundPhase.OPEN:
+            raise RuntimeError("cannot start asynchronous versions while a round is open")
+        self.versions = versions
+        self.round = versions.version
+
+    def dispatch(self, index: int, now: float) -> Send:
+        """A task on the current version for client ``index`` (``protocol.versions``)."""
+        assert self.versions is not None
+        return self.versions.dispatch(self.server, self.run_id, self.round, index, now)
+
+    def on_task_update(self, peer: bytes, client_id: str, index: int, update: codec.Update, size: int,
+                       now: float) -> list[CoordinatorEvent]:
+        assert self.versions is not None
+        if update.run_id != self.run_id:
+            return self.refuse(peer, words.STALE, f"update of run {update.run_id!r}; this session is run "
+                               f"{self.run_id!r}", now)
+        outcome = self.versions.update(self.server, client_id, index, update, size, now)
+        if isinstance(outcome, Refused):
+            return self.refuse(peer, outcome.code, outcome.reason, now)
+        return [outcome]
+
+    def close_version(self, now: float) -> tuple[Flush, VersionRecord, list[CoordinatorEvent]]:
+        """Close the version being built (``protocol.versions.VersionRounds.flush``)."""
+        assert self.versions is not None
+        return self.versions.flush(self.run_id, now)
+
+    def flush_version(self, number: int) -> list[CoordinatorEvent]:
+        """Version ``number`` was flushed and recorded: it is the last committed one. Its Checkpoint (write it
+        now), then the Commits of its updates."""
+        assert self.versions is not None
+        flushed = self.versions.last_flush
+        if flushed is None or flushed.version != number:
+            raise RuntimeError(f"version {number} is not the version last flushed")
+        self.round = number
+        return self.versions.commits(self.run_id, flushed)
 
     # ------------------------------------------------------------------------------------------ the round
     def open_round(self, number: int, selected: Sequence[int], now: float, deadline_s: float,
@@ -368,7 +428,9 @@ class CoordinatorProtocol:
 
     def sent_task(self, index: int, size: int) -> None:
         """The driver sent a task of ``size`` bytes to ``index`` (0: it could not)."""
-        if self.current is not None:
+        if self.versions is not None:
+            self.versions.sent(index, size)
+        elif self.current is not None:
             self.current.bytes_down[index] = self.current.bytes_down.get(index, 0) + size
 
     def complete(self, now: float) -> bool:

@@ -124,10 +124,6 @@ def load_data(config: Config) -> tuple[Any | None, PluginRef | None]:
 
 def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     """Check everything; see the module docstring."""
-    if config.round.mode == "async":
-        raise ConfigError("round.mode = \"async\" runs in process on a simulated clock so far "
-                          "(fedge.simulation.asynchronous; python benchmarks/async_rounds.py): `coordinator start` "
-                          "serves synchronous rounds (docs/protocol.md, \"Asynchronous rounds\")")
     check_algorithm(config)
     check_training(config)
     if config.fleet.agent_python and not (Path(config.fleet.agent_python).is_file() and

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from fedge import codec
 from fedge.exhaustive import assert_never
@@ -81,9 +81,10 @@ class SimulatedFleet:
         """A message of several frames (a Task's header and body): the packet is their concatenation."""
         return self.send(peer, b"".join(parts))
 
-    def poll(self, timeout_ms: int, batch: int = 1000) -> list[tuple[bytes, bytes, str | None]]:
+    def poll(self, timeout_ms: int, batch: int = 1000) -> Iterator[tuple[bytes, bytes, str | None]]:
         """What the clients sent: finished updates (or failures), heartbeats, hellos, byes; as the router's poll
-        gives them, with no key identity (no CurveZMQ: the clients are this process's own)."""
+        gives them, one at a time (what the driver does not take stays queued), with no key identity (no CurveZMQ:
+        the clients are this process's own)."""
         wait_s = 0.0 if self.outbox else timeout_ms / 1000
         for outcome in self.backend.results(wait_s):
             protocol = self.protocols[outcome.client_id]
@@ -92,12 +93,12 @@ class SimulatedFleet:
         for client_id, protocol in self.protocols.items():
             if client_id not in self.stopped:
                 self.act(client_id, protocol.tick(now))
-        arrived: list[tuple[bytes, bytes, str | None]] = []
-        while self.outbox and len(arrived) < batch:
+        for _ in range(batch):
+            if not self.outbox:
+                return
             peer, frame = self.outbox.popleft()
             self.bytes_in += len(frame)
-            arrived.append((peer, frame, None))
-        return arrived
+            yield peer, frame, None
 
     def close(self) -> None:
         if self.owns_backend:

@@ -70,10 +70,8 @@ def test_an_update_staler_than_allowed_is_refused_with_its_reason() -> None:
     old = rounds.dispatch(0, 0.0)
     quick = rounds.dispatch(1, 0.0)
     assert isinstance(rounds.arrive(quick.task_id, 1), Arrival)
-    rounds.flush()                    # version 1: old is 1 behind, within reach
-    again = rounds.dispatch(1, 1.0)
-    assert isinstance(rounds.arrive(again.task_id, 1), Arrival)
-    rounds.in_flight[old.task_id].base = -1  # a flush cancels such a task; arrival refuses it on its own too
+    assert rounds.flush().cancelled == ()  # version 1: old is 1 behind, within reach
+    rounds.in_flight[old.task_id].base = -1  # as if 2 behind: a flush cancels such a task; arrival refuses it too
     refused = rounds.arrive(old.task_id, 0)
     assert isinstance(refused, Refusal) and "2 versions stale" in refused.reason and "max_staleness is 1" in refused.reason
     assert old.phase is TaskPhase.REFUSED
@@ -91,6 +89,16 @@ def test_a_task_answered_by_another_client_or_twice_is_refused() -> None:
     assert isinstance(twice, Refusal) and "not in flight" in twice.reason
     with pytest.raises(RuntimeError, match="already holds"):
         rounds.dispatch(1, 0.0) and rounds.dispatch(1, 0.0)
+
+
+def test_a_version_takes_exactly_buffer_updates() -> None:
+    rounds = AsyncRounds(AsyncSettings(concurrency=3, buffer=2))
+    tasks = [rounds.dispatch(i, 0.0) for i in range(3)]
+    for task in tasks[:2]:
+        rounds.arrive(task.task_id, task.index)
+    with pytest.raises(RuntimeError, match="flush it first"):
+        rounds.arrive(tasks[2].task_id, 2)  # a driver that read on past the K-th update
+    assert len(rounds.flush().arrivals) == 2 and isinstance(rounds.arrive(tasks[2].task_id, 2), Arrival)
 
 
 def test_no_task_is_sent_that_could_only_be_refused() -> None:

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (["round.mode=async", "algorithm.name=fedprox", "round.policy=latency"], "does not take round.policy"),
     (["round.mode=async", "algorithm.name=fedavg", "robust.aggregator=median"], "does not take robust.aggregator"),
     (["round.mode=async", "algorithm.name=fedavg", "secagg.enabled=true"], "does not take secure aggregation"),
-    (["round.mode=async", "algorithm.name=fedavg"], "`coordinator start` serves synchronous rounds"),
+    (["round.mode=async", "algorithm.name=fedavg", "fleet.max_uploads=4"], "does not take fleet.max_uploads"),
 ])
 def test_bad_options_are_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -1,0 +1,110 @@
+"""The session's asynchronous loop (``round.mode = "async"``; docs/protocol.md, "Asynchronous rounds").
+
+``play_versions`` drives the protocol's asynchronous side (``protocol.versions``) for a ``coordinator.session.Session``:
+it keeps ``asynchronous.concurrency`` tasks in flight on the live, unquarantined devices that hold none (which idle
+device gets the next task is drawn from (run seed, task id)), lets tasks past ``round.deadline_s`` or of devices
+gone fall out, folds each accepted update as it arrives on the one aggregation path (one ``Aggregation`` a version,
+with the session's bounds and server step), and at every ``asynchronous.buffer`` accepted updates flushes the
+version: closes it, cancels what it leaves out of reach, writes its rows (``round`` is the version), then its
+checkpoint (with the task table), then its Commits. A resumed session takes up the task table where its checkpoint
+left it. A thin driver: the rules are the protocol's; no algorithm by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedge.coordinator.rows import agent_record, client_rows_of_version, version_row
+from fedge.meter import attribute_energy
+from fedge.protocol.asynchronous import AsyncRounds
+from fedge.protocol.server_half import Aggregation
+from fedge.protocol.versions import VersionRounds
+
+if TYPE_CHECKING:
+    from fedge.coordinator.session import Session
+
+log = logging.getLogger("fedge.coordinator")
+
+STATE_KEY = "asynchronous"  # the task table's place in the checkpoint's meta
+
+
+def start(session: Session, resumed: dict[str, Any] | None) -> VersionRounds:
+    """The session's versions: from the checkpoint's task table, or from version 0."""
+    settings = session.config.asynchronous.settings()
+    rounds = AsyncRounds.restored(settings, resumed) if resumed else AsyncRounds(settings)
+    now = time.monotonic()
+    for task in rounds.in_flight.values():  # sent by the process before: its deadline counts from now
+        task.sent_at = now
+    versions = VersionRounds(rounds, session.registry, session.shapes, session.task_flags,
+                             session.config.round.deadline_s, now)
+    session.protocol.start_versions(versions)
+    return versions
+
+
+def fill(session: Session, versions: VersionRounds, now: float) -> None:
+    """Send tasks while the rules leave room and a live device holds none."""
+    minimum = max(session.config.round.min_clients, 1)
+    idle = versions.idle(session.trust.selectable(session.registry.live_indices(now), session.registry, minimum))
+    while idle and versions.rounds.room() > 0:
+        pick = idle.pop(int(np.random.default_rng([session.config.run.seed, versions.rounds.next_id]).integers(len(idle))))
+        session.act([session.protocol.dispatch(pick, now)])
+
+
+def play_versions(session: Session, resumed: dict[str, Any] | None) -> str:
+    """Play versions until ``run.rounds`` are committed; 'done', or 'stopped' when asked to stop."""
+    versions = start(session, resumed)
+    protocol = session.protocol
+    while session.round < session.config.run.rounds:
+        started = time.monotonic()
+        session.spent = dict.fromkeys(session.spent, 0.0)
+        session.aggregation = Aggregation(session.server, versions.version + 1, session.trust.influence,
+                                          step=session.step, keep=session.trust.spill.keep)
+        while not versions.rounds.flush_due:
+            if session.stopping:
+                return "stopped"
+            now = time.monotonic()
+            live = set(session.registry.live_indices(now))
+            session.act(versions.expire(protocol.run_id, now, live.__contains__))
+            fill(session, versions, now)
+            session.pump(100, until=lambda: versions.rounds.flush_due)  # a version takes exactly ``buffer``
+            session.write_status(f"version {versions.version + 1}: {len(versions.rounds.buffered)}/"
+                                 f"{versions.rounds.settings.buffer} updates, {len(versions.rounds.in_flight)} "
+                                 "tasks in flight")
+        finish_version(session, started)
+        session.write_status(f"version {session.round} done", force=True)
+    return "done"
+
+
+def finish_version(session: Session, started: float) -> None:
+    """Flush the version: close its aggregation, cancel what it leaves out of reach, write its rows, then its
+    checkpoint, then its Commits."""
+    session.rows.flush()  # the previous version's row: its evaluation ran beside this version
+    closing = time.monotonic()
+    metrics = session.aggregation.close()
+    session.spent["close_s"] = time.monotonic() - closing
+    flush, record, cancels = session.protocol.close_version(closing)
+    session.act(cancels)
+    number = flush.version
+    bounds = session.trust.note_round(number, session.aggregation.bounded)
+    ids = {index: session.registry.by_index(index).client_id for index in
+           {*(u[0] for u in record.updates), *record.bytes_down}}
+    records = [agent_record(dict(update.record), size, session.transport.curve)
+               for _, _, update, size, _ in record.updates]
+    row = version_row(number, session.config.algorithm_name, flush, record, metrics, records)
+    session.run_dir.append_jsonl("clients.jsonl", *client_rows_of_version(number, record, ids, records,
+                                                                          attribute_energy(records), bounds))
+    session.tallies.note_round(number, ids, record.bytes_down, {u[0]: u[3] for u in record.updates}, ())
+    row["wall_s"] = time.monotonic() - started
+    held = session.hold_row(row, number)
+    session.bytes_total["down"] += int(row["bytes_down"])
+    session.bytes_total["up"] += int(row["bytes_up"])
+    session.act(session.protocol.flush_version(number))  # its checkpoint, then its Commits
+    session.spent["tail_s"] = time.monotonic() - session.last_accepted
+    held.row.update(session.spent, checkpoint_s=session.checkpoint_s)
+    if not held.waiting:
+        session.rows.flush()
+    session.round_walls.append(row["wall_s"])

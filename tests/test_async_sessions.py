@@ -1,0 +1,159 @@
+"""Asynchronous rounds in a session (docs/protocol.md, "Asynchronous rounds"): the coordinator protocol's rules for
+tasks and versions, on the protocol object; a simulated fleet's session that crashes at a version's checkpoint and
+resumes; and real agent processes, two of them slowed, that the others never wait for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedge import codec
+from fedge.protocol.asynchronous import AsyncRounds, AsyncSettings
+from fedge.protocol.events import Accepted, Checkpoint
+from fedge.protocol.versions import VersionRounds
+from tests.e2e import FAST, Processes, endpoint, finished, metrics, shards
+from tests.test_protocol_coordinator import codes, frame, hello, joined, protocol, sent
+
+
+def delta_update(sender: str, task: int, shift: float = 0.1, arrays: dict[str, np.ndarray] | None = None) -> bytes:
+    assert arrays is not None
+    delta = {k: np.full_like(v, shift) if v.dtype.kind == "f" else v for k, v in arrays.items()}
+    return frame(codec.Update(run_id="run-1", round=task, sender=sender, num_samples=10,
+                              groups={"delta": codec.TensorGroup(dense=delta)}))
+
+
+def versioned(settings: AsyncSettings, deadline_s: float = 60.0):  # type: ignore[no-untyped-def]
+    p = protocol(capacity=3, options={"upload": "delta"})
+    joined(p, "a", "b", "c")
+    versions = VersionRounds(AsyncRounds(settings), p.registry, p.shapes, lambda _task: {}, deadline_s, 0.0)
+    p.start_versions(versions)
+    return p, versions
+
+
+def task_of(events: Any) -> codec.Task:
+    task = sent([events])[0] if not isinstance(events, list) else sent(events)[0]
+    assert isinstance(task, codec.Task)
+    return task
+
+
+def test_a_task_is_numbered_and_its_update_accepted_with_its_staleness_discount() -> None:
+    p, versions = versioned(AsyncSettings(concurrency=3, buffer=1, max_staleness=2))
+    arrays = p.server.evaluation_arrays()
+    first, second = task_of(p.dispatch(0, 0.0)), task_of(p.dispatch(1, 0.0))
+    assert (first.round, second.round) == (1, 2)  # a task's round on the wire is its task id
+    accepted = p.receive(b"a", delta_update("a", first.round, arrays=arrays), 1.0)
+    assert isinstance(accepted[0], Accepted) and accepted[0].update.discount == 1.0
+    p.close_version(1.0)
+    late = p.receive(b"b", delta_update("b", second.round, arrays=arrays), 2.0)
+    assert isinstance(late[0], Accepted) and late[0].update.discount == pytest.approx(2 ** -0.5)
+    assert late[0].update.counted == 1.0  # normalize "count"
+
+
+def test_an_update_of_another_devices_task_or_of_a_cancelled_one_is_refused_with_its_reason() -> None:
+    p, versions = versioned(AsyncSettings(concurrency=3, buffer=2, max_staleness=0))
+    arrays = p.server.evaluation_arrays()
+    mine, theirs = task_of(p.dispatch(0, 0.0)), task_of(p.dispatch(1, 0.0))
+    assert codes(p.receive(b"a", delta_update("a", theirs.round, arrays=arrays), 1.0)) == ["stale"]
+    p.receive(b"a", delta_update("a", mine.round, arrays=arrays), 1.0)
+    _, _, cancels = p.close_version(1.0)  # max_staleness 0: b's task can only be refused now: cancelled
+    cancelled = [m for m in sent(cancels) if isinstance(m, codec.Cancel)]
+    assert [(m.round, m.sender) for m in cancelled] == [(theirs.round, "coordinator")]
+    refused = p.receive(b"b", delta_update("b", theirs.round, arrays=arrays), 2.0)
+    assert codes(refused) == ["stale"] and "not in flight" in refused[0].reason
+
+
+def test_a_malformed_update_fails_its_task_and_the_device_may_be_tasked_again() -> None:
+    p, versions = versioned(AsyncSettings(concurrency=3, buffer=2))
+    task = task_of(p.dispatch(0, 0.0))
+    bad = frame(codec.Update(run_id="run-1", round=task.round, sender="a", num_samples=10,
+                             groups={"delta": codec.TensorGroup(dense={"nope": np.zeros(3, np.float32)})}))
+    assert codes(p.receive(b"a", bad, 1.0)) == ["invalid-update"]
+    assert versions.held_by(0) is None and versions.idle([0, 1, 2]) == [0, 1, 2]
+
+
+def test_a_device_that_fails_leaves_or_says_hello_without_its_task_is_no_longer_awaited() -> None:
+    p, versions = versioned(AsyncSettings(concurrency=3, buffer=2))
+    tasks = [task_of(p.dispatch(i, 0.0)) for i in range(3)]
+    p.receive(b"a", frame(codec.ErrorMessage(run_id="run-1", round=tasks[0].round, sender="a", code="round-failed",
+                                             reason="out of memory")), 1.0)
+    p.receive(b"b", frame(codec.Bye(run_id="run-1", round=0, sender="b", code="shutdown", reason="bye")), 1.0)
+    p.receive(b"c", hello("c", holds=("run-1", tasks[2].round)), 1.0)  # still holds it: still awaited
+    assert sorted(versions.rounds.busy()) == [2]
+    p.receive(b"c", hello("c"), 2.0)  # restarted without it
+    assert versions.rounds.busy() == set()
+
+
+def test_a_task_past_its_deadline_is_cancelled_and_a_flush_checkpoints_before_it_commits() -> None:
+    p, versions = versioned(AsyncSettings(concurrency=3, buffer=1), deadline_s=10.0)
+    arrays = p.server.evaluation_arrays()
+    slow, quick = task_of(p.dispatch(0, 0.0)), task_of(p.dispatch(1, 5.0))
+    expired = versions.expire("run-1", 12.0, lambda _index: True)
+    assert [(m.round, type(m).__name__) for m in sent(expired)] == [(slow.round, "Cancel")]
+    p.receive(b"b", delta_update("b", quick.round, arrays=arrays), 12.0)
+    flush, record, _ = p.close_version(12.0)
+    events = p.flush_version(flush.version)
+    assert isinstance(events[0], Checkpoint) and events[0].round == 1
+    commits = [m for m in sent(events[1:]) if isinstance(m, codec.Commit)]
+    assert [(m.round, m.run_id) for m in commits] == [(quick.round, "run-1")] and p.round == 1
+    assert [u[0] for u in record.updates] == [1]
+
+
+# ------------------------------------------------------------------------------------------------ sessions
+def run_rows(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines() if line.strip()]
+
+
+def test_a_simulated_async_session_resumes_after_a_crash_at_a_versions_checkpoint(
+        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = tmp_path / "run"
+    common = ["--rounds", "5", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
+              "--set", "data.clients=6", "--set", "data.train_limit=600", "--set", "round.mode=async",
+              "--set", "algorithm.name=fedavg", "--set", "asynchronous.buffer=2",
+              "--set", "asynchronous.concurrency=3", "--set", "run.export_onnx=false", "--quiet"]
+    monkeypatch.setenv("FEDGE_CRASH_AT", "checkpoint:3")
+    assert finished(procs.coordinator(*common, "--run-dir", str(run_dir), name="crashed"), 240) == 70, \
+        procs.output("crashed")
+    monkeypatch.delenv("FEDGE_CRASH_AT")
+    assert finished(procs.coordinator("--resume", str(run_dir), "--quiet", name="resumed"), 240) == 0, \
+        procs.output("resumed")
+    rows = metrics(run_dir)
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5] and all(r["updates"] == 2 for r in rows)
+    assert all(r["test_accuracy"] is not None for r in rows)
+    clients = run_rows(run_dir, "clients.jsonl")
+    assert [c["round"] for c in clients] == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    tasks = [c["task"] for c in clients]
+    assert len(set(tasks)) == len(tasks)  # no task counted twice across the crash
+    assert all(c["staleness"] <= 10 for c in clients) and any(c["staleness"] > 0 for c in clients)
+
+
+def test_real_agents_two_of_them_slowed_never_hold_the_others_back(procs: Processes, tmp_path: Path) -> None:
+    """6 agents, 2 of them 0.4 s a step slower: versions of 3 updates go on without them."""
+    data, run_dir = shards(tmp_path, 6), tmp_path / "run"
+    coordinator = procs.coordinator(
+        "--bind", "tcp://127.0.0.1:0", "--expect", "6", "--rounds", "8", "--run-dir", str(run_dir),
+        "--set", "data.clients=6", "--set", "round.mode=async", "--set", "algorithm.name=fedavg",
+        "--set", "asynchronous.concurrency=6", "--set", "asynchronous.buffer=3", "--set", "asynchronous.max_staleness=4",
+        "--set", "round.deadline_s=60", *FAST)
+    address = endpoint(run_dir)
+    for i in range(6):
+        slow = ["--step-delay-s", "0.4"] if i >= 4 else []
+        procs.agent("--coordinator", address, "--client-id", f"dev-{i}", "--data", str(data / f"client-{i:03d}.npz"),
+                    "--state-dir", str(tmp_path / f"state-{i}"), "--max-steps", "4", *slow, name=f"agent-{i}")
+    assert finished(coordinator, 300) == 0, procs.output("coordinator")
+    rows = metrics(run_dir)
+    assert [r["round"] for r in rows] == list(range(1, 9)) and all(r["updates"] == 3 for r in rows)
+    clients = run_rows(run_dir, "clients.jsonl")
+    by_device: dict[int, int] = {}
+    for row in clients:
+        by_device[row["client_index"]] = by_device.get(row["client_index"], 0) + 1
+    ids = {row["client_index"]: row["client_id"] for row in clients}
+    slow_indices = {i for i, cid in ids.items() if cid in ("dev-4", "dev-5")}
+    fast = [n for i, n in by_device.items() if i not in slow_indices]
+    slowed = [by_device.get(i, 0) for i in slow_indices]
+    assert sum(fast) >= 20 and max(slowed, default=0) < min(fast), by_device  # the fast devices did the work
+    late = [row["staleness"] for row in clients if row["client_index"] in slow_indices]
+    assert all(s >= 1 for s in late), late  # a slowed device's update arrives versions after its base
