@@ -118,3 +118,10 @@ def evaluate(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
 def round_seed(run_seed: int, round_number: int, client_index: int) -> int:
     """The batch-order seed of one client in one round: a pure function, so a resumed run replays it exactly."""
     return (run_seed * 1_000_003 + round_number * 10_007 + client_index) % (2**63 - 1)
+
+
+def attempt_seed(run_seed: int, attempt: int) -> int:
+    """The run seed a client's ``attempt``-th task on one model version trains with, in an asynchronous session
+    (0: the run's own, so that its first task on version v has round v + 1's batch order): two tasks of one client on
+    one version do not repeat one batch order."""
+    return run_seed if attempt == 0 else run_seed + attempt * 7919

@@ -3,7 +3,7 @@
 ``play_task`` is what a client does with a task, wherever it runs (an edge agent's training thread, a simulated
 fleet's worker): the client half loaded from the committed device state (anything a round left uncommitted is
 discarded first), ``on_receive``, the evaluations the task asks for, THE training loop with the session's seed for
-this client and round, the client half's update, its body encoded once, and the round's state written as pending.
+this client and round (an asynchronous task: its base version + 1 and its attempt), the client half's update, its body encoded once, and the round's state written as pending.
 ``update_frame`` joins that body to the Update header. The meter is optional (a simulated fleet meters nothing);
 so is the cancel check. No sockets, threads or clocks of its own beyond timing the training; no algorithm by name.
 """
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from fedge import codec
 from fedge.algorithms.base import Arrays, Payload, model_arrays
-from fedge.algorithms.loop import round_seed, train_local
+from fedge.algorithms.loop import attempt_seed, round_seed, train_local
 from fedge.algorithms.task import evaluate_task
 from fedge.client.joining import JoinedSession, Tensors
 from fedge.client.metering import mask_figures
@@ -83,7 +83,8 @@ def play_task(session: JoinedSession, tensors: Tensors, state: DeviceState, task
         if task.personal_eval and metrics["accuracy"] is not None:
             fields["personal_accuracy"] = metrics["accuracy"]
     started = time.monotonic()
-    seed = round_seed(session.welcome.seed, task.round, session.index)
+    seed = round_seed(session.welcome.seed, task.round, session.index) if task.base_version is None else \
+        round_seed(attempt_seed(session.welcome.seed, task.attempt), task.base_version + 1, session.index)
     with phase("train"):
         snapshot = ParamSnapshot(model) if meter is not None else None
         stats = train_local(model, client, tensors.inputs, tensors.labels, session.train, seed,

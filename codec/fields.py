@@ -1,7 +1,7 @@
 """The value types of message fields: each checked, and brought to its canonical Python form, by ``check_value``.
 
 Types: ``str`` (UTF-8, at most 64 KiB), ``code`` (``vocabulary.CODE_PATTERN``), ``int`` (0 ... 2^63 - 1),
-``float``, ``optfloat``, ``bool``, ``strs`` / ``ints`` / ``floats`` (at most 1,024 items), ``hold`` (None or
+``optint`` (None or an int), ``float``, ``optfloat``, ``bool``, ``strs`` / ``ints`` / ``floats`` (at most 1,024 items), ``hold`` (None or
 [run id, round]), ``fraction`` (a number in [0, 1]), ``bounds`` (at most 64 names to finite numbers above 0),
 ``map`` / ``meta`` (plain msgpack-native data, ``plain_data``), ``groups`` (name to ``TensorGroup``), ``secagg``
 (None, or a Task's secure-aggregation settings, ``SECAGG_FIELDS``), and the secure-aggregation bodies' types:
@@ -101,6 +101,8 @@ def check_value(kind: str, value: Any, what: str) -> Any:
         return value
     if kind == "int":
         return _check_int(value, what)
+    if kind == "optint":
+        return None if value is None else _check_int(value, what)
     if kind == "float":
         return _check_float(value, what)
     if kind == "optfloat":

@@ -131,7 +131,9 @@ class Task(MessageBase):
     the session has no test set of its own), ``paced``: hold the update until a Grant for this round comes, and
     ``norm_bounds``: the L2 bound the coordinator applies to the change of each update group this round, by group
     name (``*``: every group), empty when none is known before the round closes; ``secagg``: the round's
-    secure-aggregation settings (``fields.SECAGG_FIELDS``), or None when the round is not securely aggregated."""
+    secure-aggregation settings (``fields.SECAGG_FIELDS``), or None when the round is not securely aggregated;
+    ``base_version``: in an asynchronous session (where ``round`` is the task's id), the model version the task
+    trains from, None in rounds; ``attempt``: the device's how-many-th task on that version (0 for the first)."""
 
     groups: Mapping[str, TensorGroup] = _empty()
     meta: Mapping[str, Any] = _empty()
@@ -143,6 +145,8 @@ class Task(MessageBase):
     paced: bool = False
     norm_bounds: Mapping[str, float] = _empty()
     secagg: Mapping[str, Any] | None = None
+    base_version: int | None = None
+    attempt: int = 0
     kind: ClassVar[str] = "task"
     kind_code: ClassVar[int] = 3
 
@@ -319,7 +323,8 @@ HEADER_FIELDS: dict[type[MessageBase], tuple[tuple[str, str, str], ...]] = {
               ("normalization", "nrm", "map")),
     Task: (("committed_round", "cr", "int"), ("last_accepted_round", "la", "int"), ("deadline_s", "dl", "float"),
            ("personal_eval", "pe", "bool"), ("evaluate", "ev", "bool"), ("paced", "pace", "bool"),
-           ("norm_bounds", "nb", "bounds"), ("secagg", "sa", "secagg")),
+           ("norm_bounds", "nb", "bounds"), ("secagg", "sa", "secagg"), ("base_version", "bv", "optint"),
+           ("attempt", "at", "int")),
     Update: (("num_samples", "n", "int"), ("steps", "st", "int"), ("train_loss", "tl", "float"),
              ("train_s", "ts", "float"), ("evaluation", "ev", "map"), ("eval_samples", "es", "int"),
              ("personal_accuracy", "pa", "optfloat"), ("record", "rec", "map"), ("clip_scale", "cs", "fraction")),

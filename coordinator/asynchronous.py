@@ -7,16 +7,15 @@ gone fall out, folds each accepted update as it arrives on the one aggregation p
 with the session's bounds and server step), and at every ``asynchronous.buffer`` accepted updates flushes the
 version: closes it, cancels what it leaves out of reach, writes its rows (``round`` is the version), then its
 checkpoint (with the task table), then its Commits. A resumed session takes up the task table where its checkpoint
-left it. A thin driver: the rules are the protocol's; no algorithm by name.
+left it. A thin driver: the rules are the protocol's; no algorithm by name. Its functions take the session (typed
+loosely: the session module imports this one, and the import graph has no cycles).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any
 
 from fedge.coordinator.rows import agent_record, client_rows_of_version, version_row
 from fedge.meter import attribute_energy
@@ -24,15 +23,12 @@ from fedge.protocol.asynchronous import AsyncRounds
 from fedge.protocol.server_half import Aggregation
 from fedge.protocol.versions import VersionRounds
 
-if TYPE_CHECKING:
-    from fedge.coordinator.session import Session
-
 log = logging.getLogger("fedge.coordinator")
 
 STATE_KEY = "asynchronous"  # the task table's place in the checkpoint's meta
 
 
-def start(session: Session, resumed: dict[str, Any] | None) -> VersionRounds:
+def start(session: Any, resumed: dict[str, Any] | None) -> VersionRounds:
     """The session's versions: from the checkpoint's task table, or from version 0."""
     settings = session.config.asynchronous.settings()
     rounds = AsyncRounds.restored(settings, resumed) if resumed else AsyncRounds(settings)
@@ -45,31 +41,55 @@ def start(session: Session, resumed: dict[str, Any] | None) -> VersionRounds:
     return versions
 
 
-def fill(session: Session, versions: VersionRounds, now: float) -> None:
-    """Send tasks while the rules leave room and a live device holds none."""
-    minimum = max(session.config.round.min_clients, 1)
-    idle = versions.idle(session.trust.selectable(session.registry.live_indices(now), session.registry, minimum))
+def quarantined(session: Any, now: float) -> set[int]:
+    """The live devices the quarantine keeps out of this version (``SessionTrust.selectable``, asked once a version:
+    it reads the operator's clear requests and starts the version's count of refusals)."""
+    live = session.registry.live_indices(now)
+    return set(live) - set(session.trust.selectable(live, session.registry, max(session.config.round.min_clients, 1)))
+
+
+def fill(session: Any, versions: VersionRounds, now: float, held_out: set[int]) -> None:
+    """Send tasks while the rules leave room and a live device, not held out, holds none."""
+    idle = versions.idle([i for i in session.registry.live_indices(now) if i not in held_out])
     while idle and versions.rounds.room() > 0:
-        pick = idle.pop(int(np.random.default_rng([session.config.run.seed, versions.rounds.next_id]).integers(len(idle))))
+        pick = versions.pick(idle, session.config.run.seed)
+        idle.remove(pick)
         session.act([session.protocol.dispatch(pick, now)])
 
 
-def play_versions(session: Session, resumed: dict[str, Any] | None) -> str:
-    """Play versions until ``run.rounds`` are committed; 'done', or 'stopped' when asked to stop."""
-    versions = start(session, resumed)
+def play_versions(session: Any, versions: VersionRounds) -> str:
+    """Play versions (``start`` made them, before the session waited for its agents, so that a resumed session's
+    devices are answered by the task table) until ``run.rounds`` are committed: 'done'; 'stopped' when asked to stop;
+    'no-agents' when no device was live, and no task in flight, for ``fleet.join_timeout_s``."""
+    try:
+        return play(session, versions)
+    finally:
+        versions.finish()  # an update that comes after (while the session says goodbye) is refused
+
+
+def play(session: Any, versions: VersionRounds) -> str:
     protocol = session.protocol
     while session.round < session.config.run.rounds:
         started = time.monotonic()
         session.spent = dict.fromkeys(session.spent, 0.0)
         session.aggregation = Aggregation(session.server, versions.version + 1, session.trust.influence,
                                           step=session.step, keep=session.trust.spill.keep)
+        held_out = quarantined(session, started)
+        alone_since: float | None = None  # since when no task is in flight and no live device can take one
         while not versions.rounds.flush_due:
             if session.stopping:
                 return "stopped"
             now = time.monotonic()
+            if versions.rounds.in_flight or session.registry.live_indices(now):
+                alone_since = None
+            elif alone_since is None:
+                alone_since = now
+                log.warning("no live agent and no task in flight; waiting for agents to come back")
+            elif now - alone_since > session.config.fleet.join_timeout_s:
+                return "no-agents"
             live = set(session.registry.live_indices(now))
             session.act(versions.expire(protocol.run_id, now, live.__contains__))
-            fill(session, versions, now)
+            fill(session, versions, now, held_out)
             session.pump(100, until=lambda: versions.rounds.flush_due)  # a version takes exactly ``buffer``
             session.write_status(f"version {versions.version + 1}: {len(versions.rounds.buffered)}/"
                                  f"{versions.rounds.settings.buffer} updates, {len(versions.rounds.in_flight)} "
@@ -79,7 +99,7 @@ def play_versions(session: Session, resumed: dict[str, Any] | None) -> str:
     return "done"
 
 
-def finish_version(session: Session, started: float) -> None:
+def finish_version(session: Any, started: float) -> None:
     """Flush the version: close its aggregation, cancel what it leaves out of reach, write its rows, then its
     checkpoint, then its Commits."""
     session.rows.flush()  # the previous version's row: its evaluation ran beside this version
@@ -97,7 +117,10 @@ def finish_version(session: Session, started: float) -> None:
     row = version_row(number, session.config.algorithm_name, flush, record, metrics, records)
     session.run_dir.append_jsonl("clients.jsonl", *client_rows_of_version(number, record, ids, records,
                                                                           attribute_energy(records), bounds))
-    session.tallies.note_round(number, ids, record.bytes_down, {u[0]: u[3] for u in record.updates}, ())
+    sizes: dict[int, int] = {}
+    for index, _, _, size, _ in record.updates:  # a fast device may have two updates in one version
+        sizes[index] = sizes.get(index, 0) + size
+    session.tallies.note_round(number, ids, record.bytes_down, sizes, ())
     row["wall_s"] = time.monotonic() - started
     held = session.hold_row(row, number)
     session.bytes_total["down"] += int(row["bytes_down"])

@@ -8,7 +8,8 @@ the shared body in parts (``parts``) for the transport to send as the frames of 
 its groups hold the very same tensors (the same array objects and the same sparse section object: a server half
 that hands every client its one model does) and an equal meta; anything else (ef's catch-ups, pFedLA's personal
 models) is encoded for its client alone. Identity, not content, is compared, so the check costs nothing per
-tensor, and the cached groups are kept referenced for the round so that no identity can be reused. Cleared at every round.
+tensor, and the cached groups are kept referenced for the round so that no identity can be reused. Cleared at every round
+(in an asynchronous session, at every base version: each task has its own round, its task id).
 
 ``parts`` cuts the body into frames of at most ``frame_bytes`` (views of the one body, not copies). Under CurveZMQ
 libzmq encrypts a frame when a connection's engine takes it from its queue and takes the next only once that one is
@@ -50,15 +51,16 @@ class DownlinkBodies:
 
     def __init__(self, frame_bytes: int = BODY_FRAME) -> None:
         self.frame_bytes = frame_bytes
-        self.round = -1
+        self.key: tuple[str, int] = ("round", -1)  # the round (or an asynchronous task's base version) cached
         self.cached: list[tuple[dict[str, codec.TensorGroup], dict[str, Any], bytes]] = []
         self.encoded = 0  # bodies compressed this round
         self.shared = 0   # tasks that reused a body this round
 
     def body(self, task: codec.Task) -> bytes:
         """The Task's body, encoded once for every task of the round with the same payload."""
-        if task.round != self.round:
-            self.round, self.cached, self.encoded, self.shared = task.round, [], 0, 0
+        key = ("round", task.round) if task.base_version is None else ("version", task.base_version)
+        if key != self.key:
+            self.key, self.cached, self.encoded, self.shared = key, [], 0, 0
         for groups, meta, body in self.cached:
             if meta == task.meta and same_groups(groups, task.groups):
                 self.shared += 1

@@ -25,15 +25,16 @@ from fedge.algorithms.base import ModelLayout, ServerContext
 from fedge.codec import vocabulary as words
 from fedge.coordinator import asynchronous
 from fedge.coordinator.checkpoint import load_checkpoint, save_checkpoint
-from fedge.coordinator.config import Config, ConfigError
+from fedge.coordinator.config import Config
 from fedge.coordinator.crashpoints import crash_point
 from fedge.coordinator.deferred import DeferredRow, PendingRow
 from fedge.coordinator.distributed import BudgetSpent, SessionNoise
 from fedge.coordinator.downlinks import BODY_FRAME, CURVE_BODY_FRAME, DownlinkBodies
 from fedge.coordinator.privacy import PrivacyPlan, SessionPrivacy
+from fedge.coordinator.recovery import recover_round
 from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
-from fedge.coordinator.rundir import METER_FIELDS, METRICS_FIELDS, SPENT_FIELDS, RunDir, plain
-from fedge.coordinator.secure import KeptSum, SessionSecAgg
+from fedge.coordinator.rundir import SPENT_FIELDS, RunDir, plain
+from fedge.coordinator.secure import SessionSecAgg
 from fedge.coordinator.status import AgentTallies, StatusBoard
 from fedge.coordinator.transport import RouterTransport
 from fedge.coordinator.trust import SessionTrust
@@ -396,41 +397,6 @@ class Session:
     def index_of(self, client_id: str) -> int:
         return self.registry.agents[client_id].index
 
-    def recover_round(self, kept: KeptSum) -> dict[str, Any]:
-        """Round ``kept.round`` as its kept sum says: the coordinator crashed after unmasking it, before its
-        checkpoint. Its mean change is folded as it was, the round committed and checkpointed, and its row written
-        from what was kept (``secagg_recovered``; no clients.jsonl rows: the devices' records were lost). Its
-        contributors are named by client id (an index may have changed hands since the last checkpoint)."""
-        number, started = kept.round, time.monotonic()
-        self.rows.flush()
-        self.aggregation = Aggregation(self.server, number, step=self.step)
-        first = min(kept.contributors, key=lambda c: c[1])
-        try:
-            groups = kept.groups(self.server.downlink(number, first[1]).groups)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-        self.aggregation.fold_secure_mean(groups, first, sorted(index for _, index in kept.contributors))
-        extra = self.aggregation.close()
-        for client_id, _ in kept.contributors:  # their next task confirms the round to them
-            agent = self.registry.get(client_id)
-            if agent is not None:
-                agent.last_accepted_round = number
-        self.protocol.resume(self.run_id, number)
-        indices = sorted(index for _, index in kept.contributors)  # as they were in the round
-        row: dict[str, Any] = dict.fromkeys(METRICS_FIELDS + METER_FIELDS)
-        row.update(round=number, algorithm=self.config.algorithm_name, reported=len(indices), accepted=indices,
-                   selected_indices=indices, bytes_down=0, bytes_up=0, **extra, **kept.record, secagg_recovered=True)
-        row["wall_s"] = time.monotonic() - started
-        log.warning("round %d: recovered from the sum kept before the crash (%d masked inputs); not redone",
-                    number, len(indices))
-        held = self.hold_row(row, number)
-        self.save_checkpoint()
-        if self.secagg is not None:
-            self.secagg.drop_sum()
-        if not held.waiting:
-            self.rows.flush()
-        return row
-
     def hold_row(self, row: dict[str, Any], number: int) -> DeferredRow:
         return self.rows.hold(row, number, self.server.evaluation_arrays, self.server.pruned_evaluation_arrays)
 
@@ -461,10 +427,11 @@ class Session:
             self.rows.flush()
 
     def play_rounds(self, expect: int, join_timeout_s: float) -> str:
+        versions = asynchronous.start(self, self.resumed_versions) if self.config.round.mode == "async" else None
         if not self.wait_for_agents(expect, join_timeout_s):
             return "stopped"
-        if self.config.round.mode == "async":
-            return asynchronous.play_versions(self, self.resumed_versions)
+        if versions is not None:
+            return asynchronous.play_versions(self, versions)
         while self.round < self.config.run.rounds:
             if self.privacy is not None and self.privacy.over_budget():
                 log.warning("privacy: another round would take epsilon past privacy.max_epsilon = %g (now %.4g); "
@@ -479,7 +446,7 @@ class Session:
                 if not self.registry.live_indices(time.monotonic()):
                     return "no-agents"
             kept = self.secagg.kept(self.run_id, self.round + 1) if self.secagg is not None else None
-            row = self.play_round(self.round + 1) if kept is None else self.recover_round(kept)
+            row = self.play_round(self.round + 1) if kept is None else recover_round(self, kept)
             if row is None and self.budget_spent:
                 self.write_status("privacy budget spent", force=True)
                 return "budget"

@@ -5,7 +5,8 @@ The definitions (docs/protocol.md, "Asynchronous rounds"):
 
 - **Versions.** The global model's number: 0 is the initial model, and each flush makes the next one.
 - **A task's base** is the version current when it was sent. Its update is a change from that base (a delta), and
-  its **staleness** is tau = (the version it is folded into) - (its base).
+  its **staleness** tau is the number of versions made since it was sent: (the current version, the last flushed)
+  - (its base), so an update folded into the version its task was sent on has tau = 0.
 - **The weight.** An accepted update's values count s(tau) times its sample weight, with s the ``staleness`` rule:
   ``sqrt`` 1/sqrt(1+tau), ``constant`` 1. ``normalize`` says what the flush's mean divides by: ``count``, the
   undiscounted weights (FedBuff's (1/K) sum s(tau_i) delta_i under uniform weighting: a stale update moves the model

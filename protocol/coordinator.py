@@ -323,7 +323,8 @@ class CoordinatorProtocol:
         if current is not None and index in current.chosen:
             current.fail(index)
         # an update of it in the round open or closing keeps its index: the round's records and commits name it
-        held = any(state is not None and index in state.updates for state in (current, self.closed))
+        held = any(state is not None and index in state.updates for state in (current, self.closed)) or \
+            (self.versions is not None and self.versions.holds(index))
         if not held and self.registry.release(client_id):
             self.forget(index)
             return [Noted(logging.INFO, f"agent {client_id} declined the session; client index {index} is free "

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from fedge import codec
 from fedge.codec import vocabulary as words
 from fedge.protocol.asynchronous import AsyncRounds, Flush, Refusal, SentTask
@@ -64,6 +66,7 @@ class VersionRounds:
         self.building = VersionRecord(rounds.version + 1, now)
         self.last_flush: Flush | None = None  # until its Commits are out
         self.latest: dict[int, int] = {t.index: t.task_id for t in rounds.in_flight.values()}  # each device's last task
+        self.finished = False
 
     @property
     def version(self) -> int:
@@ -82,7 +85,8 @@ class VersionRounds:
         return Send(peer=agent.peer, message=codec.Task(
             run_id=run_id, round=sent.task_id, sender=COORDINATOR, groups=dict(payload.groups),
             meta=dict(payload.meta), committed_round=committed, last_accepted_round=agent.last_accepted_round,
-            deadline_s=self.deadline_s, **self.task_flags(sent.task_id)), task_of=index)
+            deadline_s=self.deadline_s, base_version=sent.base, attempt=sent.attempt,
+            **self.task_flags(sent.task_id)), task_of=index)
 
     def sent(self, index: int, size: int) -> None:
         self.building.bytes_down[index] = self.building.bytes_down.get(index, 0) + size
@@ -92,10 +96,31 @@ class VersionRounds:
         busy = self.rounds.busy()
         return [index for index in live if index not in busy]
 
+    def pick(self, idle: list[int], seed: int) -> int:
+        """Which of the ``idle`` clients gets the next task: drawn from (run seed, the task's id), so that a run
+        that makes the same choices in the same order draws the same devices."""
+        return idle[int(np.random.default_rng([seed, self.rounds.next_id]).integers(len(idle)))]
+
+    def holds(self, index: int) -> bool:
+        """Whether client ``index`` has a task in flight, an update in the version being built, or one in the version
+        last flushed whose Commits are not out yet: its index must not change hands."""
+        flushed = self.last_flush.arrivals if self.last_flush is not None else ()
+        return self.held_by(index) is not None or any(u[0] == index for u in self.building.updates) or \
+            any(a.index == index for a in flushed)
+
+    def finish(self) -> None:
+        """The session has its versions: every update from now on is refused."""
+        self.finished = True
+
     # ------------------------------------------------------------------------------------------ updates
     def update(self, server: ServerHalf, client_id: str, index: int, update: codec.Update, size: int,
                now: float) -> Accepted | Refused:
-        """An Update whose ``round`` names its task: accepted with its factors, or refused with a reason."""
+        """An Update whose ``round`` names its task: accepted with its factors, or refused with a reason (also once
+        the version has its ``buffer`` updates and is not flushed yet, and once the session is over)."""
+        if self.finished:
+            return Refused(words.STALE, f"the session has its {self.version} versions")
+        if self.rounds.flush_due:
+            return Refused(words.STALE, f"version {self.version + 1} has its {self.rounds.settings.buffer} updates")
         task = self.rounds.in_flight.get(update.round)
         decoded = ClientUpdate(client_id=client_id, index=index, num_samples=update.num_samples,
                                payload=Payload(groups=dict(update.groups), meta=dict(update.meta)),

@@ -1,27 +1,25 @@
 """Asynchronous buffered rounds (FedBuff) in process, on a simulated clock; and synchronous rounds on the same clock,
 so that the two compare.
 
-``run_async`` plays a session of versions: ``protocol.asynchronous.AsyncRounds`` decides which task may be sent, how
-stale each update is, whether it is folded and when a version is flushed; ``simulation.timing.DeviceTiming`` says
-how long each task takes. Every task is a real Task packet (its base version's model, from the server half's
-downlink), trained by THE client-round function (``simulation.inprocess.train_task``), and its Update packet is
-decoded and checked as the coordinator checks one (``protocol.validation``, the half's ``check_update``). An
-accepted update is folded at once on the one aggregation path (``protocol.server_half.Aggregation``, one per
-version, with the fleet's bounds and server step) under its staleness factors; a flush closes it. A stateless
-client's pending device state is discarded by its next task, so no Commit is played.
+``run_async`` plays a session of versions through the protocol objects a session and its agents use: the fleet's
+``CoordinatorProtocol`` serves versions (``protocol.versions``: which device gets the next task, each Task numbered
+and carrying its base version, each Update checked, placed by the task table or refused, the cancels and the
+Commits), each logical client's ``AgentProtocol`` takes its Task, Cancel and Commit as an agent does, and each task
+is trained by THE client-round function (``simulation.inprocess.train_task``). Only time is simulated:
+``simulation.timing.DeviceTiming`` says how long each task takes. Every accepted update is folded at once on the one
+aggregation path (``protocol.server_half.Aggregation``, one per version, with the fleet's bounds and server step);
+a version is flushed the moment its ``buffer``-th update is folded.
 
 Events: a task is trained when it is sent (its result depends only on its base model and its client) and its update
-arrives at its simulated finish time; the event heap orders arrivals by (time, task id), so a run is the same, bit
-for bit, for the same seed. Which idle client gets the next task is drawn from (seed, task id). A task's Task packet
-carries base version + 1 where a synchronous one carries its round (the batch order's seed derives from it, with
-the client's attempt on that base: ``attempt_seed``); the wire format's own task id is the next step (docs/protocol.md).
+arrives at its simulated finish time; arrivals are taken in order of (time, task id), so a run is the same, bit for
+bit, for the same seed. A cancelled task's result is dropped, and its device is idle at once.
 
 ``run_sync`` plays synchronous rounds (``simulation.inprocess.run_round``) on the same clock: a round lasts as long as
 its slowest kept device; with over-selection (``selected`` > ``cohort``) the ``cohort`` fastest are kept and the rest
 cancelled. Evaluation costs no simulated time.
 
-For the stateless algorithms (FedAvg, FedProx: ``ASYNC_ALGORITHMS``) with delta uploads. No sockets, threads or wall
-clocks.
+For the stateless algorithms (FedAvg, FedProx: ``coordinator.sections.ASYNC_ALGORITHMS``) with delta uploads. No
+sockets, threads or wall clocks.
 """
 
 from __future__ import annotations
@@ -37,16 +35,27 @@ import torch
 
 from fedge import codec
 from fedge.algorithms.base import TrainSettings
+from fedge.exhaustive import assert_never
 from fedge.plumbing import without_fsync
-from fedge.protocol.asynchronous import Arrival, AsyncRounds, AsyncSettings, Refusal
-from fedge.protocol.events import COORDINATOR
-from fedge.protocol.payload import ClientUpdate, Payload
+from fedge.protocol.asynchronous import AsyncRounds, AsyncSettings
+from fedge.protocol.events import (
+    Accepted,
+    AgentAction,
+    CancelTraining,
+    Checkpoint,
+    Confirm,
+    CoordinatorEvent,
+    Noted,
+    Rejected,
+    Send,
+    SendFrame,
+    Train,
+)
 from fedge.protocol.server_half import Aggregation
-from fedge.protocol.validation import check_update
-from fedge.simulation.inprocess import RUN_ID, Fleet, global_arrays, run_round, train_task
+from fedge.protocol.versions import VersionRounds
+from fedge.simulation.inprocess import FOREVER_S, Fleet, global_arrays, run_round, train_task
 from fedge.simulation.timing import DeviceTiming
 
-ASYNC_ALGORITHMS = ("fedavg", "fedprox")  # stateless clients whose server half folds deltas under a discount
 Evaluate = Callable[[dict[str, np.ndarray]], dict[str, Any]]
 Data = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
@@ -54,12 +63,6 @@ Data = Sequence[tuple[torch.Tensor, torch.Tensor]]
 def planned_steps(samples: int, settings: TrainSettings) -> int:
     """The local steps a task is planned to take (its simulated cost): epochs times the batches of its data."""
     return settings.epochs * max(1, math.ceil(samples / settings.batch_size))
-
-
-def attempt_seed(run_seed: int, attempt: int) -> int:
-    """The seed a client's ``attempt``-th task on one base version trains with (0: the run's own, as a synchronous
-    round's), so that two tasks of one client on one base do not repeat one batch order."""
-    return run_seed if attempt == 0 else run_seed + attempt * 7919
 
 
 @dataclass
@@ -77,93 +80,128 @@ def _evaluated(row: dict[str, Any], fleet: Fleet, evaluate: Evaluate | None) -> 
     return row
 
 
+class AsyncFleet:
+    """One asynchronous run of a fleet: the events on the simulated clock, and the protocol objects' decisions carried
+    out as a session and its agents carry them out."""
+
+    def __init__(self, fleet: Fleet, settings: AsyncSettings, data: Data, train: TrainSettings,
+                 timing: DeviceTiming, seed: int) -> None:
+        self.fleet, self.data, self.train, self.timing, self.seed = fleet, data, train, timing, seed
+        self.coordinator = fleet.coordinator
+        self.coordinator.replace_server(fleet.server)
+        self.versions = VersionRounds(AsyncRounds(settings), self.coordinator.registry, self.coordinator.shapes,
+                                      self.task_flags, FOREVER_S, 0.0)
+        self.coordinator.start_versions(self.versions)
+        fleet.aggregation = Aggregation(fleet.server, 1, fleet.influence, step=fleet.step)
+        self.heap: list[tuple[float, int, int]] = []   # (arrival time, task id, client index)
+        self.results: dict[int, bytes] = {}            # task id -> its Update packet, until it arrives
+        self.refused: list[str] = []                   # the version's refusals, with their reasons
+
+    def task_flags(self, _task_id: int) -> dict[str, Any]:
+        aggregation = self.fleet.aggregation
+        return {"norm_bounds": aggregation.norm_bounds if aggregation is not None else {}}
+
+    def carry(self, events: Sequence[CoordinatorEvent], now: float) -> None:
+        """The coordinator protocol's events: an accepted update folded at once, a refusal counted, a message
+        handed to its client's protocol as a packet."""
+        for event in events:
+            match event:
+                case Accepted(update=update):
+                    assert self.fleet.aggregation is not None
+                    self.fleet.aggregation.fold(update)
+                case Rejected(reason=reason):
+                    self.refused.append(reason)
+                case Send(peer=peer, message=message, task_of=task_of):
+                    packet = codec.encode(message)
+                    if task_of is not None:
+                        self.coordinator.sent_task(task_of, len(packet))
+                    index = self.coordinator.registry.agents[peer.decode()].index
+                    for action in self.fleet.logical[index].protocol.receive(packet, now):
+                        self.act(index, action, packet, now)
+                case Checkpoint() | Noted() | SendFrame():
+                    continue  # no checkpoint or log in process; no older peer
+                case _:
+                    assert_never(event)
+
+    def act(self, index: int, action: AgentAction, packet: bytes, now: float) -> None:
+        """A client protocol's decision: a task trained now and its update scheduled, a cancelled task's result
+        dropped, a commit's pending state promoted."""
+        match action:
+            case Train(task=task):
+                frame = train_task(self.fleet, index, task, self.data[index], self.train, self.seed, None)
+                self.results[task.round] = frame
+                steps = planned_steps(int(self.data[index][1].shape[0]), self.train)
+                finish = now + self.timing.duration(index, task.round, steps, len(packet) + len(frame))
+                heapq.heappush(self.heap, (finish, task.round, index))
+            case CancelTraining(round=task_id):
+                self.results.pop(task_id, None)
+            case Confirm(round=task_id):
+                self.fleet.logical[index].confirm(task_id)
+            case _:
+                return  # what a client logs or reports beside its tasks plays no part here
+
+    def fill(self, now: float) -> None:
+        """Tasks while the rules leave room and a client holds none (which one: ``VersionRounds.pick``)."""
+        idle = self.versions.idle(list(range(len(self.fleet.clients))))
+        while idle and self.versions.rounds.room() > 0:
+            pick = self.versions.pick(idle, self.seed)
+            idle.remove(pick)
+            self.carry([self.coordinator.dispatch(pick, now)], now)
+
+    def arrive(self, now: float, task_id: int, index: int) -> None:
+        """A task's update reaches the coordinator (unless the task was cancelled meanwhile)."""
+        frame = self.results.pop(task_id, None)
+        if frame is None:
+            return
+        client = self.fleet.logical[index]
+        for action in client.protocol.finished(task_id, frame):
+            if isinstance(action, SendFrame):
+                self.carry(self.coordinator.receive(client.peer, action.frame, now), now)
+
+    def flush(self, now: float) -> dict[str, Any]:
+        """Close the version: its aggregation, its cancels, then its Commits; its row (``round``: the version)."""
+        fleet = self.fleet
+        assert fleet.aggregation is not None
+        metrics = fleet.aggregation.close()
+        flush, record, cancels = self.coordinator.close_version(now)
+        self.carry(cancels, now)
+        self.carry(self.coordinator.flush_version(flush.version), now)
+        fleet.aggregation = Aggregation(fleet.server, flush.version + 1, fleet.influence, step=fleet.step)
+        row = {"round": flush.version, "updates": len(flush.arrivals), **flush.staleness(), "sim_time_s": now,
+               "refused": len(self.refused), "cancelled": len(flush.cancelled),
+               "bytes_down": sum(record.bytes_down.values()), "bytes_up": sum(u[3] for u in record.updates),
+               **metrics}
+        self.refused = []
+        return row | {"clients": [{"client": index, "task": task, "staleness": staleness,
+                                   "num_samples": update.num_samples}
+                                  for index, task, update, _, staleness in record.updates]}
+
+
 def run_async(fleet: Fleet, settings: AsyncSettings, data: Data, train: TrainSettings, timing: DeviceTiming,
               versions: int, seed: int = 0, evaluate: Evaluate | None = None, until_s: float = math.inf,
               stop: Callable[[dict[str, Any]], bool] | None = None) -> Timeline:
     """Play asynchronous versions until ``versions`` are flushed, the simulated clock passes ``until_s`` or
-    ``stop`` says so of a version's row."""
+    ``stop`` says so of a version's row. ``seed``: the run's (the batch orders, which device gets a task)."""
     if len(fleet.clients) < 1:
         raise ValueError("an asynchronous run needs clients")
-    server, shapes = fleet.server, {name: tuple(a.shape) for name, a in fleet.initial.items()}
-    rounds = AsyncRounds(settings)
+    run = AsyncFleet(fleet, settings, data, train, timing, seed)
     timeline = Timeline()
-    heap: list[tuple[float, int]] = []          # (arrival time, task id)
-    frames: dict[int, tuple[bytes, int]] = {}   # task id -> (its Update packet, its Task packet's size)
-    counts = {"refused": 0, "cancelled": 0, "bytes_down": 0, "bytes_up": 0}
-    aggregation = Aggregation(server, 1, fleet.influence, step=fleet.step)
-
-    def fill(now: float) -> None:
-        busy = rounds.busy()
-        while rounds.room() > 0:
-            idle = [i for i in range(len(fleet.clients)) if i not in busy]
-            if not idle:
-                return
-            pick = idle[int(np.random.default_rng([seed, rounds.next_id]).integers(len(idle)))]
-            sent = rounds.dispatch(pick, now)
-            busy.add(pick)
-            payload = server.downlink(sent.base + 1, pick)
-            packet = codec.encode(codec.Task(run_id=RUN_ID, round=sent.base + 1, sender=COORDINATOR,
-                                             groups=dict(payload.groups), meta=dict(payload.meta),
-                                             committed_round=rounds.version, norm_bounds=aggregation.norm_bounds))
-            task = codec.decode(packet)
-            assert isinstance(task, codec.Task)
-            frame = train_task(fleet, pick, task, data[pick], train, attempt_seed(seed, sent.attempt), None)
-            frames[sent.task_id] = (frame, len(packet))
-            steps = planned_steps(int(data[pick][1].shape[0]), train)
-            finish = now + timing.duration(pick, sent.task_id, steps, len(packet) + len(frame))
-            heapq.heappush(heap, (finish, sent.task_id))
-
     with without_fsync():
-        fill(0.0)
-        while heap and rounds.version < versions:
-            now, task_id = heapq.heappop(heap)
+        run.fill(0.0)
+        while run.heap and run.versions.version < versions:
+            now, task_id, index = heapq.heappop(run.heap)
             if now > until_s:
                 break
             timeline.clock = now
-            sent = rounds.in_flight.get(task_id)
-            frame, task_size = frames.pop(task_id)
-            if sent is None:  # cancelled before it arrived
-                continue
-            counts["bytes_down"] += task_size
-            counts["bytes_up"] += len(frame)
-            update = codec.decode(frame)
-            assert isinstance(update, codec.Update)
-            decoded = ClientUpdate(client_id=fleet.logical[sent.index].client_id, index=sent.index,
-                                   num_samples=update.num_samples,
-                                   payload=Payload(groups=dict(update.groups), meta=dict(update.meta)),
-                                   clip_scale=update.clip_scale)
-            problem = check_update(update, shapes, set()) or server.check_update(sent.base + 1, decoded)
-            outcome: Arrival | Refusal
-            if problem:
-                rounds.fail(task_id)
-                outcome = Refusal(task_id, sent.index, problem)
-            else:
-                outcome = rounds.arrive(task_id, sent.index)
-            if isinstance(outcome, Refusal):
-                counts["refused"] += 1
-                timeline.clients.append({"round": rounds.version + 1, "client": sent.index, "task": task_id,
-                                         "base": sent.base, "refused": outcome.reason, "sim_time_s": now})
-            else:
-                aggregation.fold(ClientUpdate(client_id=decoded.client_id, index=decoded.index,
-                                              num_samples=decoded.num_samples, payload=decoded.payload,
-                                              clip_scale=decoded.clip_scale, discount=outcome.discount,
-                                              counted=outcome.counted))
-                timeline.clients.append({"round": rounds.version + 1, "client": sent.index, "task": task_id,
-                                         "base": sent.base, "staleness": outcome.staleness,
-                                         "discount": outcome.discount, "num_samples": update.num_samples,
-                                         "sim_time_s": now})
-            if rounds.flush_due:
-                metrics = aggregation.close()
-                flush = rounds.flush()
-                counts["cancelled"] += len(flush.cancelled)
-                row = {"round": flush.version, "updates": len(flush.arrivals), **flush.staleness(),
-                       "sim_time_s": now, **counts, **metrics}
-                counts = dict.fromkeys(counts, 0)
+            run.arrive(now, task_id, index)
+            if run.versions.rounds.flush_due:
+                row = run.flush(now)
+                timeline.clients += [{"round": row["round"], **client, "sim_time_s": now}
+                                     for client in row.pop("clients")]
                 timeline.rows.append(_evaluated(row, fleet, evaluate))
                 if stop is not None and stop(row):
                     break
-                aggregation = Aggregation(server, flush.version + 1, fleet.influence, step=fleet.step)
-            fill(now)
+            run.fill(now)
     return timeline
 
 

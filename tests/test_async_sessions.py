@@ -118,8 +118,16 @@ def test_a_simulated_async_session_resumes_after_a_crash_at_a_versions_checkpoin
     assert finished(procs.coordinator(*common, "--run-dir", str(run_dir), name="crashed"), 240) == 70, \
         procs.output("crashed")
     monkeypatch.delenv("FEDGE_CRASH_AT")
+    from fedge.plumbing import load_arrays
+
+    _, meta = load_arrays(run_dir / "checkpoint.npz")
+    restored = [task for task, *_ in meta["asynchronous"]["in_flight"]]
+    assert meta["round"] == 3 and restored, meta["asynchronous"]
     assert finished(procs.coordinator("--resume", str(run_dir), "--quiet", name="resumed"), 240) == 0, \
         procs.output("resumed")
+    log = (run_dir / "coordinator.log").read_text()
+    for task in restored:  # the restarted fleet's devices said hello without them: not awaited until a deadline
+        assert f"task {task} of client" in log and "said hello without it" in log, task
     rows = metrics(run_dir)
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5] and all(r["updates"] == 2 for r in rows)
     assert all(r["test_accuracy"] is not None for r in rows)
@@ -157,3 +165,51 @@ def test_real_agents_two_of_them_slowed_never_hold_the_others_back(procs: Proces
     assert sum(fast) >= 20 and max(slowed, default=0) < min(fast), by_device  # the fast devices did the work
     late = [row["staleness"] for row in clients if row["client_index"] in slow_indices]
     assert all(s >= 1 for s in late), late  # a slowed device's update arrives versions after its base
+
+
+def test_a_devices_second_task_on_one_version_is_its_next_attempt_and_only_its_last_task_is_committed() -> None:
+    p, versions = versioned(AsyncSettings(concurrency=3, buffer=2, max_staleness=2))
+    arrays = p.server.evaluation_arrays()
+    first = task_of(p.dispatch(0, 0.0))
+    assert (first.base_version, first.attempt) == (0, 0)
+    p.receive(b"a", delta_update("a", first.round, arrays=arrays), 1.0)
+    again = task_of(p.dispatch(0, 1.0))  # its update is in: a stateless device takes the next task at once
+    assert (again.base_version, again.attempt) == (0, 1) and again.round > first.round
+    other = task_of(p.dispatch(1, 1.0))
+    p.receive(b"b", delta_update("b", other.round, arrays=arrays), 2.0)
+    flush, _, _ = p.close_version(2.0)
+    commits = [m for m in sent(p.flush_version(flush.version)) if isinstance(m, codec.Commit)]
+    # a's first task is superseded (its next task discarded what it left pending); b's is committed
+    assert [(m.round) for m in commits] == [other.round]
+
+
+def test_a_device_that_declines_with_an_update_in_the_version_keeps_its_index_until_the_commits() -> None:
+    p, versions = versioned(AsyncSettings(concurrency=3, buffer=2))
+    arrays = p.server.evaluation_arrays()
+    task = task_of(p.dispatch(0, 0.0))
+    p.receive(b"a", delta_update("a", task.round, arrays=arrays), 1.0)
+    p.receive(b"a", frame(codec.ErrorMessage(run_id="", round=0, sender="a", code="model-failed",
+                                             reason="declined")), 1.5)
+    assert p.registry.get("a") is not None and p.registry.agents["a"].index == 0  # not handed to a newcomer
+    other = task_of(p.dispatch(1, 2.0))
+    p.receive(b"b", delta_update("b", other.round, arrays=arrays), 2.0)
+    flush, record, _ = p.close_version(2.0)
+    assert [u[0] for u in record.updates] == [0, 1]
+    p.flush_version(flush.version)  # its Commit names client 0 as it was: no KeyError, no other device's peer
+
+
+def test_an_update_after_the_session_has_its_versions_or_beyond_a_full_version_is_refused() -> None:
+    p, versions = versioned(AsyncSettings(concurrency=3, buffer=1))
+    arrays = p.server.evaluation_arrays()
+    tasks = [task_of(p.dispatch(i, 0.0)) for i in range(1)]
+    p.receive(b"a", delta_update("a", tasks[0].round, arrays=arrays), 1.0)
+    late = task_of(p.dispatch(1, 1.0)) if versions.rounds.room() else None
+    assert versions.rounds.flush_due
+    if late is not None:  # a driver that read on past the K-th update gets a refusal, never an exception
+        assert codes(p.receive(b"b", delta_update("b", late.round, arrays=arrays), 1.5)) == ["stale"]
+    flush, _, _ = p.close_version(2.0)
+    p.flush_version(flush.version)
+    versions.finish()
+    after = task_of(p.dispatch(2, 2.0))
+    refused = p.receive(b"c", delta_update("c", after.round, arrays=arrays), 3.0)
+    assert codes(refused) == ["stale"] and "has its 1 versions" in refused[0].reason

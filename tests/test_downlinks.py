@@ -59,4 +59,17 @@ def test_different_payloads_are_not_shared_and_a_new_round_starts_afresh() -> No
         np.float32(first.groups["model"].dense["fc1.bias"][0] + 1)
     later = tasks("fedavg", 1, round_number=2)[0]
     bodies.frame(later)
-    assert bodies.round == 2 and bodies.encoded == 1 and bodies.shared == 0
+    assert bodies.key == ("round", 2) and bodies.encoded == 1 and bodies.shared == 0
+
+
+def test_asynchronous_tasks_on_one_version_share_its_body_whatever_their_task_ids() -> None:
+    import dataclasses
+
+    bodies = DownlinkBodies()
+    first, second = tasks("fedavg", 2)
+    on_version = [dataclasses.replace(task, round=7 + i, base_version=3) for i, task in enumerate((first, second))]
+    frames = [bodies.frame(task) for task in on_version]
+    assert bodies.encoded == 1 and bodies.shared == 1
+    assert [codec.decode(frame).round for frame in frames] == [7, 8]  # each keeps its own header
+    bodies.frame(dataclasses.replace(first, round=9, base_version=4))
+    assert bodies.key == ("version", 4) and bodies.encoded == 1 and bodies.shared == 0
