@@ -117,6 +117,8 @@ class CoordinatorProtocol:
                                now)
         if isinstance(message, codec.Hello):
             return self.on_hello(peer, message, now)
+        if self.over and not isinstance(message, codec.Bye):  # the session said goodbye: what crossed it is dropped
+            return [Noted(logging.DEBUG, f"a {type(message).__name__} from {client_id} after the session ended")]
         agent = self.registry.get(client_id)
         if agent is None or not agent.connected:
             return self.refuse(peer, words.HELLO_FIRST, "this agent has not registered in this session: send a "

@@ -25,7 +25,7 @@ def summary_line(config: Config, agents: int, local: bool, run_dir: Path) -> str
     else:
         fleet = f"{config.fleet.expect} device(s) expected at {config.fleet.bind}"
     return (f"{config.algorithm_name} | {config.model.name} on {data.dataset} ({partition}) | "
-            f"{config.run.rounds} rounds | {fleet} | run directory {run_dir}/ (config.toml holds the effective "
+            f"{config.run.rounds} {'asynchronous versions' if config.round.mode == 'async' else 'rounds'} | {fleet} | run directory {run_dir}/ (config.toml holds the effective "
             "configuration; --print-config shows it)")
 
 

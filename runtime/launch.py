@@ -160,7 +160,9 @@ def progress_printer(config: Config, quiet: bool) -> Any:
             if isinstance(value, float) and not math.isnan(value):
                 acc_text = f"{label} {scale * value:5.{1 if unit else 4}f}{unit}"
                 break
-        print(f"round {done:>3}/{config.run.rounds} | {acc_text} | {row['reported']}/{row['selected']} agents | "
+        what = ("version", f"{row['reported']} updates, staleness <= {row.get('staleness_max')}") \
+            if config.round.mode == "async" else ("round", f"{row['reported']}/{row['selected']} agents")
+        print(f"{what[0]} {done:>3}/{config.run.rounds} | {acc_text} | {what[1]} | "
               f"down {row['bytes_down'] / 1e6:6.2f} MB up {row['bytes_up'] / 1e6:6.2f} MB | "
               f"{row['wall_s']:5.1f} s | ETA {eta / 60:4.1f} min", flush=True)
 
@@ -192,7 +194,7 @@ def finish(session: Session, run_dir: RunDir, spec: ModelSpec, outcome: str, wal
     accuracies = [r["test_accuracy"] for r in rows if isinstance(r.get("test_accuracy"), float)]
     report = {
         "run_id": session.run_id, "status": outcome, "algorithm": session.config.algorithm_name,
-        "rounds": session.config.run.rounds, "rounds_completed": session.round,
+        "mode": session.config.round.mode, "rounds": session.config.run.rounds, "rounds_completed": session.round,
         "final_test_accuracy": accuracies[-1] if accuracies else None,
         "best_test_accuracy": max(accuracies) if accuracies else None,
         "final_test_loss": rows[-1].get("test_loss") if rows else None,
@@ -227,7 +229,8 @@ def command_start(args: argparse.Namespace, flags: dict[str, Any]) -> int:
         acc = report["final_test_accuracy"]
         written = ", ".join(["metrics.jsonl", "clients.jsonl", "report.json",
                              *[name for name in report["files"].values() if name]])
-        print(f"done: {report['rounds_completed']} rounds, final test accuracy "
+        unit = "versions" if report.get("mode") == "async" else "rounds"
+        print(f"done: {report['rounds_completed']} {unit}, final test accuracy "
               f"{'n/a' if acc is None else f'{100 * acc:.2f}%'}; results in {run_dir.path}/ ({written})", flush=True)
         return 0
     if report["status"] == "budget":

@@ -8,6 +8,7 @@ from enum import Enum
 from pathlib import Path
 
 from fedge.protocol.agent import AGENT_TRANSITIONS
+from fedge.protocol.asynchronous import TASK_TRANSITIONS
 from fedge.protocol.round import OUTCOME_TRANSITIONS, ROUND_TRANSITIONS
 from tests.test_layers import LAYERS
 
@@ -33,7 +34,8 @@ def as_rows(table: dict[tuple[Enum, str], Enum]) -> list[list[str]]:
 
 def test_the_state_tables_are_the_protocols_transition_tables() -> None:
     found = [t for t in tables(DOC.read_text()) if t and len(t[0]) == 3 and not t[0][0].startswith("`")]
-    assert found == [as_rows(AGENT_TRANSITIONS), as_rows(ROUND_TRANSITIONS), as_rows(OUTCOME_TRANSITIONS)]
+    assert found == [as_rows(AGENT_TRANSITIONS), as_rows(ROUND_TRANSITIONS), as_rows(OUTCOME_TRANSITIONS),
+                     as_rows(TASK_TRANSITIONS)]
 
 
 def test_the_package_table_is_the_layer_order() -> None:

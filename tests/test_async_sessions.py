@@ -213,3 +213,14 @@ def test_an_update_after_the_session_has_its_versions_or_beyond_a_full_version_i
     after = task_of(p.dispatch(2, 2.0))
     refused = p.receive(b"c", delta_update("c", after.round, arrays=arrays), 3.0)
     assert codes(refused) == ["stale"] and "has its 1 versions" in refused[0].reason
+
+
+def test_what_crosses_the_sessions_goodbye_is_dropped_without_a_refusal() -> None:
+    p, versions = versioned(AsyncSettings(concurrency=3, buffer=2))
+    arrays = p.server.evaluation_arrays()
+    task = task_of(p.dispatch(0, 0.0))
+    p.byes("finished", "the session is over")
+    late = p.receive(b"a", delta_update("a", task.round, arrays=arrays), 1.0)
+    assert codes(late) == [] and not any(isinstance(e, Accepted) for e in late)
+    p.receive(b"a", frame(codec.Bye(run_id="run-1", round=0, sender="a", code="finished", reason="bye")), 1.0)
+    assert not p.registry.agents["a"].connected  # its own goodbye is still heard
