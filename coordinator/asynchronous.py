@@ -32,7 +32,7 @@ def start(session: Any, resumed: dict[str, Any] | None) -> VersionRounds:
     """The session's versions: from the checkpoint's task table, or from version 0."""
     settings = session.config.asynchronous.settings()
     rounds = AsyncRounds.restored(settings, resumed) if resumed else AsyncRounds(settings)
-    now = time.monotonic()
+    now = session.clock()
     for task in rounds.in_flight.values():  # sent by the process before: its deadline counts from now
         task.sent_at = now
     versions = VersionRounds(rounds, session.registry, session.shapes, session.task_flags,
@@ -74,12 +74,12 @@ def play(session: Any, versions: VersionRounds) -> str:
         session.spent = dict.fromkeys(session.spent, 0.0)
         session.aggregation = Aggregation(session.server, versions.version + 1, session.trust.influence,
                                           step=session.step, keep=session.trust.spill.keep)
-        held_out = quarantined(session, started)
+        held_out = quarantined(session, session.clock())
         alone_since: float | None = None  # since when no task is in flight and no live device can take one
         while not versions.rounds.flush_due:
             if session.stopping:
                 return "stopped"
-            now = time.monotonic()
+            now = session.clock()
             if versions.rounds.in_flight or session.registry.live_indices(now):
                 alone_since = None
             elif alone_since is None:
@@ -106,7 +106,7 @@ def finish_version(session: Any, started: float) -> None:
     closing = time.monotonic()
     metrics = session.aggregation.close()
     session.spent["close_s"] = time.monotonic() - closing
-    flush, record, cancels = session.protocol.close_version(closing)
+    flush, record, cancels = session.protocol.close_version(session.clock())
     session.act(cancels)
     number = flush.version
     bounds = session.trust.note_round(number, session.aggregation.bounded)
@@ -122,6 +122,8 @@ def finish_version(session: Any, started: float) -> None:
         sizes[index] = sizes.get(index, 0) + size
     session.tallies.note_round(number, ids, record.bytes_down, sizes, ())
     row["wall_s"] = time.monotonic() - started
+    if session.simulated_clock:
+        row["sim_time_s"] = session.clock()
     held = session.hold_row(row, number)
     session.bytes_total["down"] += int(row["bytes_down"])
     session.bytes_total["up"] += int(row["bytes_up"])

@@ -23,6 +23,7 @@ from fedge.coordinator.sections import (
     COORDINATEWISE_RULES,
     DEFAULT_ALGORITHM,
     FLEET_BACKENDS,
+    FLEET_CLOCKS,
     FLEET_MODES,
     ROBUST_ALGORITHMS,
     ROUND_MODES,
@@ -166,6 +167,11 @@ def validate(config: Config) -> None:
     if fleet.mode == "simulated" and fleet.bind:
         raise ConfigError("a simulated fleet runs on this machine's workers: fleet.mode = \"simulated\" takes no "
                           "fleet.bind")
+    if fleet.clock not in FLEET_CLOCKS:
+        raise ConfigError(f"fleet.clock must be one of {', '.join(FLEET_CLOCKS)}, got {fleet.clock!r}")
+    if fleet.clock == "simulated" and fleet.mode != "simulated":
+        raise ConfigError("fleet.clock = \"simulated\" times a simulated fleet's tasks: it needs fleet.mode = "
+                          "\"simulated\"")
     if fleet.ray_address and fleet.backend != "ray":
         raise ConfigError("fleet.ray_address is for fleet.backend = \"ray\"")
     if not 0 < config.round.fraction <= 1:

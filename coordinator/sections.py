@@ -39,6 +39,7 @@ FLEET_MODES = ("process", "simulated")
 ROUND_MODES = ("sync", "async")
 SELECTION_POLICIES = ("uniform", "latency")
 FLEET_BACKENDS = ("inline", "local", "ray")
+FLEET_CLOCKS = ("real", "simulated")
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,13 @@ class FleetSection:
     backend: str = "local"
     workers: int = 0
     ray_address: str = ""
+    # a simulated fleet's clock: "real", or "simulated" (each task lasts its planned steps x step_s / its device's
+    # speed, LogNormal(0, speed_sigma) from (seed, client), plus its Task's bytes / bandwidth_bps; docs/scale.md)
+    clock: str = "real"
+    step_s: float = 0.05
+    speeds: str = "lognormal"
+    speed_sigma: float = 1.0
+    bandwidth_bps: float = 0.0
 
 
 @dataclass(frozen=True)

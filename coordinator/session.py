@@ -63,8 +63,12 @@ class Session:
                  on_round: Callable[[dict[str, Any]], None] | None = None,
                  initial: dict[str, np.ndarray] | None = None,
                  welcome_extra: dict[str, Any] | None = None, weight_cap: int = 0,
-                 privacy: PrivacyPlan | None = None) -> None:
+                 privacy: PrivacyPlan | None = None, clock: Callable[[], float] | None = None) -> None:
         self.config = config
+        # the protocol's time (deadlines, liveness, a task's age): the real clock, or a simulated fleet's
+        # (fleet.clock = "simulated"); what the session's own steps take is always measured on the real one
+        self.clock = clock or time.monotonic
+        self.simulated_clock = clock is not None
         self.run_dir = run_dir
         self.transport = transport
         self.spec = spec
@@ -228,7 +232,7 @@ class Session:
 
     def handle(self, peer: bytes, frame: bytes, identity: str | None = None) -> None:
         began = time.monotonic()
-        events = self.protocol.receive(peer, frame, began, identity)
+        events = self.protocol.receive(peer, frame, self.clock(), identity)
         self.spent["receive_s"] += time.monotonic() - began
         self.act(events)
 
@@ -274,7 +278,7 @@ class Session:
         until = time.monotonic() + timeout_s
         announced = -1
         while not self.stopping:
-            live = len(self.registry.live_indices(time.monotonic()))
+            live = len(self.registry.live_indices(self.clock()))
             if live != announced:
                 log.info("%d of %d expected agents connected", live, expect)
                 announced = live
@@ -288,10 +292,10 @@ class Session:
 
     def play_round(self, number: int) -> dict[str, Any] | None:
         """One round; returns its metrics, or None when the session was asked to stop mid-round."""
-        started = time.monotonic()
+        started, now = time.monotonic(), self.clock()
         self.drain()
         self.spent, self.last_accepted = dict.fromkeys(SPENT_FIELDS, 0.0), started
-        available = self.trust.selectable(self.registry.live_indices(time.monotonic()), self.registry,
+        available = self.trust.selectable(self.registry.live_indices(self.clock()), self.registry,
                                           max(self.config.round.min_clients, 1))
         if self.secagg is not None:
             self.aggregation = Aggregation(self.server, number, step=self.step)
@@ -302,7 +306,7 @@ class Session:
             self.aggregation = Aggregation(self.server, number, private=self.privacy.open_round(), step=self.step)
         selected = self.select(number, available)
         try:
-            secure = self.secagg.open(self.run_id, number, selected, self.registry, self.server, started) \
+            secure = self.secagg.open(self.run_id, number, selected, self.registry, self.server, now) \
                 if self.secagg is not None and selected else None
         except BudgetSpent as spent:  # its grid is known before anything is sent: the round is never opened
             log.warning("%s", spent)
@@ -311,19 +315,19 @@ class Session:
         target = self.config.round.target
         if target and secure is not None and self.secagg is not None:
             target = max(target, self.secagg.min_inputs())  # enough inputs for every device's threshold
-        self.act(self.protocol.open_round(number, selected, started, self.config.round.deadline_s, target,
+        self.act(self.protocol.open_round(number, selected, now, self.config.round.deadline_s, target,
                                           secure=secure))
-        while not self.protocol.complete(time.monotonic()):
+        while not self.protocol.complete(self.clock()):
             if self.stopping:
                 self.protocol.abandon_round()
                 return None
             self.pump(100)
             if secure is not None:  # the keys and shares stages close by their deadlines too
-                self.act(secure.tick(time.monotonic()))
+                self.act(secure.tick(self.clock()))
             current = self.protocol.current
             if current is not None:
                 self.write_status(f"round {number}: {len(current.updates)}/{len(current.selected)} updates")
-        current, cancels = self.protocol.close_round(time.monotonic())
+        current, cancels = self.protocol.close_round(self.clock())
         if self.secagg is not None:  # under distributed noise: accounted before any unmask request goes out
             self.secagg.account_unmask()
         self.act(cancels)
@@ -332,11 +336,11 @@ class Session:
                 self.protocol.abandon_round()
                 return None
             self.pump(100)
-            self.act(secure.tick(time.monotonic()))
+            self.act(secure.tick(self.clock()))
             self.write_status(f"round {number}: unmasking the sum")
         if self.secagg is not None:  # a sum is kept at once: a crash from here on applies it, never redoes it
             self.secagg.keep(self.run_id, self.index_of)
-        if current.awaited() and time.monotonic() < current.deadline:
+        if current.awaited() and self.clock() < current.deadline:
             log.warning("round %d: every agent still awaited (%s) is gone; closing the round", number,
                         current.awaited())
         return self.finish_round(current, started)
@@ -376,6 +380,8 @@ class Session:
         self.tallies.note_round(number, ids, current.bytes_down, {i: size for i, (_, size) in ordered},
                                 current.unavailable)
         row["wall_s"] = time.monotonic() - started
+        if self.simulated_clock:
+            row["sim_time_s"] = self.clock()
         crash_point("clients", number)
         held = self.hold_row(row, number)  # written when its evaluation is done, beside the next round
         self.bytes_total["down"] += int(row["bytes_down"])
@@ -439,11 +445,11 @@ class Session:
                 self.write_status("privacy budget spent", force=True)
                 return "budget"
             self.drain()
-            if not self.registry.live_indices(time.monotonic()):
+            if not self.registry.live_indices(self.clock()):
                 log.warning("no live agent; waiting for agents to come back")
                 if not self.wait_for_agents(max(self.config.round.min_clients, 1), self.config.fleet.join_timeout_s):
                     return "stopped"
-                if not self.registry.live_indices(time.monotonic()):
+                if not self.registry.live_indices(self.clock()):
                     return "no-agents"
             kept = self.secagg.kept(self.run_id, self.round + 1) if self.secagg is not None else None
             row = self.play_round(self.round + 1) if kept is None else recover_round(self, kept)

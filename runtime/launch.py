@@ -40,7 +40,7 @@ from fedge.plumbing.net import is_loopback_host
 from fedge.plumbing.threads import one_blas_thread
 from fedge.runtime.console import WaitingLine, serving_lines, summary_line
 from fedge.runtime.localfleet import AgentSpec, LocalFleet, agent_id
-from fedge.runtime.plan import SessionPlan, plan_session
+from fedge.runtime.plan import SessionPlan, device_timing, plan_session
 
 log = logging.getLogger("fedge.coordinator")
 
@@ -103,6 +103,7 @@ def simulated_fleet(plan: SessionPlan, agents: list[AgentSpec], backend: Any = N
     the kind ``fleet.backend`` names."""
     from fedge.simulation.backends import make_backend
     from fedge.simulation.fleet import SimulatedFleet
+    from fedge.simulation.timing import SimulatedClock
     from fedge.simulation.worker import ClientFiles, WorkerRule
 
     fleet = plan.config.fleet
@@ -111,8 +112,16 @@ def simulated_fleet(plan: SessionPlan, agents: list[AgentSpec], backend: Any = N
         backend = make_backend(fleet.backend, fleet.workers, fleet.ray_address)
     clients = [ClientFiles(a.client_id, str(a.shard), str(a.state_dir)) for a in agents]
     rule = WorkerRule(allow_plugins=tuple(ref.name for ref in plan.plugins.values()))
+    timing = device_timing(plan.config)
+    train, limit = plan.config.train, plan.config.data.train_limit
+
+    def steps(samples: int) -> int:  # a task's planned steps: the batches of the data it trains on
+        return train.epochs * max(1, math.ceil((min(samples, limit) if limit > 0 else samples) / train.batch_size))
+
     return SimulatedFleet(clients, backend, tuple(plan.spec.input_shape), plan.spec.num_classes,
-                          [int(len(shard.train_y)) for shard in plan.shards], rule, owns_backend=owned)
+                          [int(len(shard.train_y)) for shard in plan.shards], rule, owns_backend=owned,
+                          clock=SimulatedClock() if timing is not None else None, timing=timing,
+                          steps=steps if timing is not None else None)
 
 
 def largest_shard(plan: SessionPlan) -> int:
@@ -273,7 +282,8 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
     session = Session(config, run_dir, transport, spec, num_clients, evaluator,
                       run_id=uuid.uuid4().hex[:12], reserved_ids=[a.client_id for a in agents],
                       on_round=progress_printer(config, quiet), initial=plan.initial,
-                      welcome_extra=plan.welcome_extra(), weight_cap=largest_shard(plan), privacy=plan.privacy)
+                      welcome_extra=plan.welcome_extra(), weight_cap=largest_shard(plan), privacy=plan.privacy,
+                      clock=getattr(transport, "clock", None))
     if resuming:
         session.load_checkpoint()
     else:

@@ -54,6 +54,21 @@ class SessionPlan:
                 "normalization": self.normalization or {}}
 
 
+def device_timing(config: Config) -> Any:
+    """A simulated clock's device timing (``simulation.timing.DeviceTiming``) from ``[fleet]``, checked; None on the
+    real clock."""
+    fleet = config.fleet
+    if fleet.clock != "simulated":
+        return None
+    from fedge.simulation.timing import DeviceTiming
+
+    try:
+        return DeviceTiming(step_s=fleet.step_s, speeds=fleet.speeds, speed_sigma=fleet.speed_sigma,
+                            bandwidth_bps=fleet.bandwidth_bps, seed=config.run.seed)
+    except ValueError as exc:
+        raise ConfigError(f"[fleet] {exc}") from None
+
+
 def check_algorithm(config: Config) -> Config:
     """Build the algorithm's Config from [algorithm] now, so that a bad option is refused in one line before any
     run directory, shard or key exists (the session builds the same Config again)."""
@@ -126,6 +141,7 @@ def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     """Check everything; see the module docstring."""
     check_algorithm(config)
     check_training(config)
+    device_timing(config)
     if config.fleet.agent_python and not (Path(config.fleet.agent_python).is_file() and
                                           os.access(config.fleet.agent_python, os.X_OK)):
         raise ConfigError(f"fleet.agent_python {config.fleet.agent_python!r} is not an executable file")

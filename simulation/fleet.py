@@ -7,16 +7,23 @@ fed the real packets the coordinator sends: its Hello is real, it joins on the r
 ``Job`` for the backend (``simulation.backends``: inline, a process pool or Ray actors), the Update packet the
 worker returns goes back through the client's protocol (a paced task waits for its grant, a cancelled one is not
 sent), a Commit promotes the client's pending device state in its own directory (``client.state``, two phases). The
-clock is the real one: heartbeats keep the clients live in the coordinator's registry while they wait their turn.
+clock is the real one (heartbeats keep the clients live in the coordinator's registry while they wait their turn), or,
+given a ``SimulatedClock`` and a ``DeviceTiming`` (``fleet.clock = "simulated"``), a simulated one: each job's
+finish time is fixed when it is sent (its planned steps and its Task's bytes, ``simulation.timing``), and ``poll``
+hands over the results in order of (finish time, job number), waiting for a job's worker when it has not finished,
+and moves the clock to each result's time; with no job out, a poll lets its timeout pass on the clock. Whichever
+worker returns first, the session then sees the same events in the same order, so a run is the same bit for bit on
+every backend.
 No sockets and no algorithm by name; the coordinator never imports this module except in ``coordinator start``.
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from fedge import codec
 from fedge.exhaustive import assert_never
@@ -28,6 +35,7 @@ from fedge.protocol.events import (
     Left,
     Masked,
     Noted,
+    Outcome,
     Send,
     SendFrame,
     Stop,
@@ -35,6 +43,7 @@ from fedge.protocol.events import (
 )
 from fedge.simulation.backends import Backend
 from fedge.simulation.client import LogicalClient, simulated_facts
+from fedge.simulation.timing import DeviceTiming, SimulatedClock
 from fedge.simulation.worker import ClientFiles, Job, WorkerRule
 
 log = logging.getLogger("fedge.simulation")
@@ -48,7 +57,8 @@ class SimulatedFleet:
 
     def __init__(self, clients: Sequence[ClientFiles], backend: Backend, input_shape: tuple[int, ...],
                  num_outputs: int, dataset_sizes: Sequence[int], rule: WorkerRule | None = None,
-                 owns_backend: bool = True) -> None:
+                 owns_backend: bool = True, clock: SimulatedClock | None = None,
+                 timing: DeviceTiming | None = None, steps: Callable[[int], int] | None = None) -> None:
         self.clients = {c.client_id: c for c in clients}
         self.backend = backend
         self.owns_backend = owns_backend  # closed with the fleet (a backend handed in by the caller is the caller's)
@@ -65,6 +75,15 @@ class SimulatedFleet:
         self.bytes_out = 0
         self.jobs = 0
         self.stopped: set[str] = set()  # clients whose session ended: they say and hear nothing more
+        if clock is not None and (timing is None or steps is None):
+            raise ValueError("a simulated clock needs the devices' timing and each client's planned steps")
+        self.clock = clock
+        self.now: Callable[[], float] = clock if clock is not None else time.monotonic
+        self.timing, self.steps = timing, steps  # steps: a client's planned steps a task, by its dataset size
+        self.sizes = {c.client_id: int(n) for c, n in zip(clients, dataset_sizes, strict=True)}
+        self.order = {c.client_id: i for i, c in enumerate(clients)}  # a client's place: its speed's draw
+        self.due: list[tuple[float, int, str, int]] = []  # simulated clock: (finish, job, client id, round)
+        self.done: dict[tuple[str, int], Outcome] = {}    # ... results back before their turn
 
     # ------------------------------------------------------------------------------------------ the transport
     def send(self, peer: bytes, frame: bytes) -> bool:
@@ -74,7 +93,7 @@ class SimulatedFleet:
         if protocol is None or client_id in self.stopped:
             return False
         self.bytes_out += len(frame)
-        self.act(client_id, protocol.receive(frame, time.monotonic()), frame)
+        self.act(client_id, protocol.receive(frame, self.now()), frame)
         return True
 
     def send_parts(self, peer: bytes, parts: list[bytes]) -> bool:
@@ -85,11 +104,10 @@ class SimulatedFleet:
         """What the clients sent: finished updates (or failures), heartbeats, hellos, byes; as the router's poll
         gives them, one at a time (what the driver does not take stays queued), with no key identity (no CurveZMQ:
         the clients are this process's own)."""
-        wait_s = 0.0 if self.outbox else timeout_ms / 1000
-        for outcome in self.backend.results(wait_s):
+        for outcome in self.outcomes(timeout_ms):
             protocol = self.protocols[outcome.client_id]
             self.act(outcome.client_id, protocol.finished(outcome.round, outcome.frame, outcome.error))
-        now = time.monotonic()
+        now = self.now()
         for client_id, protocol in self.protocols.items():
             if client_id not in self.stopped:
                 self.act(client_id, protocol.tick(now))
@@ -99,6 +117,23 @@ class SimulatedFleet:
             peer, frame = self.outbox.popleft()
             self.bytes_in += len(frame)
             yield peer, frame, None
+
+    def outcomes(self, timeout_ms: int) -> list[Outcome]:
+        """The results to hand over now: as the backend gives them (real clock); or the next due, the clock moved
+        to its finish time (simulated clock)."""
+        if self.clock is None:
+            return self.backend.results(0.0 if self.outbox else timeout_ms / 1000)
+        if self.outbox:
+            return []
+        if not self.due:
+            self.clock.advance(timeout_ms / 1000)
+            return []
+        finish, _, client_id, round_number = heapq.heappop(self.due)
+        while (client_id, round_number) not in self.done:
+            for outcome in self.backend.results(1.0):
+                self.done[(outcome.client_id, outcome.round)] = outcome
+        self.clock.advance_to(finish)
+        return [self.done.pop((client_id, round_number))]
 
     def close(self) -> None:
         if self.owns_backend:
@@ -116,9 +151,14 @@ class SimulatedFleet:
                     self.outbox.append((client.peer, update))
                 case Join(welcome=welcome):
                     client.joined(welcome, frame)
-                case Train():
+                case Train(task=task):
                     self.jobs += 1
                     self.backend.submit(Job(self.clients[client_id], client.welcome_frame, frame, self.rule))
+                    if self.clock is not None:
+                        assert self.timing is not None and self.steps is not None
+                        took = self.timing.duration(self.order[client_id], self.jobs,
+                                                    self.steps(self.sizes[client_id]), len(frame))
+                        heapq.heappush(self.due, (self.clock() + took, self.jobs, client_id, task.round))
                 case Masked(run_id=run_id, round=round_number):
                     client.state().note_masked(run_id, round_number)
                 case Confirm(round=round_number):

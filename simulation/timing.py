@@ -8,7 +8,8 @@ bandwidth_bps when a bandwidth is set), in simulated seconds:
 - jitter_t: LogNormal(0, jitter_sigma), drawn from (seed, task id) alone.
 
 Nothing here reads a clock or keeps state, so a run that is resumed, or replayed on another backend, draws the same
-durations. No torch, no I/O.
+durations. ``SimulatedClock`` is the time a simulated fleet and its session share (``fleet.clock = "simulated"``): it
+moves only when told to. No torch, no I/O.
 """
 
 from __future__ import annotations
@@ -55,3 +56,19 @@ class DeviceTiming:
         """Simulated seconds from a task's dispatch to its update's arrival."""
         compute = steps * self.step_s / self.speed(client) * self.jitter(task_id)
         return compute + (nbytes * 8 / self.bandwidth_bps if self.bandwidth_bps > 0 else 0.0)
+
+
+class SimulatedClock:
+    """Simulated seconds since the session began: ``clock()`` reads it; only the fleet moves it, forward."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_to(self, when: float) -> None:
+        self.now = max(self.now, when)
+
+    def advance(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)

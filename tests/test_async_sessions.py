@@ -224,3 +224,25 @@ def test_what_crosses_the_sessions_goodbye_is_dropped_without_a_refusal() -> Non
     assert codes(late) == [] and not any(isinstance(e, Accepted) for e in late)
     p.receive(b"a", frame(codec.Bye(run_id="run-1", round=0, sender="a", code="finished", reason="bye")), 1.0)
     assert not p.registry.agents["a"].connected  # its own goodbye is still heard
+
+
+TIMINGS = ("wall_s", "train_s_max", "eval_s", "checkpoint_s", "receive_s", "fold_s", "downlink_s", "close_s", "tail_s")
+
+
+def test_a_session_on_the_simulated_clock_is_the_same_bit_for_bit_on_every_backend(procs: Processes,
+                                                                                   tmp_path: Path) -> None:
+    common = ["--rounds", "5", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.clock=simulated",
+              "--set", "fleet.workers=2", "--set", "data.clients=8", "--set", "data.train_limit=300",
+              "--set", "round.mode=async", "--set", "algorithm.name=fedavg", "--set", "asynchronous.buffer=2",
+              "--set", "asynchronous.concurrency=4", "--set", "run.export_onnx=false", "--quiet"]
+    runs = {}
+    for backend in ("inline", "local"):
+        run_dir = tmp_path / backend
+        assert finished(procs.coordinator(*common, "--set", f"fleet.backend={backend}", "--run-dir", str(run_dir),
+                                          name=backend), 240) == 0, procs.output(backend)
+        runs[backend] = [{k: v for k, v in row.items() if k not in TIMINGS} for row in metrics(run_dir)]
+    assert runs["inline"] == runs["local"]
+    times = [row["sim_time_s"] for row in runs["inline"]]
+    assert times == sorted(times) and times[0] > 0 and len(times) == 5
+    with np.load(tmp_path / "inline" / "model.npz") as a, np.load(tmp_path / "local" / "model.npz") as b:
+        assert a.files == b.files and all(np.array_equal(a[name], b[name]) for name in a.files)

@@ -35,6 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
     (["round.target=-1"], "round.target must be >= 0"),
     (["round.policy=fastest"], "round.policy must be one of uniform, latency, got 'fastest'"),
     (["round.mode=later"], "round.mode must be one of sync, async, got 'later'"),
+    (["fleet.clock=fast"], "fleet.clock must be one of real, simulated, got 'fast'"),
+    (["fleet.clock=simulated"], "fleet.clock = \"simulated\" times a simulated fleet's tasks"),
+    (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.speeds=fast"], "[fleet] speeds must be one of"),
+    (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.step_s=0"], "[fleet] the simulated step time"),
     (["round.mode=async"], "round.mode = \"async\" runs fedavg, fedprox, not 'ef-fedprox'"),
     (["round.mode=async", "algorithm.name=fedavg", "algorithm.upload=model"], "needs algorithm.upload = \"delta\""),
     (["round.mode=async", "algorithm.name=fedavg", "asynchronous.buffer=0"], "asynchronous.concurrency and "
