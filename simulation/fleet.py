@@ -104,13 +104,14 @@ class SimulatedFleet:
         """What the clients sent: finished updates (or failures), heartbeats, hellos, byes; as the router's poll
         gives them, one at a time (what the driver does not take stays queued), with no key identity (no CurveZMQ:
         the clients are this process's own)."""
-        for outcome in self.outcomes(timeout_ms):
-            protocol = self.protocols[outcome.client_id]
-            self.act(outcome.client_id, protocol.finished(outcome.round, outcome.frame, outcome.error))
+        outcomes = self.outcomes(timeout_ms)
         now = self.now()
-        for client_id, protocol in self.protocols.items():
+        for client_id, protocol in self.protocols.items():  # first, so that a clock that jumped finds them live
             if client_id not in self.stopped:
                 self.act(client_id, protocol.tick(now))
+        for outcome in outcomes:
+            protocol = self.protocols[outcome.client_id]
+            self.act(outcome.client_id, protocol.finished(outcome.round, outcome.frame, outcome.error))
         for _ in range(batch):
             if not self.outbox:
                 return

@@ -5,6 +5,7 @@ resumes; and real agent processes, two of them slowed, that the others never wai
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +247,20 @@ def test_a_session_on_the_simulated_clock_is_the_same_bit_for_bit_on_every_backe
     assert times == sorted(times) and times[0] > 0 and len(times) == 5
     with np.load(tmp_path / "inline" / "model.npz") as a, np.load(tmp_path / "local" / "model.npz") as b:
         assert a.files == b.files and all(np.array_equal(a[name], b[name]) for name in a.files)
+
+
+def test_on_the_simulated_clock_tasks_longer_than_the_liveness_lose_no_device(procs: Processes,
+                                                                                tmp_path: Path) -> None:
+    """The clock jumps past fleet.liveness_s (20 s) while a task trains: the devices' heartbeats of the new time are
+    heard before the update that moved it, so no live device's task is dropped."""
+    run_dir = tmp_path / "run"
+    assert finished(procs.coordinator(
+        "--rounds", "4", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
+        "--set", "fleet.clock=simulated", "--set", "fleet.step_s=20", "--set", "data.clients=8",
+        "--set", "data.train_limit=300", "--set", "round.mode=async", "--set", "algorithm.name=fedavg",
+        "--set", "asynchronous.buffer=2", "--set", "asynchronous.concurrency=4", "--set", "run.export_onnx=false",
+        "--quiet", "--run-dir", str(run_dir), name="slow"), 240) == 0, procs.output("slow")
+    rows = metrics(run_dir)
+    assert len(rows) == 4 and rows[0]["sim_time_s"] > 20
+    log = (run_dir / "coordinator.log").read_text()
+    assert re.search(r"task \d+ of client", log) is None, log[-2000:]
