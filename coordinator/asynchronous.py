@@ -14,6 +14,7 @@ loosely: the session module imports this one, and the import graph has no cycles
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -64,7 +65,8 @@ def play_versions(session: Any, versions: VersionRounds) -> str:
     try:
         return play(session, versions)
     finally:
-        versions.finish()  # an update that comes after (while the session says goodbye) is refused
+        versions.finish()  # (an update the session reads after this is refused; while it says goodbye, dropped)
+        session.horizon(math.inf)
 
 
 def play(session: Any, versions: VersionRounds) -> str:
@@ -90,6 +92,7 @@ def play(session: Any, versions: VersionRounds) -> str:
             live = set(session.registry.live_indices(now))
             session.act(versions.expire(protocol.run_id, now, live.__contains__))
             fill(session, versions, now, held_out)
+            session.horizon(versions.next_deadline())
             session.pump(100, until=lambda: versions.rounds.flush_due)  # a version takes exactly ``buffer``
             session.write_status(f"version {versions.version + 1}: {len(versions.rounds.buffered)}/"
                                  f"{versions.rounds.settings.buffer} updates, {len(versions.rounds.in_flight)} "

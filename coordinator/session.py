@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -141,6 +142,7 @@ class Session:
             **self.trust.state(), **self.tallies.state(),
             **(self.privacy.state() if self.privacy is not None else {}),
             asynchronous.STATE_KEY: None if self.protocol.versions is None else self.protocol.versions.rounds.state(),
+            "sim_clock": self.clock() if self.simulated_clock else None,
             "pending_row": None if self.rows.held is None else plain(self.rows.held.row)})
 
     def load_checkpoint(self) -> None:
@@ -155,6 +157,8 @@ class Session:
             self.privacy.load_state(meta, int(meta["round"]))
         self.protocol.resume(str(meta["run_id"]), int(meta["round"]))
         self.resumed_versions = meta.get(asynchronous.STATE_KEY)
+        if self.simulated_clock and meta.get("sim_clock") is not None:  # simulated time goes on from the checkpoint
+            self.clock.advance_to(float(meta["sim_clock"]))  # type: ignore[attr-defined]
         for name in ("metrics.jsonl", "clients.jsonl"):
             self.run_dir.truncate_jsonl(name, self.round)
         pending = meta.get("pending_row")
@@ -235,6 +239,12 @@ class Session:
         events = self.protocol.receive(peer, frame, self.clock(), identity)
         self.spent["receive_s"] += time.monotonic() - began
         self.act(events)
+
+    def horizon(self, when: float) -> None:
+        """A simulated fleet's clock stops at ``when`` until told otherwise (a deadline of the protocol's: no
+        result may arrive after it has passed); a fleet on the real clock has none."""
+        if hasattr(self.transport, "horizon"):
+            self.transport.horizon = when
 
     def pump(self, timeout_ms: int, until: Callable[[], bool] | None = None) -> None:
         """Handle what one poll brings, one message at a time; ``until``: stop after the message that makes it true
@@ -317,6 +327,7 @@ class Session:
             target = max(target, self.secagg.min_inputs())  # enough inputs for every device's threshold
         self.act(self.protocol.open_round(number, selected, now, self.config.round.deadline_s, target,
                                           secure=secure))
+        self.horizon(self.protocol.current.deadline if self.protocol.current is not None else math.inf)
         while not self.protocol.complete(self.clock()):
             if self.stopping:
                 self.protocol.abandon_round()
@@ -327,6 +338,7 @@ class Session:
             current = self.protocol.current
             if current is not None:
                 self.write_status(f"round {number}: {len(current.updates)}/{len(current.selected)} updates")
+        self.horizon(math.inf)
         current, cancels = self.protocol.close_round(self.clock())
         if self.secagg is not None:  # under distributed noise: accounted before any unmask request goes out
             self.secagg.account_unmask()
@@ -413,7 +425,8 @@ class Session:
 
     # ----------------------------------------------------------------------------------------- driving
     def write_status(self, phase: str, force: bool = False) -> None:
-        self.status.write(phase, force, run_id=self.run_id, round_number=self.round, registry=self.registry,
+        self.status.write(phase, force, now=self.clock(), run_id=self.run_id, round_number=self.round,
+                          registry=self.registry,
                           rejections=self.rejections(), bytes_total=self.bytes_total, round_walls=self.round_walls,
                           bounded=self.trust.counts, quarantined=self.trust.quarantine.quarantined,
                           privacy=self.privacy.status() if self.privacy is not None else

@@ -75,14 +75,16 @@ class StatusBoard:
               rejections: dict[str, int], bytes_total: dict[str, int], round_walls: Sequence[float],
               bounded: Mapping[str, Mapping[str, int]] | None = None,
               quarantined: Collection[str] = (), privacy: Mapping[str, Any] | None = None,
-              tallies: AgentTallies | None = None) -> None:
+              tallies: AgentTallies | None = None, now: float | None = None) -> None:
         """``bounded``: client id -> its updates capped, clipped and rejected so far; ``quarantined``: the devices
         no longer selected (docs/robustness.md); ``privacy``: epsilon so far and its terms (docs/privacy.md);
-        ``tallies``: each agent's running totals (agents.json only)."""
-        now = time.monotonic()
-        if not force and now - self.status_written < 1.0:
+        ``tallies``: each agent's running totals (agents.json only); ``now``: the protocol's time, which liveness
+        counts in (a simulated clock's; default: the real one, which the writes are paced by)."""
+        written = time.monotonic()
+        if not force and written - self.status_written < 1.0:
             return
-        self.status_written = now
+        self.status_written = written
+        now = written if now is None else now
         with without_fsync():  # atomic for readers, not forced to disk: the next write replaces them
             mean_round = float(np.mean(round_walls[-5:])) if round_walls else None
             eta_s = mean_round * (self.rounds - round_number) if mean_round is not None else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,9 +158,15 @@ class VersionRounds:
             late, gone = now - task.sent_at > self.deadline_s, not alive(task.index)
             if late or gone:
                 self.rounds.fail(task.task_id)
+                events.append(Noted(logging.INFO, f"task {task.task_id} of client {task.index}: "
+                                                  f"{'its device is gone' if gone else 'it passed its deadline'}"))
                 if late and not gone:
                     events.append(self.cancel(run_id, task, "the task passed its deadline"))
         return events
+
+    def next_deadline(self) -> float:
+        """When the oldest task in flight passes its deadline (infinity with none in flight)."""
+        return min((t.sent_at for t in self.rounds.in_flight.values()), default=math.inf) + self.deadline_s
 
     def cancel(self, run_id: str, task: SentTask, reason: str) -> Send:
         return Send(peer=self.registry.by_index(task.index).peer, message=codec.Cancel(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -42,6 +43,7 @@ from fedge.runtime.console import WaitingLine, serving_lines, summary_line
 from fedge.runtime.localfleet import AgentSpec, LocalFleet, agent_id
 from fedge.runtime.plan import SessionPlan, device_timing, plan_session
 
+NEVER_S = 1e12  # a simulated-clock fleet's heartbeat and liveness: its devices never go quiet (no availability yet)
 log = logging.getLogger("fedge.coordinator")
 
 def is_loopback(bind: str) -> bool:
@@ -279,6 +281,9 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
     transport: Any = simulated_fleet(plan, agents, backend) if simulated else \
         RouterTransport(bind, curve, max_frame_bytes=plan.max_frame_bytes)
     run_dir.write_provenance(config.run.seed, transport.endpoint, {"curve": curve is not None})
+    if getattr(transport, "clock", None) is not None:  # a simulated fleet on its own clock: its devices never go
+        config = dataclasses.replace(config, fleet=dataclasses.replace(config.fleet, heartbeat_s=NEVER_S,
+                                                                       liveness_s=NEVER_S))
     session = Session(config, run_dir, transport, spec, num_clients, evaluator,
                       run_id=uuid.uuid4().hex[:12], reserved_ids=[a.client_id for a in agents],
                       on_round=progress_printer(config, quiet), initial=plan.initial,

@@ -84,6 +84,8 @@ class SimulatedFleet:
         self.order = {c.client_id: i for i, c in enumerate(clients)}  # a client's place: its speed's draw
         self.due: list[tuple[float, int, str, int]] = []  # simulated clock: (finish, job, client id, round)
         self.done: dict[tuple[str, int], Outcome] = {}    # ... results back before their turn
+        self.dropped: set[tuple[str, int]] = set()        # ... jobs cancelled: their results do not move the clock
+        self.horizon = float("inf")  # the session's next deadline: the simulated clock does not pass it
 
     # ------------------------------------------------------------------------------------------ the transport
     def send(self, peer: bytes, frame: bytes) -> bool:
@@ -126,15 +128,25 @@ class SimulatedFleet:
             return self.backend.results(0.0 if self.outbox else timeout_ms / 1000)
         if self.outbox:
             return []
-        if not self.due:
-            self.clock.advance(timeout_ms / 1000)
+        while self.due and (self.due[0][2], self.due[0][3]) in self.dropped:  # collected, never waited for
+            _, _, client_id, round_number = heapq.heappop(self.due)
+            self.dropped.discard((client_id, round_number))
+            self.collect(client_id, round_number)
+        if not self.due or self.due[0][0] > self.horizon:
+            self.clock.advance_to(min(self.horizon, self.clock() + timeout_ms / 1000))
             return []
         finish, _, client_id, round_number = heapq.heappop(self.due)
+        outcome = self.collect(client_id, round_number)
+        self.clock.advance_to(finish)
+        return [outcome]
+
+    def collect(self, client_id: str, round_number: int) -> Outcome:
+        """The result of one job, waiting for its worker if it has not come back yet (others that come meanwhile
+        are kept for their turn)."""
         while (client_id, round_number) not in self.done:
             for outcome in self.backend.results(1.0):
                 self.done[(outcome.client_id, outcome.round)] = outcome
-        self.clock.advance_to(finish)
-        return [self.done.pop((client_id, round_number))]
+        return self.done.pop((client_id, round_number))
 
     def close(self) -> None:
         if self.owns_backend:
@@ -170,7 +182,10 @@ class SimulatedFleet:
                 case Stop():  # the session ended: the client's goodbye, as an agent's on leaving
                     self.stopped.add(client_id)
                     self.act(client_id, client.protocol.leaving())
-                case CancelTraining() | Left():
-                    continue  # a cancelled job's result is dropped by the protocol; clients do not stay for another
+                case CancelTraining(round=round_number):  # its result is dropped by the protocol, and on a simulated
+                    if self.clock is not None:                   # clock it takes no time
+                        self.dropped.add((client_id, round_number))
+                case Left():
+                    continue  # clients do not stay for another session
                 case _:
                     assert_never(action)

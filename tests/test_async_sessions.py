@@ -204,10 +204,9 @@ def test_an_update_after_the_session_has_its_versions_or_beyond_a_full_version_i
     arrays = p.server.evaluation_arrays()
     tasks = [task_of(p.dispatch(i, 0.0)) for i in range(1)]
     p.receive(b"a", delta_update("a", tasks[0].round, arrays=arrays), 1.0)
-    late = task_of(p.dispatch(1, 1.0)) if versions.rounds.room() else None
-    assert versions.rounds.flush_due
-    if late is not None:  # a driver that read on past the K-th update gets a refusal, never an exception
-        assert codes(p.receive(b"b", delta_update("b", late.round, arrays=arrays), 1.5)) == ["stale"]
+    late = task_of(p.dispatch(1, 1.0))  # (max_staleness 10 leaves room)
+    assert versions.rounds.flush_due  # a driver that reads on past the K-th update gets a refusal, never an exception
+    assert codes(p.receive(b"b", delta_update("b", late.round, arrays=arrays), 1.5)) == ["stale"]
     flush, _, _ = p.close_version(2.0)
     p.flush_version(flush.version)
     versions.finish()
@@ -263,4 +262,28 @@ def test_on_the_simulated_clock_tasks_longer_than_the_liveness_lose_no_device(pr
     rows = metrics(run_dir)
     assert len(rows) == 4 and rows[0]["sim_time_s"] > 20
     log = (run_dir / "coordinator.log").read_text()
-    assert re.search(r"task \d+ of client", log) is None, log[-2000:]
+    assert re.search(r"task \d+ of client|rejected a message|not in flight", log) is None, log[-2000:]
+
+
+def test_a_synchronous_round_on_the_simulated_clock_closes_at_its_deadline_and_a_resume_keeps_the_time(
+        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tasks of 4-16 simulated seconds against a 30 s deadline: a round closes at its deadline (no update after it is
+    taken, no time lost to the cancelled jobs), and a run resumed after a crash goes on from the checkpoint's time."""
+    run_dir = tmp_path / "run"
+    common = ["--rounds", "4", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
+              "--set", "fleet.clock=simulated", "--set", "fleet.step_s=4", "--set", "round.deadline_s=30",
+              "--set", "data.clients=8", "--set", "data.train_limit=600", "--set", "round.fraction=0.5",
+              "--set", "algorithm.name=fedavg", "--set", "run.export_onnx=false", "--quiet"]
+    monkeypatch.setenv("FEDGE_CRASH_AT", "committed:2")
+    assert finished(procs.coordinator(*common, "--run-dir", str(run_dir), name="first"), 240) == 70, \
+        procs.output("first")
+    monkeypatch.delenv("FEDGE_CRASH_AT")
+    assert finished(procs.coordinator("--resume", str(run_dir), "--quiet", name="resumed"), 240) == 0, \
+        procs.output("resumed")
+    rows = metrics(run_dir)
+    times = [row["sim_time_s"] for row in rows]
+    assert [row["round"] for row in rows] == [1, 2, 3, 4] and times == sorted(times), times
+    steps = np.diff([0.0, *times])
+    assert all(step <= 30.0 + 0.5 for step in steps), times  # each round ends by its deadline (it opens within 0.5 s)
+    assert any(row["dropped"] > 0 for row in rows)  # some devices were too slow for it
+    assert all(row["reported"] + row["dropped"] == row["selected"] for row in rows)
