@@ -11,6 +11,8 @@ its steps times 0.05 s over its device's speed, times a jitter (``simulation.tim
 
 - ``sync``: C selected a round, the round as long as its slowest device;
 - ``sync-over``: 1.3 C selected, the C fastest kept, the rest cancelled;
+- ``sync-latency``: C selected a round by the latency policy (``round.policy = "latency"``: weighted by each device's
+  round times measured so far);
 - ``fedasync``: buffer 1 (each update a version), max_staleness 5 C;
 - ``fedbuff``: buffer 10, max_staleness max(10, C / 2).
 
@@ -41,7 +43,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SHARE = 0.95
 BEST_WINDOW, RUNNING_WINDOW = 5, 3
-VARIANTS = ("sync", "sync-over", "fedasync", "fedbuff")
+VARIANTS = ("sync", "sync-over", "sync-latency", "fedasync", "fedbuff")
 BEGIN, END = "<!-- async figures: begin -->", "<!-- async figures: end -->"
 
 
@@ -88,10 +90,11 @@ def play(variant: str, seed: int, concurrency: int, rounds: int, sigma: float, c
         recent.append(row["test_accuracy"])
         return len(recent) >= RUNNING_WINDOW and float(np.mean(recent[-RUNNING_WINDOW:])) >= target
 
-    if variant in ("sync", "sync-over"):
-        selected = concurrency if variant == "sync" else math.ceil(1.3 * concurrency)
+    if variant.startswith("sync"):
+        selected = math.ceil(1.3 * concurrency) if variant == "sync-over" else concurrency
         timeline = run_sync(fleet, rounds, data, train, timing, cohort=concurrency, selected=selected, seed=seed,
-                            evaluate=evaluated, until_s=until_s, stop=reached)
+                            evaluate=evaluated, until_s=until_s, stop=reached,
+                            policy="latency" if variant == "sync-latency" else "uniform")
     else:
         buffer = 1 if variant == "fedasync" else 10
         staleness = 5 * concurrency if variant == "fedasync" else max(10, concurrency // 2)

@@ -51,6 +51,7 @@ from fedge.protocol.events import (
     SendFrame,
     Train,
 )
+from fedge.protocol.selection import censored, choose, measured
 from fedge.protocol.server_half import Aggregation
 from fedge.protocol.versions import VersionRounds
 from fedge.simulation.inprocess import FOREVER_S, Fleet, global_arrays, run_round, train_task
@@ -207,18 +208,21 @@ def run_async(fleet: Fleet, settings: AsyncSettings, data: Data, train: TrainSet
 
 def run_sync(fleet: Fleet, rounds: int, data: Data, train: TrainSettings, timing: DeviceTiming, cohort: int,
              selected: int = 0, seed: int = 0, evaluate: Evaluate | None = None,
-             until_s: float = math.inf, stop: Callable[[dict[str, Any]], bool] | None = None) -> Timeline:
-    """Synchronous rounds on the simulated clock: ``selected`` clients drawn each round (0: ``cohort``), the
-    ``cohort`` fastest kept, the round lasting until the last of those arrives; ``until_s`` and ``stop`` as for
-    ``run_async``."""
+             until_s: float = math.inf, stop: Callable[[dict[str, Any]], bool] | None = None,
+             policy: str = "uniform") -> Timeline:
+    """Synchronous rounds on the simulated clock: ``selected`` clients drawn each round (0: ``cohort``) by the
+    session's own selection (``protocol.selection.choose``: ``policy`` "uniform", or "latency", weighted by each
+    client's round times as measured so far, a cancelled one's censored), the ``cohort`` fastest kept, the round
+    lasting until the last of those arrives; ``until_s`` and ``stop`` as for ``run_async``."""
     selected = selected or cohort
     if not 0 < cohort <= selected <= len(fleet.clients):
         raise ValueError(f"need 0 < cohort ({cohort}) <= selected ({selected}) <= clients ({len(fleet.clients)})")
     timeline = Timeline()
     task_id = 0
+    measured_s: dict[int, float | None] = {}  # each client's round-time estimate, as a session keeps it
     for number in range(1, rounds + 1):
         rng = np.random.default_rng([seed, number])
-        chosen = sorted(int(i) for i in rng.choice(len(fleet.clients), size=selected, replace=False))
+        chosen = choose(list(range(len(fleet.clients))), selected, rng, policy, measured_s)
         durations = {}
         for index in chosen:
             task_id += 1
@@ -227,6 +231,9 @@ def run_sync(fleet: Fleet, rounds: int, data: Data, train: TrainSettings, timing
         took = max(durations[i] for i in kept)
         if timeline.clock + took > until_s:
             break
+        for index in chosen:
+            measured_s[index] = measured(measured_s.get(index), durations[index]) if index in kept else \
+                censored(measured_s.get(index), took, math.inf)
         down, up = len(fleet.bytes_down), len(fleet.bytes_up)
         metrics = run_round(fleet, number, data, train, seed=seed, participants=kept)
         timeline.clock += took

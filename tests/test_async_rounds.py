@@ -226,9 +226,23 @@ def test_the_benchmark_runs_every_variant_and_prints_its_table(tmp_path) -> None
     out = subprocess.run([sys.executable, str(root / "benchmarks" / "async_rounds.py"), "--quick", "--out",
                           str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=root)
     assert out.returncode == 0, out.stderr[-3000:]
-    for variant in ("sync", "sync-over", "fedasync", "fedbuff"):
+    for variant in ("sync", "sync-over", "sync-latency", "fedasync", "fedbuff"):
         assert f"| {variant} |" in out.stdout
         assert (tmp_path / f"mlp-c4-s1-{variant}-seed0.json").exists()
     again = subprocess.run([sys.executable, str(root / "benchmarks" / "async_rounds.py"), "--quick", "--out",
                             str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=root)
     assert again.stdout.split("{")[0] == out.stdout.split("{")[0] and "rows" not in again.stderr  # resumed, not rerun
+
+
+def test_the_latency_policy_on_the_simulated_clock_draws_slow_devices_less_often() -> None:
+    """The session's own latency selection, fed the round times the simulated clock gives: over many rounds the
+    slowest devices are drawn less often than under the uniform policy."""
+    data = client_data(TINY_MLP, 12, samples=16)
+    timing = DeviceTiming(seed=5, speed_sigma=1.5, jitter_sigma=0.0)
+    counts = {}
+    for policy in ("uniform", "latency"):
+        fleet = make_fleet("fedavg", {}, TINY_MLP, clients=12, seed=0)
+        timeline = run_sync(fleet, 25, data, ADAM, timing, cohort=4, seed=1, policy=policy)
+        slowest = sorted(range(12), key=timing.speed)[:3]
+        counts[policy] = sum(1 for c in timeline.clients if c["client"] in slowest)
+    assert counts["latency"] < counts["uniform"], counts
