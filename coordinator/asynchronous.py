@@ -43,10 +43,15 @@ def start(session: Any, resumed: dict[str, Any] | None) -> VersionRounds:
 
 
 def quarantined(session: Any, now: float) -> set[int]:
-    """The live devices the quarantine keeps out of this version (``SessionTrust.selectable``, asked once a version:
-    it reads the operator's clear requests and starts the version's count of refusals)."""
-    live = session.registry.live_indices(now)
-    return set(live) - set(session.trust.selectable(live, session.registry, max(session.config.round.min_clients, 1)))
+    """The devices the quarantine keeps out of this version, live now or not (``SessionTrust.selectable``, asked once
+    a version: it reads the operator's clear requests, starts the version's count of refusals, and waives the
+    quarantine when it would leave fewer live devices than ``round.min_clients``)."""
+    registry = session.registry
+    live = registry.live_indices(now)
+    kept = session.trust.selectable(live, registry, max(session.config.round.min_clients, 1))
+    held = {registry.agents[c].index for c in session.trust.quarantine.quarantined if c in registry.agents}
+    waived = len(kept) == len(live) and any(index in held for index in live)
+    return set() if waived else held
 
 
 def fill(session: Any, versions: VersionRounds, now: float, held_out: set[int]) -> None:

@@ -103,11 +103,12 @@ class VersionRounds:
         return idle[int(np.random.default_rng([seed, self.rounds.next_id]).integers(len(idle)))]
 
     def holds(self, index: int) -> bool:
-        """Whether client ``index`` has a task in flight, an update in the version being built, or one in the version
-        last flushed whose Commits are not out yet: its index must not change hands."""
+        """Whether client ``index`` has a task in flight, was sent a task or has an update in the version being
+        built, or has one in the version last flushed whose Commits are not out yet: its index must not change
+        hands (the version's records and Commits name it)."""
         flushed = self.last_flush.arrivals if self.last_flush is not None else ()
-        return self.held_by(index) is not None or any(u[0] == index for u in self.building.updates) or \
-            any(a.index == index for a in flushed)
+        return self.held_by(index) is not None or index in self.building.bytes_down or \
+            any(u[0] == index for u in self.building.updates) or any(a.index == index for a in flushed)
 
     def finish(self) -> None:
         """The session has its versions: every update from now on is refused."""

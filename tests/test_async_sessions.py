@@ -287,3 +287,42 @@ def test_a_synchronous_round_on_the_simulated_clock_closes_at_its_deadline_and_a
     assert all(step <= 30.0 + 0.5 for step in steps), times  # each round ends by its deadline (it opens within 0.5 s)
     assert any(row["dropped"] > 0 for row in rows)  # some devices were too slow for it
     assert all(row["reported"] + row["dropped"] == row["selected"] for row in rows)
+
+
+def test_a_device_that_declines_with_its_task_still_in_flight_keeps_its_index_for_the_versions_records() -> None:
+    p, versions = versioned(AsyncSettings(concurrency=3, buffer=1))
+    arrays = p.server.evaluation_arrays()
+    p.sent_task(0, 100)
+    gone = task_of(p.dispatch(0, 0.0))
+    p.sent_task(0, 100)
+    p.receive(b"a", frame(codec.ErrorMessage(run_id="", round=0, sender="a", code="model-failed",
+                                             reason="declined")), 0.5)
+    assert versions.held_by(0) is None and p.registry.agents["a"].index == 0  # lost, but not handed on
+    other = task_of(p.dispatch(1, 1.0))
+    p.receive(b"b", delta_update("b", other.round, arrays=arrays), 1.0)
+    _, record, _ = p.close_version(1.0)
+    assert 0 in record.bytes_down and p.registry.by_index(0).client_id == "a" and gone.round == 1
+
+
+def test_a_quarantined_device_gets_no_task_even_if_it_comes_back_during_the_version(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from fedge.coordinator.asynchronous import quarantined
+    from fedge.coordinator.rundir import RunDir
+    from fedge.coordinator.sections import RobustSection
+    from fedge.coordinator.trust import SessionTrust
+    from fedge.protocol.registry import AgentRegistry
+
+    registry = AgentRegistry(4, 5.0)
+    registry.reserve(["a", "b", "c", "d"])
+    for name in "abc":  # d is not connected at the version's start
+        agent = registry.agents[name]
+        agent.connected, agent.joined, agent.last_seen = True, True, 0.0
+    trust = SessionTrust(RobustSection(quarantine_after=1), 0, RunDir(tmp_path))
+    trust.quarantine.quarantined["d"] = {"round": 1, "reason": "clipped"}
+    session = SimpleNamespace(registry=registry, trust=trust,
+                              config=SimpleNamespace(round=SimpleNamespace(min_clients=1)))
+    assert quarantined(session, 1.0) == {registry.agents["d"].index}  # held out whether live now or not
+    session.config.round.min_clients = 3
+    trust.quarantine.quarantined["a"] = {"round": 1, "reason": "clipped"}
+    assert quarantined(session, 1.0) == set()  # waived: it would leave fewer live devices than min_clients
