@@ -117,7 +117,7 @@ def finish_version(session: Any, started: float) -> None:
     flush, record, cancels = session.protocol.close_version(session.clock())
     session.act(cancels)
     number = flush.version
-    bounds = session.trust.note_round(number, session.aggregation.bounded)
+    bounds = session.trust.note_round(number, session.aggregation.bounded, unit="version")
     ids = {index: session.registry.by_index(index).client_id for index in
            {*(u[0] for u in record.updates), *record.bytes_down}}
     records = [agent_record(dict(update.record), size, session.transport.curve)

@@ -61,11 +61,12 @@ class SessionTrust:
                            "clipped": sum(c["clipped"] for c in self.counts.values()),
                            "by_agent": self.counts, "norm_medians": self.influence.medians}}
 
-    def note_round(self, number: int, bounded: Sequence[Bounded]) -> dict[int, dict[str, Any]]:
+    def note_round(self, number: int, bounded: Sequence[Bounded], unit: str = "round") -> dict[int, dict[str, Any]]:
         """What the bounds did this round: clients.jsonl's fields by client index, each device's counters, and one
-        warning line naming (at most 10 of) the devices capped or clipped."""
+        warning line naming (at most 10 of) the devices capped or clipped; ``unit``: what the log lines call the
+        round ("version" in an asynchronous session)."""
         if self.spill.spilled:
-            log.info("round %d: %d held update(s) (%.0f MB) waited on disk for the round's bounds", number,
+            log.info("%s %d: %d held update(s) (%.0f MB) waited on disk for its bounds", unit, number,
                      self.spill.spilled, self.spill.spilled_bytes / 1e6)
         self.spill.clear()
         bounds: dict[int, dict[str, Any]] = {}
@@ -81,14 +82,14 @@ class SessionTrust:
                                      ] * record.clipped
                 touched.append(f"{record.client_id}: {'; '.join(what)}")
         if touched:
-            log.warning("round %d: bounded %d update(s): %s%s", number, len(touched), " | ".join(touched[:10]),
+            log.warning("%s %d: bounded %d update(s): %s%s", unit, number, len(touched), " | ".join(touched[:10]),
                         f" | and {len(touched) - 10} more" if len(touched) > 10 else "")
         reported = [r.client_id for r in bounded]
         clipped = [r.client_id for r in bounded if r.clipped]
         newly = self.quarantine.note_round(number, reported, clipped, sorted(self.refused_round))
         for client_id in newly:
-            log.warning("round %d: agent %s quarantined (%s): it is no longer selected; `coordinator quarantine %s "
-                        "--clear %s` lets it back", number, client_id, self.quarantine.quarantined[client_id]["reason"],
+            log.warning("%s %d: agent %s quarantined (%s): it is no longer selected; `coordinator quarantine %s "
+                        "--clear %s` lets it back", unit, number, client_id, self.quarantine.quarantined[client_id]["reason"],
                         self.run_dir.path, client_id)
         if newly or self.quarantine.after:
             self.write_quarantine()

@@ -326,3 +326,19 @@ def test_a_quarantined_device_gets_no_task_even_if_it_comes_back_during_the_vers
     session.config.round.min_clients = 3
     trust.quarantine.quarantined["a"] = {"round": 1, "reason": "clipped"}
     assert quarantined(session, 1.0) == set()  # waived: it would leave fewer live devices than min_clients
+
+
+def test_the_trusts_warnings_name_a_version_in_an_asynchronous_session(tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    from fedge.coordinator.rundir import RunDir
+    from fedge.coordinator.sections import RobustSection
+    from fedge.coordinator.trust import SessionTrust
+    from fedge.protocol.influence import Bounded
+
+    trust = SessionTrust(RobustSection(quarantine_after=1), 0, RunDir(tmp_path))
+    clipped = Bounded("dev-1", 1, 10, 10, {"delta": 3.0}, {"delta": 0.5})
+    with caplog.at_level("WARNING", logger="fedge.coordinator"):
+        trust.note_round(4, [clipped], unit="version")
+    text = caplog.text
+    assert "version 4: bounded 1 update(s): dev-1" in text and "version 4: agent dev-1 quarantined" in text
+    assert "round 4" not in text
