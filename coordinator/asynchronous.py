@@ -54,9 +54,9 @@ def quarantined(session: Any, now: float) -> set[int]:
     return set() if waived else held
 
 
-def fill(session: Any, versions: VersionRounds, now: float, held_out: set[int]) -> None:
-    """Send tasks while the rules leave room and a live device, not held out, holds none."""
-    idle = versions.idle([i for i in session.registry.live_indices(now) if i not in held_out])
+def fill(session: Any, versions: VersionRounds, now: float, live: list[int], held_out: set[int]) -> None:
+    """Send tasks while the rules leave room and a ``live`` device, not held out, holds none."""
+    idle = versions.idle([i for i in live if i not in held_out])
     while idle and versions.rounds.room() > 0:
         pick = versions.pick(idle, session.config.run.seed)
         idle.remove(pick)
@@ -87,16 +87,16 @@ def play(session: Any, versions: VersionRounds) -> str:
             if session.stopping:
                 return "stopped"
             now = session.clock()
-            if versions.rounds.in_flight or session.registry.live_indices(now):
+            live = session.registry.live_indices(now)  # once a turn of the loop: a scan of every device
+            if versions.rounds.in_flight or live:
                 alone_since = None
             elif alone_since is None:
                 alone_since = now
                 log.warning("no live agent and no task in flight; waiting for agents to come back")
             elif now - alone_since > session.config.fleet.join_timeout_s:
                 return "no-agents"
-            live = set(session.registry.live_indices(now))
-            session.act(versions.expire(protocol.run_id, now, live.__contains__))
-            fill(session, versions, now, held_out)
+            session.act(versions.expire(protocol.run_id, now, set(live).__contains__))
+            fill(session, versions, now, live, held_out)
             session.horizon(versions.next_deadline())
             session.pump(100, until=lambda: versions.rounds.flush_due)  # a version takes exactly ``buffer``
             session.write_status(f"version {versions.version + 1}: {len(versions.rounds.buffered)}/"
