@@ -27,6 +27,7 @@ from fedge.protocol.versions import VersionRounds
 log = logging.getLogger("fedge.coordinator")
 
 STATE_KEY = "asynchronous"  # the task table's place in the checkpoint's meta
+JOURNAL = "dispatches.jsonl"  # the run's dispatch journal (``protocol.versions``; ``coordinator replay`` reads it)
 
 
 def start(session: Any, resumed: dict[str, Any] | None) -> VersionRounds:
@@ -39,7 +40,16 @@ def start(session: Any, resumed: dict[str, Any] | None) -> VersionRounds:
     versions = VersionRounds(rounds, session.registry, session.shapes, session.task_flags,
                              session.config.round.deadline_s, now)
     session.protocol.start_versions(versions)
+    if resumed:  # the tasks of the version that was being built are lost with the crash: the journal says so
+        session.run_dir.append_jsonl(JOURNAL, {"event": "resumed", "version": rounds.version})
     return versions
+
+
+def write_journal(session: Any, versions: VersionRounds) -> None:
+    """Append what the journal holds to the run's dispatches.jsonl (before a version's checkpoint, and at the end)."""
+    entries = versions.take_journal()
+    if entries:
+        session.run_dir.append_jsonl(JOURNAL, *entries)
 
 
 def quarantined(session: Any, now: float) -> set[int]:
@@ -71,16 +81,22 @@ def play_versions(session: Any, versions: VersionRounds) -> str:
         return play(session, versions)
     finally:
         versions.finish()  # (an update the session reads after this is refused; while it says goodbye, dropped)
+        write_journal(session, versions)
         session.horizon(math.inf)
+
+
+def begin_version(session: Any, versions: VersionRounds) -> float:
+    """The next version's aggregation, on the one path; returns when it began (the real clock)."""
+    session.spent = dict.fromkeys(session.spent, 0.0)
+    session.aggregation = Aggregation(session.server, versions.version + 1, session.trust.influence,
+                                      step=session.step, keep=session.trust.spill.keep)
+    return time.monotonic()
 
 
 def play(session: Any, versions: VersionRounds) -> str:
     protocol = session.protocol
     while session.round < session.config.run.rounds:
-        started = time.monotonic()
-        session.spent = dict.fromkeys(session.spent, 0.0)
-        session.aggregation = Aggregation(session.server, versions.version + 1, session.trust.influence,
-                                          step=session.step, keep=session.trust.spill.keep)
+        started = begin_version(session, versions)
         held_out = quarantined(session, session.clock())
         alone_since: float | None = None  # since when no task is in flight and no live device can take one
         while not versions.rounds.flush_due:
@@ -135,6 +151,7 @@ def finish_version(session: Any, started: float) -> None:
     held = session.hold_row(row, number)
     session.bytes_total["down"] += int(row["bytes_down"])
     session.bytes_total["up"] += int(row["bytes_up"])
+    write_journal(session, session.protocol.versions)
     session.act(session.protocol.flush_version(number))  # its checkpoint, then its Commits
     session.spent["tail_s"] = time.monotonic() - session.last_accepted
     held.row.update(session.spent, checkpoint_s=session.checkpoint_s)

@@ -9,7 +9,11 @@ waiting for a task whose device failed, left, declined, lost it or let its deadl
 leaves out of reach, and, at each flush, the Checkpoint and the Commits of the updates in it. On the wire, a task's
 ``round`` is its task id (unique in the run, increasing), so the agent's own rules (a task held, its update, its
 cancel, its commit, the task its hello holds, its device state) apply to tasks unchanged; the task's base version is
-the coordinator's. Plain rules: no sockets, threads, clocks or algorithms by name.
+the coordinator's. It also keeps the session's dispatch journal (``journal``, each entry a plain dict): every task
+sent (its client, base version and attempt), every update accepted (with the steps its device says it trained),
+every task lost (with why) and every flush (the tasks in it, in their order), in the order they happened, for the
+driver to write to the run's dispatches.jsonl and ``coordinator replay`` to play again. Plain rules: no sockets,
+threads, clocks or algorithms by name.
 """
 
 from __future__ import annotations
@@ -68,6 +72,17 @@ class VersionRounds:
         self.last_flush: Flush | None = None  # until its Commits are out
         self.latest: dict[int, int] = {t.index: t.task_id for t in rounds.in_flight.values()}  # each device's last task
         self.finished = False
+        self.started = self.seen = now  # the session's start; the last time this object was told
+        self.journal: list[dict[str, Any]] = []  # what happened since the driver last took it (``take_journal``)
+
+    def note(self, event: str, now: float, **fields: Any) -> None:
+        self.seen = max(self.seen, now)
+        self.journal.append({"event": event, **fields, "t": round(now - self.started, 6)})
+
+    def take_journal(self) -> list[dict[str, Any]]:
+        """The journal's entries since the last call, oldest first."""
+        taken, self.journal = self.journal, []
+        return taken
 
     @property
     def version(self) -> int:
@@ -82,6 +97,8 @@ class VersionRounds:
         sent = self.rounds.dispatch(index, now)
         self.latest[index] = sent.task_id
         agent = self.registry.by_index(index)
+        self.note("task", now, task=sent.task_id, client=index, client_id=agent.client_id, base=sent.base,
+                  attempt=sent.attempt)
         payload: Payload = server.downlink(self.version + 1, index)
         return Send(peer=agent.peer, message=codec.Task(
             run_id=run_id, round=sent.task_id, sender=COORDINATOR, groups=dict(payload.groups),
@@ -131,11 +148,15 @@ class VersionRounds:
             problem = check_update(update, self.shapes, set()) or server.check_update(self.version + 1, decoded)
             if problem:
                 self.rounds.fail(task.task_id)
+                self.note("lost", now, task=task.task_id, client=index, why=f"invalid update: {problem}")
                 return Refused(words.INVALID_UPDATE, problem)
         outcome = self.rounds.arrive(update.round, index)
         if isinstance(outcome, Refusal):
+            if task is not None and task.index == index:  # it was in flight: it no longer is
+                self.note("lost", now, task=task.task_id, client=index, why=outcome.reason)
             return Refused(words.STALE, outcome.reason)
         assert task is not None
+        self.note("update", now, task=task.task_id, client=index, steps=update.steps)
         self.building.updates.append((index, task.task_id, dataclasses.replace(update, groups={}, meta={}), size,
                                       outcome.staleness))
         agent = self.registry.by_index(index)
@@ -149,6 +170,7 @@ class VersionRounds:
         if task is None or (task_id is not None and task.task_id != task_id):
             return []
         self.rounds.fail(task.task_id)
+        self.note("lost", self.seen, task=task.task_id, client=index, why=why)
         return [Noted(logging.INFO, f"task {task.task_id} of client {index}: {why}")]
 
     def expire(self, run_id: str, now: float, alive: Callable[[int], bool]) -> list[CoordinatorEvent]:
@@ -159,8 +181,9 @@ class VersionRounds:
             late, gone = now - task.sent_at > self.deadline_s, not alive(task.index)
             if late or gone:
                 self.rounds.fail(task.task_id)
-                events.append(Noted(logging.INFO, f"task {task.task_id} of client {task.index}: "
-                                                  f"{'its device is gone' if gone else 'it passed its deadline'}"))
+                why = "its device is gone" if gone else "it passed its deadline"
+                self.note("lost", now, task=task.task_id, client=task.index, why=why)
+                events.append(Noted(logging.INFO, f"task {task.task_id} of client {task.index}: {why}"))
                 if late and not gone:
                     events.append(self.cancel(run_id, task, "the task passed its deadline"))
         return events
@@ -178,6 +201,8 @@ class VersionRounds:
         """Close the version being built: its flush, its record, and a Cancel to each task it leaves out of reach."""
         flush = self.last_flush = self.rounds.flush()
         record, self.building = self.building, VersionRecord(flush.version + 1, now)
+        self.note("flush", now, version=flush.version, tasks=[a.task_id for a in flush.arrivals],
+                  cancelled=[t.task_id for t in flush.cancelled])
         cancels: list[CoordinatorEvent] = [self.cancel(run_id, task, f"version {flush.version} leaves the task more "
                                                                      "than max_staleness behind")
                                            for task in flush.cancelled]

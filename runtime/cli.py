@@ -3,6 +3,7 @@
     coordinator start --rounds 50                         # a local fleet of 10 agents on loopback, the demo data
     coordinator start --bind tcp://0.0.0.0:5555 --expect 8 --config session.toml   # serve real devices
     coordinator start --resume runs/RUN                   # continue a stopped or crashed run
+    coordinator replay runs/RUN --data dev-0=SHARD ...    # an asynchronous run's journal again, to its model's bits
     coordinator status runs/RUN
     coordinator keygen --keys-dir DIR
     coordinator models [--json]
@@ -109,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--cell-mode", choices=("process", "simulated"), default="process",
                        help="each run's fleet: agent processes (default) or a simulated fleet with local workers")
     sweep.add_argument("--shard", metavar="I/N", help="run only every N-th cell, starting at the I-th (1-based)")
+    from fedge.runtime.replay import add_replay
+
+    add_replay(sub)
     partition = sub.add_parser("partition", help="split a dataset into client shards")
     from fedge.fldata.cli import add_partition_arguments
 
@@ -255,6 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from fedge.meter.export import command_export
 
             return command_export(args)
+        if args.command == "replay":
+            from fedge.runtime.replay import command_replay
+
+            return command_replay(args)
         if args.command == "sweep":
             from fedge.sweep.grid import command_sweep
 

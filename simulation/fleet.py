@@ -13,7 +13,8 @@ finish time is fixed when it is sent (its planned steps and its Task's bytes, ``
 hands over the results in order of (finish time, job number), waiting for a job's worker when it has not finished,
 and moves the clock to each result's time; with no job out, a poll lets its timeout pass on the clock. Whichever
 worker returns first, the session then sees the same events in the same order, so a run is the same bit for bit on
-every backend.
+every backend. ``ScriptedFleet`` hands over no result until told which (``deliver``): ``coordinator replay`` plays a
+run's dispatch journal through it, each update in the order the run received it.
 No sockets and no algorithm by name; the coordinator never imports this module except in ``coordinator start``.
 """
 
@@ -58,7 +59,8 @@ class SimulatedFleet:
     def __init__(self, clients: Sequence[ClientFiles], backend: Backend, input_shape: tuple[int, ...],
                  num_outputs: int, dataset_sizes: Sequence[int], rule: WorkerRule | None = None,
                  owns_backend: bool = True, clock: SimulatedClock | None = None,
-                 timing: DeviceTiming | None = None, steps: Callable[[int], int] | None = None) -> None:
+                 timing: DeviceTiming | None = None, steps: Callable[[int], int] | None = None,
+                 budget: Callable[[str, int], int] | None = None) -> None:
         self.clients = {c.client_id: c for c in clients}
         self.backend = backend
         self.owns_backend = owns_backend  # closed with the fleet (a backend handed in by the caller is the caller's)
@@ -86,6 +88,7 @@ class SimulatedFleet:
         self.done: dict[tuple[str, int], Outcome] = {}    # ... results back before their turn
         self.dropped: set[tuple[str, int]] = set()        # ... jobs cancelled: their results do not move the clock
         self.horizon = float("inf")  # the session's next deadline: the simulated clock does not pass it
+        self.budget = budget  # (client id, task's round) -> that task's work budget in steps (0: none)
 
     # ------------------------------------------------------------------------------------------ the transport
     def send(self, peer: bytes, frame: bytes) -> bool:
@@ -166,7 +169,8 @@ class SimulatedFleet:
                     client.joined(welcome, frame)
                 case Train(task=task):
                     self.jobs += 1
-                    self.backend.submit(Job(self.clients[client_id], client.welcome_frame, frame, self.rule))
+                    self.backend.submit(Job(self.clients[client_id], client.welcome_frame, frame, self.rule,
+                                            self.budget(client_id, task.round) if self.budget is not None else 0))
                     if self.clock is not None:
                         assert self.timing is not None and self.steps is not None
                         took = self.timing.duration(self.order[client_id], self.jobs,
@@ -189,3 +193,18 @@ class SimulatedFleet:
                     continue  # clients do not stay for another session
                 case _:
                     assert_never(action)
+
+
+class ScriptedFleet(SimulatedFleet):
+    """A simulated fleet whose results wait until ``deliver`` names them: the driver decides the order in which the
+    coordinator receives the updates (``coordinator replay``: the order a run's journal recorded). The clock is the
+    real one; nothing in a replay reads it but the records."""
+
+    def outcomes(self, timeout_ms: int) -> list[Outcome]:
+        return []
+
+    def deliver(self, client_id: str, round_number: int) -> None:
+        """Hand the result of ``client_id``'s task ``round_number`` (waiting for its worker) to the client's
+        protocol, as its training ending: its Update (or failure report) goes out on the next poll."""
+        outcome = self.collect(client_id, round_number)
+        self.act(client_id, self.protocols[client_id].finished(outcome.round, outcome.frame, outcome.error))

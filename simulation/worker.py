@@ -50,12 +50,14 @@ class WorkerRule:
 
 @dataclass(frozen=True)
 class Job:
-    """One task for one client, as the fleet hands it to a worker."""
+    """One task for one client, as the fleet hands it to a worker; ``max_steps``: the device's work budget for it
+    (an agent's ``agent.max_steps``; 0: none)."""
 
     client: ClientFiles
     welcome: bytes
     task: bytes
     rule: WorkerRule = field(default_factory=WorkerRule)
+    max_steps: int = 0
 
 
 def failed(job: Job, reason: str) -> Outcome:
@@ -87,7 +89,9 @@ def train_client(job: Job) -> Outcome:
             session, tensors = join_session(job.rule, DeviceData.open(job.client.shard), torch.device("cpu"),
                                             welcome)
             state = DeviceState(job.client.state_dir)
-            result = play_task(session, tensors, state, task)
+            budget = job.max_steps
+            result = play_task(session, tensors, state, task,
+                               spent=(lambda steps: steps >= budget) if budget > 0 else None)
         return Outcome(task.round, update_frame(session, job.client.client_id, result), client_id=job.client.client_id)
     except Refused as refusal:
         return Outcome(task.round, None, f"{refusal.code}: {refusal}", job.client.client_id)

@@ -166,6 +166,16 @@ def test_real_agents_two_of_them_slowed_never_hold_the_others_back(procs: Proces
     assert sum(fast) >= 20 and max(slowed, default=0) < min(fast), by_device  # the fast devices did the work
     late = [row["staleness"] for row in clients if row["client_index"] in slow_indices]
     assert all(s >= 1 for s in late), late  # a slowed device's update arrives versions after its base
+    # the run's dispatch journal, played again through the simulated fleet: the same final model, bit for bit
+    given = [f"--data=dev-{i}={data / f'client-{i:03d}.npz'}" for i in range(6)]
+    replay = procs.start(["fedge.runtime.cli", "replay", str(run_dir), *given], name="replay")
+    assert finished(replay, 240) == 0, procs.output("replay")
+    assert "the final model is the run's, bit for bit" in procs.output("replay")
+    journal = run_rows(run_dir, "dispatches.jsonl")
+    replayed = run_rows(run_dir / "replay", "dispatches.jsonl")
+    assert [{k: v for k, v in e.items() if k != "t"} for e in replayed] == \
+        [{k: v for k, v in e.items() if k != "t"} for e in journal][:len(replayed)]
+    assert [r["updates"] for r in metrics(run_dir / "replay")] == [3] * 8
 
 
 def test_a_devices_second_task_on_one_version_is_its_next_attempt_and_only_its_last_task_is_committed() -> None:
@@ -342,3 +352,43 @@ def test_the_trusts_warnings_name_a_version_in_an_asynchronous_session(tmp_path:
     text = caplog.text
     assert "version 4: bounded 1 update(s): dev-1" in text and "version 4: agent dev-1 quarantined" in text
     assert "round 4" not in text
+
+
+def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_the_runs(
+        procs: Processes, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedge.runtime.cli import main
+
+    run_dir = tmp_path / "run"
+    assert finished(procs.coordinator(
+        "--rounds", "3", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
+        "--set", "fleet.clock=simulated", "--set", "data.clients=4", "--set", "data.train_limit=200",
+        "--set", "round.mode=async", "--set", "algorithm.name=fedavg", "--set", "asynchronous.buffer=2",
+        "--set", "asynchronous.concurrency=3", "--set", "run.export_onnx=false", "--quiet", "--run-dir",
+        str(run_dir), name="run"), 240) == 0, procs.output("run")
+    given = [f"--data=agent-{i:02d}={run_dir / 'data' / f'client-{i:03d}.npz'}" for i in range(4)]
+
+    def replay(*extra: str) -> tuple[int, str]:
+        code = main(["replay", str(run_dir), *extra])
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    code, said = replay(*given[:3])  # a device's shard missing: refused before anything is written
+    assert code == 2 and "--data agent-03=SHARD" in said and not (run_dir / "replay").exists()
+    code, said = replay(*given, "--out", str(tmp_path / "same"))
+    assert code == 0 and "bit for bit" in said, said
+    journal = run_rows(run_dir, "dispatches.jsonl")
+
+    def tampered(name: str, entries: list[dict[str, Any]]) -> tuple[int, str]:
+        (run_dir / "dispatches.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+        return replay(*given, "--out", str(tmp_path / name))
+
+    flush = next(i for i, e in enumerate(journal) if e["event"] == "flush")
+    swapped = [*journal[:flush], {**journal[flush], "tasks": journal[flush]["tasks"][::-1]}, *journal[flush + 1:]]
+    code, said = tampered("order", swapped)  # the run folded them in another order than the journal says
+    assert code == 1 and f"journal line {flush + 1}" in said and "diverged" in said, said
+    update = next(i for i, e in enumerate(journal) if e["event"] == "update")
+    fewer = [*journal[:update], {**journal[update], "steps": journal[update]["steps"] - 1}, *journal[update + 1:]]
+    code, said = tampered("steps", fewer)  # a device that says it trained a step less than it did
+    assert code == 1 and "arrays differ" in said, said
+    code, said = tampered("resumed", [{"event": "resumed", "version": 1}, *journal])
+    assert code == 2 and "resumed at version 1" in said
