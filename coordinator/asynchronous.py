@@ -35,8 +35,9 @@ def start(session: Any, resumed: dict[str, Any] | None) -> VersionRounds:
     settings = session.config.asynchronous.settings()
     rounds = AsyncRounds.restored(settings, resumed) if resumed else AsyncRounds(settings)
     now = session.clock()
-    for task in rounds.in_flight.values():  # sent by the process before: its deadline counts from now
-        task.sent_at = now
+    if not session.simulated_clock:  # sent by the process before, on another clock: its deadline counts from now
+        for task in rounds.in_flight.values():
+            task.sent_at = now
     versions = VersionRounds(rounds, session.registry, session.shapes, session.task_flags,
                              session.config.round.deadline_s, now)
     session.protocol.start_versions(versions)

@@ -136,19 +136,20 @@ class Session:
     # ----------------------------------------------------------------------------------------- checkpoint
     def save_checkpoint(self) -> None:
         arrays, server_meta = self.server.state_dict()
-        save_checkpoint(self.run_dir.checkpoint, {**arrays, **self.step.state_dict()}, {
+        fleet = self.transport.checkpoint_state() if hasattr(self.transport, "checkpoint_state") else None
+        save_checkpoint(self.run_dir.checkpoint, {**arrays, **self.step.state_dict(), **(fleet[0] if fleet else {})}, {
             "round": self.round, "run_id": self.run_id, "algorithm": self.config.algorithm_name,
             "model_hash": self.model_hash, "server": server_meta, **self.registry.state(),
             **self.trust.state(), **self.tallies.state(),
             **(self.privacy.state() if self.privacy is not None else {}),
             asynchronous.STATE_KEY: None if self.protocol.versions is None else self.protocol.versions.rounds.state(),
-            "sim_clock": self.clock() if self.simulated_clock else None,
+            "sim_clock": self.clock() if self.simulated_clock else None, "fleet": fleet[1] if fleet else None,
             "pending_row": None if self.rows.held is None else plain(self.rows.held.row)})
 
     def load_checkpoint(self) -> None:
         arrays, meta = load_checkpoint(self.run_dir.checkpoint, self.model_hash, self.config.algorithm_name)
         self.step.load_state_dict(arrays)
-        self.server.load_state_dict({k: v for k, v in arrays.items() if not k.startswith("server_step/")},
+        self.server.load_state_dict({k: v for k, v in arrays.items() if not k.startswith(("server_step/", "fleet/"))},
                                     meta["server"])
         self.registry.load_state(meta)
         self.trust.load_state(meta)
@@ -159,6 +160,8 @@ class Session:
         self.resumed_versions = meta.get(asynchronous.STATE_KEY)
         if self.simulated_clock and meta.get("sim_clock") is not None:  # simulated time goes on from the checkpoint
             self.clock.advance_to(float(meta["sim_clock"]))  # type: ignore[attr-defined]
+        if meta.get("fleet") is not None and hasattr(self.transport, "restore"):  # a simulated clock's jobs out
+            self.transport.restore(meta["fleet"], {k: v for k, v in arrays.items() if k.startswith("fleet/")})
         for name in ("metrics.jsonl", "clients.jsonl"):
             self.run_dir.truncate_jsonl(name, self.round)
         pending = meta.get("pending_row")

@@ -13,7 +13,12 @@ finish time is fixed when it is sent (its planned steps and its Task's bytes, ``
 hands over the results in order of (finish time, job number), waiting for a job's worker when it has not finished,
 and moves the clock to each result's time; with no job out, a poll lets its timeout pass on the clock. Whichever
 worker returns first, the session then sees the same events in the same order, so a run is the same bit for bit on
-every backend. ``ScriptedFleet`` hands over no result until told which (``deliver``): ``coordinator replay`` plays a
+every backend. On the simulated clock the fleet's state goes into the session's checkpoint (``checkpoint_state``:
+the jobs out, with their finish times, job numbers and Task packets, and the Welcome of each client holding one)
+and comes back at a resume (``restore``): each such client is rebuilt holding its task, as a device that kept
+training while its coordinator restarted, and says hello naming it (a hello queued like any message: no result is
+handed over, and the clock does not move, while the queue holds one). So a resumed run is the run it would have been
+without the crash, bit for bit. ``ScriptedFleet`` hands over no result until told which (``deliver``): ``coordinator replay`` plays a
 run's dispatch journal through it, each update in the order the run received it.
 No sockets and no algorithm by name; the coordinator never imports this module except in ``coordinator start``.
 """
@@ -25,6 +30,9 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
 
 from fedge import codec
 from fedge.exhaustive import assert_never
@@ -89,6 +97,8 @@ class SimulatedFleet:
         self.dropped: set[tuple[str, int]] = set()        # ... jobs cancelled: their results do not move the clock
         self.horizon = float("inf")  # the session's next deadline: the simulated clock does not pass it
         self.budget = budget  # (client id, task's round) -> that task's work budget in steps (0: none)
+        self.packets: dict[tuple[str, int], bytes] = {}  # simulated clock: each job out's Task packet (checkpoint)
+        self.restored: dict[tuple[str, int], tuple[float, int]] = {}  # ... a resumed job's (finish, job number)
 
     # ------------------------------------------------------------------------------------------ the transport
     def send(self, peer: bytes, frame: bytes) -> bool:
@@ -149,7 +159,35 @@ class SimulatedFleet:
         while (client_id, round_number) not in self.done:
             for outcome in self.backend.results(1.0):
                 self.done[(outcome.client_id, outcome.round)] = outcome
+        self.packets.pop((client_id, round_number), None)
         return self.done.pop((client_id, round_number))
+
+    # ------------------------------------------------------------------------------------------ checkpoint
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+        """The simulated clock's jobs out, for the session's checkpoint: (arrays: each job's Task packet and its
+        client's Welcome, as bytes; meta). None on the real clock (its devices say hello without their tasks)."""
+        if self.clock is None:
+            return None
+        due = sorted(entry for entry in self.due if (entry[2], entry[3]) not in self.dropped)
+        arrays: dict[str, np.ndarray] = {}
+        for _, job, client_id, round_number in due:
+            arrays[f"fleet/task/{job}"] = np.frombuffer(self.packets[(client_id, round_number)], dtype=np.uint8)
+            arrays[f"fleet/welcome/{client_id}"] = np.frombuffer(self.logical[client_id].welcome_frame, np.uint8)
+        return arrays, {"jobs": self.jobs, "due": [list(entry) for entry in due]}
+
+    def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Take up the jobs a checkpoint held: each client rebuilt in its session holding its task (its Welcome and
+        Task packets received again), the job trained again with its finish time and number, and the client's hello
+        naming its task queued."""
+        self.jobs = int(meta["jobs"])
+        now = self.now()
+        for finish, job, client_id, round_number in meta["due"]:
+            client, frame = self.logical[client_id], arrays[f"fleet/task/{job}"].tobytes()
+            welcome = arrays[f"fleet/welcome/{client_id}"].tobytes()  # (a client holds one task at most)
+            self.act(client_id, client.protocol.receive(welcome, now), welcome)
+            self.restored[(client_id, int(round_number))] = (float(finish), int(job))
+            self.act(client_id, client.protocol.receive(frame, now), frame)
+            self.outbox.append((client.peer, client.hello_frame()))
 
     def close(self) -> None:
         if self.owns_backend:
@@ -168,14 +206,20 @@ class SimulatedFleet:
                 case Join(welcome=welcome):
                     client.joined(welcome, frame)
                 case Train(task=task):
-                    self.jobs += 1
                     self.backend.submit(Job(self.clients[client_id], client.welcome_frame, frame, self.rule,
                                             self.budget(client_id, task.round) if self.budget is not None else 0))
+                    resumed = self.restored.pop((client_id, task.round), None)
+                    if resumed is not None:  # a job a checkpoint held: its finish and number stand
+                        heapq.heappush(self.due, (*resumed, client_id, task.round))
+                        self.packets[(client_id, task.round)] = frame
+                        continue
+                    self.jobs += 1
                     if self.clock is not None:
                         assert self.timing is not None and self.steps is not None
                         took = self.timing.duration(self.order[client_id], self.jobs,
                                                     self.steps(self.sizes[client_id]), len(frame))
                         heapq.heappush(self.due, (self.clock() + took, self.jobs, client_id, task.round))
+                        self.packets[(client_id, task.round)] = frame
                 case Masked(run_id=run_id, round=round_number):
                     client.state().note_masked(run_id, round_number)
                 case Confirm(round=round_number):

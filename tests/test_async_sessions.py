@@ -392,3 +392,33 @@ def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_th
     assert code == 1 and "arrays differ" in said, said
     code, said = tampered("resumed", [{"event": "resumed", "version": 1}, *journal])
     assert code == 2 and "resumed at version 1" in said
+
+
+def test_a_simulated_clock_session_resumed_after_a_crash_is_the_uninterrupted_one_bit_for_bit(
+        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint at a flush holds the fleet's jobs out (their finish times, numbers and Task packets): the
+    resumed run, on worker processes, makes every choice the uninterrupted one, inline, made."""
+    common = ["--rounds", "6", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.clock=simulated",
+              "--set", "data.clients=8", "--set", "data.train_limit=300", "--set", "round.mode=async",
+              "--set", "algorithm.name=fedavg", "--set", "asynchronous.buffer=2", "--set", "asynchronous.concurrency=4",
+              "--set", "run.export_onnx=false", "--quiet"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert finished(procs.coordinator(*common, "--set", "fleet.backend=inline", "--run-dir", str(whole),
+                                      name="whole"), 240) == 0, procs.output("whole")
+    monkeypatch.setenv("FEDGE_CRASH_AT", "checkpoint:3")
+    assert finished(procs.coordinator(*common, "--set", "fleet.backend=local", "--set", "fleet.workers=2",
+                                      "--run-dir", str(cut), name="cut"), 240) == 70, procs.output("cut")
+    monkeypatch.delenv("FEDGE_CRASH_AT")
+    from fedge.plumbing import load_arrays
+
+    _, meta = load_arrays(cut / "checkpoint.npz")
+    assert meta["round"] == 3 and meta["fleet"]["due"], meta["fleet"]  # jobs were out when it crashed
+    assert finished(procs.coordinator("--resume", str(cut), "--quiet", name="resumed"), 240) == 0, \
+        procs.output("resumed")
+    for name in ("metrics.jsonl", "clients.jsonl"):
+        rows = [[{k: v for k, v in row.items() if k not in (*TIMINGS, "train_s")} for row in run_rows(d, name)]
+                for d in (whole, cut)]
+        assert rows[0] == rows[1] and len(rows[0]) >= 6, name
+    with np.load(whole / "model.npz") as a, np.load(cut / "model.npz") as b:
+        assert a.files == b.files and all(np.array_equal(a[name], b[name]) for name in a.files)
+    assert "said hello without it" not in (cut / "coordinator.log").read_text()  # every task out was taken up
