@@ -172,6 +172,9 @@ def validate(config: Config) -> None:
     if fleet.clock == "simulated" and fleet.mode != "simulated":
         raise ConfigError("fleet.clock = \"simulated\" times a simulated fleet's tasks: it needs fleet.mode = "
                           "\"simulated\"")
+    if fleet.clock != "simulated" and (fleet.max_seconds or fleet.trace):
+        raise ConfigError("fleet.max_seconds and fleet.trace count simulated seconds: they need fleet.clock = "
+                          "\"simulated\" (a real device's budget is its own agent.max_seconds)")
     if fleet.ray_address and fleet.backend != "ray":
         raise ConfigError("fleet.ray_address is for fleet.backend = \"ray\"")
     if not 0 < config.round.fraction <= 1:

@@ -59,12 +59,16 @@ class FleetSection:
     workers: int = 0
     ray_address: str = ""
     # a simulated fleet's clock: "real", or "simulated" (each task lasts its planned steps x step_s / its device's
-    # speed, LogNormal(0, speed_sigma) from (seed, client), plus its Task's bytes / bandwidth_bps; docs/scale.md)
+    # speed, LogNormal(0, speed_sigma) from (seed, client), plus its packets' bytes / bandwidth_bps; max_seconds:
+    # each device's training budget a task in simulated seconds; trace: a CSV of per-device speeds and availability
+    # intervals; docs/scale.md)
     clock: str = "real"
     step_s: float = 0.05
     speeds: str = "lognormal"
     speed_sigma: float = 1.0
     bandwidth_bps: float = 0.0
+    max_seconds: float = 0.0
+    trace: str = ""
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,8 @@ class CoordinatorProtocol:
     def receive(self, peer: bytes, frame: bytes, now: float, identity: str | None = None) -> list[CoordinatorEvent]:
         """One frame from ``peer`` (its routing id). ``identity``: the client id the connection's CurveZMQ key is
         allowed as (None with CurveZMQ off): a peer claiming another id is refused before its frame is read."""
+        if self.versions is not None:  # the time of what it journals from here (a task lost to a bye, say)
+            self.versions.seen = max(self.versions.seen, now)
         if identity is not None and identity != peer.decode(errors="replace"):
             return self.refuse(peer, words.IDENTITY_MISMATCH, f"this connection's key is allowed as client "
                                f"{identity!r}, not as {peer.decode(errors='replace')!r}", now)

@@ -72,7 +72,7 @@ class VersionRounds:
         self.last_flush: Flush | None = None  # until its Commits are out
         self.latest: dict[int, int] = {t.index: t.task_id for t in rounds.in_flight.values()}  # each device's last task
         self.finished = False
-        self.started = self.seen = now  # the session's start; the last time this object was told
+        self.started = self.seen = now  # the session's start; the latest time this object was told (its journal's)
         self.journal: list[dict[str, Any]] = []  # what happened since the driver last took it (``take_journal``)
 
     def note(self, event: str, now: float, **fields: Any) -> None:

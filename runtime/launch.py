@@ -332,7 +332,8 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
             fleet.start()
         outcome = "stopped"
         try:
-            expect = len(agents) if local else max(config.fleet.expect, 1)
+            # (a simulated fleet: the clients its trace has there at the start)
+            expect = max(transport.present(), 1) if simulated else len(agents) if local else max(config.fleet.expect, 1)
             outcome = session.run(expect, config.fleet.join_timeout_s)
             session.on_tick = None  # agents leave from here on: they are not restarted
             if outcome == "done":  # before the final files: agents need nothing of them, and are not left waiting

@@ -60,11 +60,22 @@ def device_timing(config: Config) -> Any:
     fleet = config.fleet
     if fleet.clock != "simulated":
         return None
-    from fedge.simulation.timing import DeviceTiming
+    from fedge.simulation.timing import DeviceTiming, DeviceTrace
 
+    trace = None
+    if fleet.trace:
+        try:
+            text = Path(fleet.trace).read_text()
+        except OSError as exc:
+            raise ConfigError(f"fleet.trace: cannot read {fleet.trace}: {exc.strerror or exc}") from None
+        try:
+            trace = DeviceTrace.parse(text, local_clients(config))
+        except ValueError as exc:
+            raise ConfigError(f"fleet.trace {fleet.trace}: {exc}") from None
     try:
         return DeviceTiming(step_s=fleet.step_s, speeds=fleet.speeds, speed_sigma=fleet.speed_sigma,
-                            bandwidth_bps=fleet.bandwidth_bps, seed=config.run.seed)
+                            bandwidth_bps=fleet.bandwidth_bps, seed=config.run.seed, max_seconds=fleet.max_seconds,
+                            trace=trace)
     except ValueError as exc:
         raise ConfigError(f"[fleet] {exc}") from None
 

@@ -26,7 +26,6 @@ No sockets and no algorithm by name; the coordinator never imports this module e
 from __future__ import annotations
 
 import collections
-import heapq
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +51,7 @@ from fedge.protocol.events import (
 )
 from fedge.simulation.backends import Backend
 from fedge.simulation.client import LogicalClient, simulated_facts
+from fedge.simulation.schedule import JobSchedule, Move
 from fedge.simulation.timing import DeviceTiming, SimulatedClock
 from fedge.simulation.worker import ClientFiles, Job, WorkerRule
 
@@ -89,27 +89,30 @@ class SimulatedFleet:
             raise ValueError("a simulated clock needs the devices' timing and each client's planned steps")
         self.clock = clock
         self.now: Callable[[], float] = clock if clock is not None else time.monotonic
-        self.timing, self.steps = timing, steps  # steps: a client's planned steps a task, by its dataset size
+        self.steps = steps  # a client's planned steps a task, by its dataset size
         self.sizes = {c.client_id: int(n) for c, n in zip(clients, dataset_sizes, strict=True)}
-        self.order = {c.client_id: i for i, c in enumerate(clients)}  # a client's place: its speed's draw
-        self.due: list[tuple[float, int, str, int]] = []  # simulated clock: (finish, job, client id, round)
-        self.done: dict[tuple[str, int], Outcome] = {}    # ... results back before their turn
-        self.dropped: set[tuple[str, int]] = set()        # ... jobs cancelled: their results do not move the clock
+        # the simulated clock's calendar (jobs out, the trace's moves; ``simulation.schedule``)
+        self.schedule = JobSchedule(timing, [c.client_id for c in clients]) if timing is not None else None
+        self.away = self.schedule.absent_at(0.0) if self.schedule is not None else set()  # the trace keeps away
+        self.done: dict[tuple[str, int], Outcome] = {}  # results back before their turn
         self.horizon = float("inf")  # the session's next deadline: the simulated clock does not pass it
         self.budget = budget  # (client id, task's round) -> that task's work budget in steps (0: none)
         self.packets: dict[tuple[str, int], bytes] = {}  # simulated clock: each job out's Task packet (checkpoint)
-        self.restored: dict[tuple[str, int], tuple[float, int]] = {}  # ... a resumed job's (finish, job number)
 
     # ------------------------------------------------------------------------------------------ the transport
     def send(self, peer: bytes, frame: bytes) -> bool:
         """Hand a frame of the coordinator to the client ``peer``; False for a client that does not exist."""
         client_id = peer.decode(errors="replace")
         protocol = self.protocols.get(client_id)
-        if protocol is None or client_id in self.stopped:
+        if protocol is None or client_id in self.stopped or client_id in self.away:
             return False
         self.bytes_out += len(frame)
         self.act(client_id, protocol.receive(frame, self.now()), frame)
         return True
+
+    def present(self) -> int:
+        """How many clients are there now (all but those a trace keeps away)."""
+        return len(self.clients) - len(self.away)
 
     def send_parts(self, peer: bytes, parts: list[bytes]) -> bool:
         """A message of several frames (a Task's header and body): the packet is their concatenation."""
@@ -122,7 +125,7 @@ class SimulatedFleet:
         outcomes = self.outcomes(timeout_ms)
         now = self.now()
         for client_id, protocol in self.protocols.items():  # first, so that a clock that jumped finds them live
-            if client_id not in self.stopped:
+            if client_id not in self.stopped and client_id not in self.away:
                 self.act(client_id, protocol.tick(now))
         for outcome in outcomes:
             protocol = self.protocols[outcome.client_id]
@@ -141,17 +144,39 @@ class SimulatedFleet:
             return self.backend.results(0.0 if self.outbox else timeout_ms / 1000)
         if self.outbox:
             return []
-        while self.due and (self.due[0][2], self.due[0][3]) in self.dropped:  # collected, never waited for
-            _, _, client_id, round_number = heapq.heappop(self.due)
-            self.dropped.discard((client_id, round_number))
-            self.collect(client_id, round_number)
-        if not self.due or self.due[0][0] > self.horizon:
-            self.clock.advance_to(min(self.horizon, self.clock() + timeout_ms / 1000))
-            return []
-        finish, _, client_id, round_number = heapq.heappop(self.due)
-        outcome = self.collect(client_id, round_number)
-        self.clock.advance_to(finish)
-        return [outcome]
+        assert self.schedule is not None
+        while True:
+            when, what = self.schedule.next(self.clock(), self.horizon, timeout_ms / 1000)
+            for key in self.schedule.skipped:  # cancelled jobs: collected, never waited for
+                self.collect(*key)
+                self.packets.pop(key, None)
+            self.schedule.skipped.clear()
+            self.clock.advance_to(when)
+            if what is None:
+                return []
+            if isinstance(what, Move):
+                self.move(what)
+                return []  # its bye or hello goes out on this poll
+            _, _, client_id, round_number, uploading = what
+            outcome = self.collect(client_id, round_number)
+            if not uploading and self.schedule.timing.bandwidth_bps > 0 and outcome.frame is not None:
+                self.done[(client_id, round_number)] = outcome  # trained: its update goes up the link first
+                self.schedule.upload(what, len(outcome.frame))
+                continue
+            self.packets.pop((client_id, round_number), None)
+            return [outcome]
+
+    def move(self, move: Move) -> None:
+        """A trace's move: a device that goes says goodbye and drops the task it held (so the coordinator stops
+        waiting for it); one that comes says hello on its next tick."""
+        if move.there:
+            self.away.discard(move.client_id)
+            return
+        if move.client_id in self.stopped or move.client_id in self.away:
+            return
+        protocol = self.protocols[move.client_id]
+        self.act(move.client_id, [*protocol.leaving(), *protocol.leave_session()])
+        self.away.add(move.client_id)
 
     def collect(self, client_id: str, round_number: int) -> Outcome:
         """The result of one job, waiting for its worker if it has not come back yet (others that come meanwhile
@@ -159,33 +184,32 @@ class SimulatedFleet:
         while (client_id, round_number) not in self.done:
             for outcome in self.backend.results(1.0):
                 self.done[(outcome.client_id, outcome.round)] = outcome
-        self.packets.pop((client_id, round_number), None)
         return self.done.pop((client_id, round_number))
 
     # ------------------------------------------------------------------------------------------ checkpoint
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
         """The simulated clock's jobs out, for the session's checkpoint: (arrays: each job's Task packet and its
         client's Welcome, as bytes; meta). None on the real clock (its devices say hello without their tasks)."""
-        if self.clock is None:
+        if self.schedule is None:
             return None
-        due = sorted(entry for entry in self.due if (entry[2], entry[3]) not in self.dropped)
+        state = self.schedule.state()
         arrays: dict[str, np.ndarray] = {}
-        for _, job, client_id, round_number in due:
+        for _, job, client_id, round_number, _ in state["due"]:
             arrays[f"fleet/task/{job}"] = np.frombuffer(self.packets[(client_id, round_number)], dtype=np.uint8)
             arrays[f"fleet/welcome/{client_id}"] = np.frombuffer(self.logical[client_id].welcome_frame, np.uint8)
-        return arrays, {"jobs": self.jobs, "due": [list(entry) for entry in due]}
+        return arrays, {**state, "away": sorted(self.away)}
 
     def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """Take up the jobs a checkpoint held: each client rebuilt in its session holding its task (its Welcome and
         Task packets received again), the job trained again with its finish time and number, and the client's hello
         naming its task queued."""
-        self.jobs = int(meta["jobs"])
+        assert self.schedule is not None
         now = self.now()
-        for finish, job, client_id, round_number in meta["due"]:
+        self.away = set(meta.get("away", ()))
+        for _, job, client_id, _, _ in self.schedule.restore(meta):
             client, frame = self.logical[client_id], arrays[f"fleet/task/{job}"].tobytes()
             welcome = arrays[f"fleet/welcome/{client_id}"].tobytes()  # (a client holds one task at most)
             self.act(client_id, client.protocol.receive(welcome, now), welcome)
-            self.restored[(client_id, int(round_number))] = (float(finish), int(job))
             self.act(client_id, client.protocol.receive(frame, now), frame)
             self.outbox.append((client.peer, client.hello_frame()))
 
@@ -206,20 +230,15 @@ class SimulatedFleet:
                 case Join(welcome=welcome):
                     client.joined(welcome, frame)
                 case Train(task=task):
-                    self.backend.submit(Job(self.clients[client_id], client.welcome_frame, frame, self.rule,
-                                            self.budget(client_id, task.round) if self.budget is not None else 0))
-                    resumed = self.restored.pop((client_id, task.round), None)
-                    if resumed is not None:  # a job a checkpoint held: its finish and number stand
-                        heapq.heappush(self.due, (*resumed, client_id, task.round))
-                        self.packets[(client_id, task.round)] = frame
-                        continue
                     self.jobs += 1
-                    if self.clock is not None:
-                        assert self.timing is not None and self.steps is not None
-                        took = self.timing.duration(self.order[client_id], self.jobs,
-                                                    self.steps(self.sizes[client_id]), len(frame))
-                        heapq.heappush(self.due, (self.clock() + took, self.jobs, client_id, task.round))
+                    budget = self.budget(client_id, task.round) if self.budget is not None else 0
+                    if self.schedule is not None:  # its finish (a resumed job: the checkpoint's) and its budget
+                        assert self.steps is not None
+                        budget = self.schedule.add(client_id, task.round, self.steps(self.sizes[client_id]),
+                                                   len(frame), self.now())
                         self.packets[(client_id, task.round)] = frame
+                    self.backend.submit(Job(self.clients[client_id], client.welcome_frame, frame, self.rule,
+                                            budget))
                 case Masked(run_id=run_id, round=round_number):
                     client.state().note_masked(run_id, round_number)
                 case Confirm(round=round_number):
@@ -231,8 +250,8 @@ class SimulatedFleet:
                     self.stopped.add(client_id)
                     self.act(client_id, client.protocol.leaving())
                 case CancelTraining(round=round_number):  # its result is dropped by the protocol, and on a simulated
-                    if self.clock is not None:                   # clock it takes no time
-                        self.dropped.add((client_id, round_number))
+                    if self.schedule is not None:                # clock it takes no time
+                        self.schedule.drop(client_id, round_number)
                 case Left():
                     continue  # clients do not stay for another session
                 case _:

@@ -422,3 +422,43 @@ def test_a_simulated_clock_session_resumed_after_a_crash_is_the_uninterrupted_on
     with np.load(whole / "model.npz") as a, np.load(cut / "model.npz") as b:
         assert a.files == b.files and all(np.array_equal(a[name], b[name]) for name in a.files)
     assert "said hello without it" not in (cut / "coordinator.log").read_text()  # every task out was taken up
+
+
+def test_a_device_trace_a_budget_in_simulated_seconds_and_a_link_shape_who_trains_and_for_how_long(
+        procs: Processes, tmp_path: Path) -> None:
+    """Clients 0 and 1 come at 5 s, client 2 goes at 3 s and comes back at 20 s (fleet.trace); each device trains
+    at most 1 simulated second a task (fleet.max_seconds); Task and Update bytes take their time (bandwidth_bps)."""
+    from fedge.coordinator.config import load_config
+    from fedge.simulation.timing import DeviceTiming
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("client,speed,from_s,until_s\n0,,5,\n1,,5,\n2,,0,3\n2,,20,\n")
+    run_dir, bandwidth = tmp_path / "run", 8e6
+    assert finished(procs.coordinator(
+        "--rounds", "8", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
+        "--set", "fleet.clock=simulated", "--set", "fleet.step_s=0.5", "--set", "fleet.max_seconds=1.0",
+        "--set", f"fleet.trace={trace}", "--set", f"fleet.bandwidth_bps={bandwidth}", "--set", "data.clients=8",
+        "--set", "data.train_limit=300", "--set", "round.mode=async", "--set", "algorithm.name=fedavg",
+        "--set", "asynchronous.buffer=2", "--set", "asynchronous.concurrency=7", "--set", "run.export_onnx=false",
+        "--quiet", "--run-dir", str(run_dir), name="traced"), 240) == 0, procs.output("traced")
+    journal = run_rows(run_dir, "dispatches.jsonl")
+    tasks = {e["task"]: e for e in journal if e["event"] == "task"}
+    assert all(e["t"] >= 5 for e in tasks.values() if e["client"] in (0, 1))
+    assert any(e["client"] in (0, 1) for e in tasks.values())  # they did come
+    assert not any(3 <= e["t"] < 20 for e in tasks.values() if e["client"] == 2)
+    assert any(e["event"] == "lost" and e["client"] == 2 and "left" in e["why"] and 3 <= e["t"] < 20
+               for e in journal)  # it went holding a task: the coordinator stopped waiting for it
+    config = load_config(run_dir / "config.toml", [], {})
+    timing = DeviceTiming(step_s=0.5, seed=config.run.seed, max_seconds=1.0)
+    updates = [e for e in journal if e["event"] == "update"]
+    for update in updates:  # the steps of an agent that stops once 1 simulated second has passed (job = task)
+        with np.load(run_dir / "data" / f"client-{update['client']:03d}.npz") as shard:
+            samples = min(len(shard["train_y"]), 300)
+        planned = config.train.epochs * -(-samples // config.train.batch_size)
+        assert update["steps"] == timing.steps_within(update["client"], update["task"], planned), update
+    assert any(u["steps"] < config.train.epochs * -(-300 // config.train.batch_size) for u in updates)
+    # what each task took beyond its training and its update's bytes on the link: its Task's bytes
+    up = {row["task"]: row["bytes_up"] for row in run_rows(run_dir, "clients.jsonl")}
+    down = [(u["t"] - tasks[u["task"]]["t"] - timing.duration(u["client"], u["task"], u["steps"])
+             - up[u["task"]] * 8 / bandwidth) * bandwidth / 8 for u in updates if u["task"] in up]
+    assert len(down) >= 16 and 300_000 < min(down) <= max(down) < 1_000_000, down  # the MLP's Task: ~650 kB

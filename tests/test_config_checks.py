@@ -39,6 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
     (["fleet.clock=simulated"], "fleet.clock = \"simulated\" times a simulated fleet's tasks"),
     (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.speeds=fast"], "[fleet] speeds must be one of"),
     (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.step_s=0"], "[fleet] the simulated step time"),
+    (["fleet.mode=simulated", "fleet.max_seconds=5"], "fleet.max_seconds and fleet.trace count simulated seconds"),
+    (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.max_seconds=-1"], "max_seconds must be >= 0"),
+    (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.trace=/nonexistent/trace.csv"],
+     "fleet.trace: cannot read /nonexistent/trace.csv"),
     (["round.mode=async"], "round.mode = \"async\" runs fedavg, fedprox, not 'ef-fedprox'"),
     (["round.mode=async", "algorithm.name=fedavg", "algorithm.upload=model"], "needs algorithm.upload = \"delta\""),
     (["round.mode=async", "algorithm.name=fedavg", "asynchronous.buffer=0"], "asynchronous.concurrency and "
@@ -128,3 +132,12 @@ def test_the_ray_backend_without_ray_is_refused_before_anything_is_written(tmp_p
     assert out.returncode == 2, out.stdout + out.stderr
     assert "needs Ray on this machine" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not run_dir.exists()
+
+
+def test_a_bad_device_trace_is_refused_in_one_line_naming_its_line(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("client,speed,from_s,until_s\n0,1.5,,\n9,,0,10\n")
+    with pytest.raises(ConfigError) as info:
+        plan_session(load_config(None, ["fleet.mode=simulated", "fleet.clock=simulated", "data.clients=4",
+                                        f"fleet.trace={trace}"]))
+    assert str(info.value) == f"fleet.trace {trace}: trace line 3: client 9 is not one of the fleet's 4 (0 to 3)"
