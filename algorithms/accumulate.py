@@ -78,20 +78,27 @@ class WeightedSum:
 
 
 class FlatMean:
-    """The weighted mean of flat vectors (each given at its positions), exactly summed: sum w_i v_i / sum w_i;
-    vectors of weight 0 count, alike, only when none has a weight. Integer arrays beside them take their lower
-    median."""
+    """The weighted mean of flat vectors (each given at its positions), exactly summed: sum w_i d_i v_i / sum w_i c_i
+    (``d_i``, ``c_i``: an asynchronous session's staleness factors, ``ClientUpdate.discount`` and ``counted``; 1 in
+    rounds); vectors of weight 0 count, alike, only when none has a weight. Integer arrays beside them take their
+    lower median."""
 
     def __init__(self, size: int) -> None:
         self.weighted, self.empty = ExactSum(size), ExactSum(size)
-        self.weight, self.empties = 0.0, 0
+        self.divisors: list[float] = []
+        self.empties = 0
         self.integers = IntegerMedian()
 
+    @property
+    def weight(self) -> float:
+        """The divisor, exactly rounded (so independent of the order of the updates)."""
+        return math.fsum(self.divisors)
+
     def add(self, values: np.ndarray, at: np.ndarray | None, weight: float,
-            integers: Mapping[str, np.ndarray] | None = None) -> None:
+            integers: Mapping[str, np.ndarray] | None = None, discount: float = 1.0, counted: float = 1.0) -> None:
         if weight > 0:  # one pass: each value widened to float64, then multiplied (the same bits as in two)
-            self.weighted.add(np.multiply(np.ravel(values), weight, dtype=np.float64), at, owned=True)
-            self.weight += weight
+            self.weighted.add(np.multiply(np.ravel(values), weight * discount, dtype=np.float64), at, owned=True)
+            self.divisors.append(weight * counted)
         else:
             self.empty.add(np.array(values, dtype=np.float64).ravel(), at, owned=True)
             self.empties += 1

@@ -85,13 +85,16 @@ class ModelLayout:
 
 @dataclass(frozen=True)
 class ServerContext:
-    """Facts of the session a server half may need: the client count N, the layout, the seed, and whether the
-    initial model is the model spec built from that seed (so a device can rebuild it; not so with ``model.init``)."""
+    """Facts of the session a server half may need: the client count N, the layout, the seed, whether the
+    initial model is the model spec built from that seed (so a device can rebuild it; not so with ``model.init``),
+    and whether the session is asynchronous (``round.mode = "async"``: an update trained from an older version is
+    folded, under the staleness factors the coordinator set on it, not left out)."""
 
     num_clients: int
     layout: ModelLayout
     seed: int = 0
     initial_from_seed: bool = True
+    asynchronous: bool = False
 
 
 @dataclass(frozen=True)

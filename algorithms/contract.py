@@ -69,6 +69,10 @@ class BaseServer:
     arrives (``fold``) and closes the round (``close_round``); an algorithm that needs every update at once
     subclasses ``HeldServer`` instead."""
 
+    # True when the half's devices keep state from one task to the next (ef's residual and replica): in an
+    # asynchronous session such a device is given its next task only once its last update is committed
+    device_state = False
+
     def select(self, round_number: int, available: Sequence[int], rng: np.random.Generator) -> list[int] | None:
         return None
 

@@ -94,7 +94,11 @@ def start_dtype(config: Config) -> str:
 
 class Server(BaseServer):
     """Keeps the public model (``keyframes.PublicModel``: keyframe, catch-up, history, what each client holds) and
-    its own residual S - K, the part of its exact model S that the keyframe K lacks."""
+    its own residual S - K, the part of its exact model S that the keyframe K lacks. In an asynchronous session an
+    update trained from an older public model is folded too, as a change of S, under its staleness factors (its
+    device keeps state: ``device_state``)."""
+
+    device_state = True
 
     def __init__(self, config: Config, initial: Arrays, context: ServerContext, base_module: ModuleType) -> None:
         if base_module.Server is not fedavg.Server:
@@ -147,12 +151,13 @@ class Server(BaseServer):
 
     def fold(self, round_number: int, update: ClientUpdate) -> None:
         """An update against the current public model joins the round's exact sums (``algorithms.accumulate``); a
-        stale one only tells which keyframe its client holds."""
+        stale one only tells which keyframe its client holds, except in an asynchronous session, where it joins
+        them too under the factors the coordinator set (``discount``, ``counted``: its version's staleness)."""
         origin = EfUpdate.from_meta(update.payload.meta)
         self.model.note_holds(update.index, origin.keyframe)
         if self.folding is None:
             self.folding, self.stale = FlatMean(self.layout.size), 0
-        if origin.base != self.model.version:
+        if origin.base != self.model.version and not self.context.asynchronous:
             self.stale += 1
             return
         group = update.payload.groups["update"]
@@ -160,7 +165,8 @@ class Server(BaseServer):
         if problem or group.sparse is None:
             raise ValueError(problem)
         self.folding.add(group.sparse.values, self.positions(round_number, group.sparse),
-                         fedavg.fold_weight(update, self.config.base.weighting), group.dense)
+                         fedavg.fold_weight(update, self.config.base.weighting), group.dense, update.discount,
+                         update.counted)
 
     def positions(self, round_number: int, section: SparseSection) -> np.ndarray:
         """The flat positions an update's values lie at: its own indices."""

@@ -14,7 +14,9 @@ its steps times 0.05 s over its device's speed, times a jitter (``simulation.tim
 - ``sync-latency``: C selected a round by the latency policy (``round.policy = "latency"``: weighted by each device's
   round times measured so far);
 - ``fedasync``: buffer 1 (each update a version), max_staleness 5 C;
-- ``fedbuff``: buffer 10, max_staleness max(10, C / 2).
+- ``fedbuff``: buffer 10, max_staleness max(10, C / 2);
+- ``fedbuff-stateful``: the same, with the rule of an algorithm whose devices keep state (ef-*): a device is given
+  its next task only once its last update is committed, at its version's flush (what that rule costs).
 
 Both asynchronous variants weigh an update tau versions stale 1/sqrt(1+tau) and divide by the count. The
 synchronous run plays ``--rounds`` rounds; its simulated time is every other variant's budget, and a variant stops
@@ -43,7 +45,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SHARE = 0.95
 BEST_WINDOW, RUNNING_WINDOW = 5, 3
-VARIANTS = ("sync", "sync-over", "sync-latency", "fedasync", "fedbuff")
+VARIANTS = ("sync", "sync-over", "sync-latency", "fedasync", "fedbuff", "fedbuff-stateful")
 BEGIN, END = "<!-- async figures: begin -->", "<!-- async figures: end -->"
 
 
@@ -100,7 +102,7 @@ def play(variant: str, seed: int, concurrency: int, rounds: int, sigma: float, c
         staleness = 5 * concurrency if variant == "fedasync" else max(10, concurrency // 2)
         settings = AsyncSettings(concurrency=concurrency, buffer=buffer, max_staleness=staleness)
         timeline = run_async(fleet, settings, data, train, timing, versions=10**9, seed=seed, evaluate=evaluated,
-                             until_s=until_s, stop=reached)
+                             until_s=until_s, stop=reached, device_state=variant == "fedbuff-stateful")
     by_speed = sorted(range(clients), key=timing.speed)
     tenth = {client: 10 * rank // clients for rank, client in enumerate(by_speed)}
     counts = np.zeros(10)
@@ -189,7 +191,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a tiny run (seconds) for the smoke test")
     args = parser.parse_args()
     if args.quick:
-        args.concurrency, args.rounds, args.clients, args.seeds = 4, 2, 8, "0"
+        args.concurrency, args.rounds, args.clients, args.seeds = 4, 2, 12, "0"  # (12: a stateful buffer of 10)
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.concurrency < 1 or args.rounds < 1 or args.clients < math.ceil(1.3 * args.concurrency):
         parser.error("need --concurrency >= 1, --rounds >= 1 and --clients >= 1.3 x --concurrency")

@@ -39,7 +39,8 @@ def start(session: Any, resumed: dict[str, Any] | None) -> VersionRounds:
         for task in rounds.in_flight.values():
             task.sent_at = now
     versions = VersionRounds(rounds, session.registry, session.shapes, session.task_flags,
-                             session.config.round.deadline_s, now)
+                             session.config.round.deadline_s, now,
+                             device_state=bool(getattr(session.server, "device_state", False)))  # (a plugin's: no)
     session.protocol.start_versions(versions)
     if resumed:  # the tasks of the version that was being built are lost with the crash: the journal says so
         session.run_dir.append_jsonl(JOURNAL, {"event": "resumed", "version": rounds.version})
@@ -105,11 +106,11 @@ def play(session: Any, versions: VersionRounds) -> str:
                 return "stopped"
             now = session.clock()
             live = session.registry.live_indices(now)  # once a turn of the loop: a scan of every device
-            if versions.rounds.in_flight or live:
+            if versions.rounds.in_flight or versions.idle([i for i in live if i not in held_out]):
                 alone_since = None
             elif alone_since is None:
                 alone_since = now
-                log.warning("no live agent and no task in flight; waiting for agents to come back")
+                log.warning("%s; waiting for agents to come (back)", stall(versions, live))
             elif now - alone_since > session.config.fleet.join_timeout_s:
                 return "no-agents"
             session.act(versions.expire(protocol.run_id, now, set(live).__contains__))
@@ -122,6 +123,15 @@ def play(session: Any, versions: VersionRounds) -> str:
         finish_version(session, started)
         session.write_status(f"version {session.round} done", force=True)
     return "done"
+
+
+def stall(versions: VersionRounds, live: list[int]) -> str:
+    """Why no task is in flight and none can be sent."""
+    if not live:
+        return "no live agent and no task in flight"
+    waiting = len({update[0] for update in versions.building.updates})
+    return (f"no task in flight and none of the {len(live)} live agents can take one ({waiting} hold an update that "
+            f"waits for version {versions.version + 1}'s flush, which needs {versions.rounds.settings.buffer})")
 
 
 def finish_version(session: Any, started: float) -> None:

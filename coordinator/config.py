@@ -255,8 +255,8 @@ def validate_async(config: Config) -> None:
     name = config.algorithm_name
     if name not in ASYNC_ALGORITHMS:
         raise ConfigError(f"round.mode = \"async\" runs {', '.join(ASYNC_ALGORITHMS)}, not {name!r}: an algorithm "
-                          "joins once its clients keep no state between tasks and its server folds a stale delta "
-                          "(docs/algorithms.md)")
+                          "joins once its server folds a stale delta under its staleness discount (docs/algorithms.md, "
+                          "\"Asynchronous rounds\")")
     if config.algorithm_options.get("upload", "delta") != "delta":
         raise ConfigError("round.mode = \"async\" needs algorithm.upload = \"delta\": an update is a change from "
                           "its task's base version, applied to the version current when it arrives")

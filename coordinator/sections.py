@@ -125,9 +125,10 @@ class RoundSection:
     mode: str = "sync"
 
 
-# The algorithms that run asynchronously: stateless clients uploading deltas, a server half that folds each under
-# its staleness discount (docs/algorithms.md, "Asynchronous rounds").
-ASYNC_ALGORITHMS = ("fedavg", "fedprox")
+# The algorithms that run asynchronously: clients uploading deltas, a server half that folds each under its
+# staleness discount, and devices that keep state given their next task only once their last is committed
+# (docs/algorithms.md, "Asynchronous rounds").
+ASYNC_ALGORITHMS = ("fedavg", "fedprox", "ef-fedavg", "ef-fedprox")
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ class Session:
         self.layout = ModelLayout.of(model)
         self.shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
         context = ServerContext(num_clients=num_clients, layout=self.layout, seed=config.run.seed,
+                                asynchronous=config.round.mode == "async",
                                 initial_from_seed=initial is None)
         self.server = make_server(config.algorithm_name, config.algorithm_options, state_to_arrays(model), context)
         self.protocol = CoordinatorProtocol(run_id, self.model_hash, self.shapes, registry, self.server,

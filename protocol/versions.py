@@ -62,8 +62,10 @@ class VersionRounds:
     bounds)."""
 
     def __init__(self, rounds: AsyncRounds, registry: AgentRegistry, shapes: dict[str, tuple[int, ...]],
-                 task_flags: Callable[[int], dict[str, Any]], deadline_s: float, now: float) -> None:
+                 task_flags: Callable[[int], dict[str, Any]], deadline_s: float, now: float,
+                 device_state: bool = False) -> None:
         self.rounds = rounds
+        self.device_state = device_state  # devices keep state between tasks: one uncommitted task at most
         self.registry = registry
         self.shapes = shapes
         self.task_flags = task_flags
@@ -110,8 +112,12 @@ class VersionRounds:
         self.building.bytes_down[index] = self.building.bytes_down.get(index, 0) + size
 
     def idle(self, live: list[int]) -> list[int]:
-        """The live clients holding no task, in index order."""
+        """The live clients holding no task, in index order; for an algorithm whose devices keep state
+        (``device_state``), also none whose update waits in the version being built for its flush's Commit: a
+        device holds at most one uncommitted task, so that its next starts from the state its last one left."""
         busy = self.rounds.busy()
+        if self.device_state:
+            busy |= {update[0] for update in self.building.updates}
         return [index for index in live if index not in busy]
 
     def pick(self, idle: list[int], seed: int) -> int:

@@ -90,7 +90,24 @@ def check_algorithm(config: Config) -> Config:
         make_config(config.algorithm_name, options)
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"[algorithm] {config.algorithm_name}: {exc}") from None
+    check_device_state(config)
     return config
+
+
+def check_device_state(config: Config) -> None:
+    """An asynchronous session of an algorithm whose devices keep state (``device_state``: ef's) holds each device to
+    one uncommitted update, so a version of ``asynchronous.buffer`` updates needs that many devices."""
+    from fedge.algorithms.registry import spec_of
+
+    if config.round.mode != "async" or not getattr(spec_of(config.algorithm_name).module.Server, "device_state",
+                                                   False):
+        return
+    fleet = local_clients(config) if not config.fleet.bind else config.fleet.expect
+    buffer = config.asynchronous.buffer
+    if fleet and fleet < buffer:
+        raise ConfigError(f"{config.algorithm_name}'s devices keep state, so each holds at most one uncommitted update "
+                          f"and a version of asynchronous.buffer = {buffer} updates needs {buffer} devices; the fleet "
+                          f"has {fleet}")
 
 
 def check_training(config: Config) -> None:

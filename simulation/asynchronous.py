@@ -86,12 +86,12 @@ class AsyncFleet:
     out as a session and its agents carry them out."""
 
     def __init__(self, fleet: Fleet, settings: AsyncSettings, data: Data, train: TrainSettings,
-                 timing: DeviceTiming, seed: int) -> None:
+                 timing: DeviceTiming, seed: int, device_state: bool = False) -> None:
         self.fleet, self.data, self.train, self.timing, self.seed = fleet, data, train, timing, seed
         self.coordinator = fleet.coordinator
         self.coordinator.replace_server(fleet.server)
         self.versions = VersionRounds(AsyncRounds(settings), self.coordinator.registry, self.coordinator.shapes,
-                                      self.task_flags, FOREVER_S, 0.0)
+                                      self.task_flags, FOREVER_S, 0.0, device_state=device_state)
         self.coordinator.start_versions(self.versions)
         fleet.aggregation = Aggregation(fleet.server, 1, fleet.influence, step=fleet.step)
         self.heap: list[tuple[float, int, int]] = []   # (arrival time, task id, client index)
@@ -180,12 +180,14 @@ class AsyncFleet:
 
 def run_async(fleet: Fleet, settings: AsyncSettings, data: Data, train: TrainSettings, timing: DeviceTiming,
               versions: int, seed: int = 0, evaluate: Evaluate | None = None, until_s: float = math.inf,
-              stop: Callable[[dict[str, Any]], bool] | None = None) -> Timeline:
+              stop: Callable[[dict[str, Any]], bool] | None = None, device_state: bool = False) -> Timeline:
     """Play asynchronous versions until ``versions`` are flushed, the simulated clock passes ``until_s`` or
-    ``stop`` says so of a version's row. ``seed``: the run's (the batch orders, which device gets a task)."""
+    ``stop`` says so of a version's row. ``seed``: the run's (the batch orders, which device gets a task).
+    ``device_state``: hold each device to one uncommitted task, as for an algorithm whose devices keep state
+    (``protocol.versions.VersionRounds``; the benchmark measures what that rule costs)."""
     if len(fleet.clients) < 1:
         raise ValueError("an asynchronous run needs clients")
-    run = AsyncFleet(fleet, settings, data, train, timing, seed)
+    run = AsyncFleet(fleet, settings, data, train, timing, seed, device_state)
     timeline = Timeline()
     with without_fsync():
         run.fill(0.0)

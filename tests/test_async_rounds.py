@@ -162,6 +162,29 @@ def test_a_stale_delta_counts_its_discount_and_the_divisor_follows_normalize(nor
     assert same_arrays(again.model, server.model)
 
 
+@pytest.mark.parametrize("normalize", ["count", "weight"])
+def test_efs_flat_mean_takes_the_discount_and_its_divisor_follows_normalize_in_any_order(normalize: str) -> None:
+    """ef's fold (``FlatMean``): sum w_i s_i v_i / sum w_i c_i, exactly, whatever order the updates come in."""
+    from fedge.algorithms.accumulate import FlatMean
+
+    rng = np.random.default_rng(7)
+    values = [rng.standard_normal(5).astype(np.float32) for _ in range(3)]
+    at = [np.array([0, 2, 4]), np.array([1, 2, 3]), np.array([0, 1, 4])]
+    sizes, discounts = [10.0, 30.0, 60.0], [staleness_weight(t, "sqrt") for t in (0, 3, 8)]
+    counted = [1.0] * 3 if normalize == "count" else discounts
+    means = []
+    for order in ([0, 1, 2], [2, 0, 1]):
+        folding = FlatMean(5)
+        for i in order:
+            folding.add(values[i][at[i]], at[i], sizes[i], discount=discounts[i], counted=counted[i])
+        means.append(folding.mean())
+    expected = np.zeros(5)
+    for v, p, n, s in zip(values, at, sizes, discounts, strict=True):
+        expected[p] += n * s * v[p].astype(np.float64)
+    expected /= sum(n * c for n, c in zip(sizes, counted, strict=True))
+    assert np.allclose(means[0], expected, rtol=1e-12) and means[0].tobytes() == means[1].tobytes()
+
+
 # ---------------------------------------------------------------------------------------------- the driver
 @pytest.mark.parametrize("name", ["fedavg", "fedprox"])
 def test_async_with_one_cohort_a_version_and_no_staleness_is_the_synchronous_run_bit_for_bit(name: str) -> None:

@@ -462,3 +462,37 @@ def test_a_device_trace_a_budget_in_simulated_seconds_and_a_link_shape_who_train
     down = [(u["t"] - tasks[u["task"]]["t"] - timing.duration(u["client"], u["task"], u["steps"])
              - up[u["task"]] * 8 / bandwidth) * bandwidth / 8 for u in updates if u["task"] in up]
     assert len(down) >= 16 and 300_000 < min(down) <= max(down) < 1_000_000, down  # the MLP's Task: ~650 kB
+
+
+def test_ef_runs_asynchronously_a_device_holding_at_most_one_uncommitted_task_and_its_replica_in_step(
+        procs: Processes, tmp_path: Path) -> None:
+    """ef-fedprox in versions: stale sparse updates folded under their discount, each device given its next task
+    only once its last is committed (its residual and replica are device state), so no replica drifts (no dense
+    resync), and every Task a sparse catch-up, not the model."""
+    run_dir = tmp_path / "run"
+    assert finished(procs.coordinator(
+        "--rounds", "10", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
+        "--set", "fleet.clock=simulated", "--set", "data.clients=10", "--set", "data.train_limit=300",
+        "--set", "round.mode=async", "--set", "algorithm.name=ef-fedprox", "--set", "algorithm.keyframe_rounds=3",
+        "--set", "asynchronous.buffer=3",
+        "--set", "asynchronous.concurrency=6", "--set", "run.export_onnx=false", "--quiet", "--run-dir",
+        str(run_dir), name="ef"), 240) == 0, procs.output("ef")
+    rows = metrics(run_dir)
+    assert len(rows) == 10 and all(r["ef_dense_resyncs"] == 0 and r["ef_stale_updates"] == 0 for r in rows)
+    assert sum(r["ef_keyframe"] for r in rows) >= 3  # keyframes every 3 versions: devices catch up through them
+    assert any(r["staleness_max"] > 0 for r in rows) and rows[-1]["test_accuracy"] > 0.4, rows[-1]
+    journal = run_rows(run_dir, "dispatches.jsonl")
+    uncommitted: set[int] = set()  # devices whose update waits for its version's flush (and Commit)
+    for entry in journal:
+        if entry["event"] == "update":
+            uncommitted.add(entry["client"])
+        elif entry["event"] == "flush":
+            uncommitted.clear()
+        elif entry["event"] == "task":
+            assert entry["client"] not in uncommitted, entry
+    log = (run_dir / "coordinator.log").read_text()
+    assert "failed" not in log and "no pending state" not in log  # no replica refused a task
+    with np.load(run_dir / "model.npz") as model:
+        dense = sum(model[name].nbytes for name in model.files)
+    tasks = sum(1 for e in journal if e["event"] == "task")
+    assert sum(r["bytes_down"] for r in rows) / tasks < dense / 10  # a catch-up, not the model

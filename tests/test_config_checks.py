@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
     (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.max_seconds=-1"], "max_seconds must be >= 0"),
     (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.trace=/nonexistent/trace.csv"],
      "fleet.trace: cannot read /nonexistent/trace.csv"),
-    (["round.mode=async"], "round.mode = \"async\" runs fedavg, fedprox, not 'ef-fedprox'"),
+    (["round.mode=async", "algorithm.name=scaffold"], "round.mode = \"async\" runs fedavg, fedprox, ef-fedavg, "
+                                                      "ef-fedprox, not 'scaffold'"),
     (["round.mode=async", "algorithm.name=fedavg", "algorithm.upload=model"], "needs algorithm.upload = \"delta\""),
     (["round.mode=async", "algorithm.name=fedavg", "asynchronous.buffer=0"], "asynchronous.concurrency and "
                                                                              "asynchronous.buffer must be >= 1"),
@@ -53,6 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
     (["round.mode=async", "algorithm.name=fedavg", "robust.aggregator=median"], "does not take robust.aggregator"),
     (["round.mode=async", "algorithm.name=fedavg", "secagg.enabled=true"], "does not take secure aggregation"),
     (["round.mode=async", "algorithm.name=fedavg", "fleet.max_uploads=4"], "does not take fleet.max_uploads"),
+    (["round.mode=async", "algorithm.name=ef-fedavg", "asynchronous.buffer=3"],
+     "ef-fedavg's devices keep state, so each holds at most one uncommitted update and a version of "
+     "asynchronous.buffer = 3 updates needs 3 devices; the fleet has 2"),
 ])
 def test_bad_options_are_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
