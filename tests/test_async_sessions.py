@@ -496,3 +496,22 @@ def test_ef_runs_asynchronously_a_device_holding_at_most_one_uncommitted_task_an
         dense = sum(model[name].nbytes for name in model.files)
     tasks = sum(1 for e in journal if e["event"] == "task")
     assert sum(r["bytes_down"] for r in rows) / tasks < dense / 10  # a catch-up, not the model
+
+
+def test_a_stateful_fleet_too_small_for_its_buffer_is_named_and_ends_the_session_instead_of_hanging(
+        procs: Processes, tmp_path: Path) -> None:
+    """Two of four ef devices leave for good (a trace) with a buffer of 3: every device left holds an update that
+    waits for the flush, so no task can be sent; after fleet.join_timeout_s the session ends with no-agents."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("client,speed,from_s,until_s\n0,,0,0.3\n1,,0,0.3\n")
+    run_dir = tmp_path / "run"
+    coordinator = procs.coordinator(
+        "--rounds", "20", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
+        "--set", "fleet.clock=simulated", "--set", f"fleet.trace={trace}", "--set", "fleet.join_timeout_s=30",
+        "--set", "data.clients=4", "--set", "data.train_limit=200", "--set", "round.mode=async",
+        "--set", "algorithm.name=ef-fedavg", "--set", "asynchronous.buffer=3", "--set", "asynchronous.concurrency=4",
+        "--set", "run.export_onnx=false", "--quiet", "--run-dir", str(run_dir), name="small")
+    assert finished(coordinator, 120) != 0
+    assert json.loads((run_dir / "report.json").read_text())["status"] == "no-agents"
+    log = (run_dir / "coordinator.log").read_text()
+    assert "none of the 2 live agents can take one (2 hold an update that waits for version" in log, log[-2000:]
