@@ -42,8 +42,10 @@ def start(session: Any, resumed: dict[str, Any] | None) -> VersionRounds:
                              session.config.round.deadline_s, now,
                              device_state=bool(getattr(session.server, "device_state", False)))  # (a plugin's: no)
     session.protocol.start_versions(versions)
-    if resumed:  # the tasks of the version that was being built are lost with the crash: the journal says so
+    if session.resumed:  # what the journal held of the version being built may be lost or doubled: it says so
         session.run_dir.append_jsonl(JOURNAL, {"event": "resumed", "version": rounds.version})
+    else:  # the session's size (a replay builds the same)
+        session.run_dir.append_jsonl(JOURNAL, {"event": "start", "clients": session.registry.capacity})
     return versions
 
 
@@ -54,13 +56,15 @@ def write_journal(session: Any, versions: VersionRounds) -> None:
         session.run_dir.append_jsonl(JOURNAL, *entries)
 
 
-def quarantined(session: Any, now: float) -> set[int]:
+def quarantined(session: Any, versions: VersionRounds, now: float) -> set[int]:
     """The devices the quarantine keeps out of this version, live now or not (``SessionTrust.selectable``, asked once
     a version: it reads the operator's clear requests, starts the version's count of refusals, and waives the
-    quarantine when it would leave fewer live devices than ``round.min_clients``)."""
+    quarantine when it would leave fewer live devices than ``round.min_clients``, or, for devices that keep state,
+    than ``asynchronous.buffer``: each gives one update a version)."""
     registry = session.registry
     live = registry.live_indices(now)
-    kept = session.trust.selectable(live, registry, max(session.config.round.min_clients, 1))
+    least = max(session.config.round.min_clients, 1, versions.rounds.settings.buffer if versions.device_state else 1)
+    kept = session.trust.selectable(live, registry, least)
     held = {registry.agents[c].index for c in session.trust.quarantine.quarantined if c in registry.agents}
     waived = len(kept) == len(live) and any(index in held for index in live)
     return set() if waived else held
@@ -99,18 +103,19 @@ def play(session: Any, versions: VersionRounds) -> str:
     protocol = session.protocol
     while session.round < session.config.run.rounds:
         started = begin_version(session, versions)
-        held_out = quarantined(session, session.clock())
+        held_out = quarantined(session, versions, session.clock())
         alone_since: float | None = None  # since when no task is in flight and no live device can take one
         while not versions.rounds.flush_due:
             if session.stopping:
                 return "stopped"
             now = session.clock()
             live = session.registry.live_indices(now)  # once a turn of the loop: a scan of every device
-            if versions.rounds.in_flight or versions.idle([i for i in live if i not in held_out]):
+            allowed = [i for i in live if i not in held_out]
+            if versions.rounds.in_flight or versions.idle(allowed):
                 alone_since = None
             elif alone_since is None:
                 alone_since = now
-                log.warning("%s; waiting for agents to come (back)", stall(versions, live))
+                log.warning("%s; waiting for agents to come (back)", stall(versions, allowed))
             elif now - alone_since > session.config.fleet.join_timeout_s:
                 return "no-agents"
             session.act(versions.expire(protocol.run_id, now, set(live).__contains__))
@@ -128,7 +133,7 @@ def play(session: Any, versions: VersionRounds) -> str:
 def stall(versions: VersionRounds, live: list[int]) -> str:
     """Why no task is in flight and none can be sent."""
     if not live:
-        return "no live agent and no task in flight"
+        return "no live agent (out of quarantine) and no task in flight"
     waiting = len({update[0] for update in versions.building.updates})
     return (f"no task in flight and none of the {len(live)} live agents can take one ({waiting} hold an update that "
             f"waits for version {versions.version + 1}'s flush, which needs {versions.rounds.settings.buffer})")

@@ -21,7 +21,14 @@ from fedge import codec
 from fedge.coordinator.asynchronous import begin_version, finish_version
 from fedge.protocol.versions import VersionRounds
 
-EVENTS = ("task", "update", "lost", "flush")
+# each entry's fields and their types
+EVENTS: dict[str, dict[str, type]] = {
+    "start": {"clients": int},
+    "task": {"task": int, "client": int, "client_id": str, "base": int, "attempt": int},
+    "update": {"task": int, "client": int, "steps": int},
+    "lost": {"task": int, "client": int, "why": str},
+    "flush": {"version": int, "tasks": list},
+}
 
 
 class ReplayDiverged(RuntimeError):
@@ -30,15 +37,21 @@ class ReplayDiverged(RuntimeError):
 
 def check_journal(journal: Sequence[dict[str, Any]], rounds: int) -> None:
     """ValueError (one line) for a journal that cannot be replayed: a resumed run's (the tasks of the version a crash
-    cut short are not in it), an unknown entry, or one that flushes fewer than ``rounds`` versions."""
+    cut short are not in it), an entry that is not one of ``EVENTS`` with its fields, one without its start, or one
+    that flushes fewer than ``rounds`` versions."""
     for number, entry in enumerate(journal, 1):
-        event = entry.get("event")
+        event = entry.get("event") if isinstance(entry, dict) else None
         if event == "resumed":
             raise ValueError(f"the run was resumed at version {entry.get('version')} (journal line {number}): "
                              "a crash loses what its journal held of the version being built, so only a run "
                              "without a resume can be replayed")
         if event not in EVENTS:
-            raise ValueError(f"journal line {number}: unknown event {event!r}")
+            raise ValueError(f"journal line {number}: not an entry of the journal ({str(entry)[:80]})")
+        for name, kind in EVENTS[event].items():
+            if not isinstance(entry.get(name), kind) or isinstance(entry.get(name), bool):
+                raise ValueError(f"journal line {number}: a {event} entry needs {name} ({kind.__name__})")
+    if not journal or journal[0]["event"] != "start":
+        raise ValueError("the journal does not begin with the session's start (a run of an older Fedge?)")
     flushes = sum(1 for entry in journal if entry["event"] == "flush")
     if flushes < rounds:
         raise ValueError(f"the journal flushes {flushes} versions, and the run's configuration asks for {rounds}")
@@ -54,6 +67,8 @@ def play_journal(session: Any, versions: VersionRounds, journal: Sequence[dict[s
             number, entry = position + 1, journal[position]
             position += 1
             event, where = entry["event"], f"journal line {number} ({entry['event']} of task {entry.get('task')})"
+            if event == "start":
+                continue
             if event == "task":
                 send = protocol.dispatch(int(entry["client"]), session.clock())
                 task = send.message

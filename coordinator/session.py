@@ -121,6 +121,7 @@ class Session:
         # the last round's row, until its evaluation (beside the next round) is done
         self.rows = PendingRow(config.eval.every, config.run.rounds, evaluator, self.write_row)
         self.resumed_versions: dict[str, Any] | None = None  # an asynchronous session's task table, as checkpointed
+        self.resumed = False  # this session went on from a checkpoint
 
     @property
     def registry(self) -> AgentRegistry:
@@ -159,6 +160,7 @@ class Session:
             self.privacy.load_state(meta, int(meta["round"]))
         self.protocol.resume(str(meta["run_id"]), int(meta["round"]))
         self.resumed_versions = meta.get(asynchronous.STATE_KEY)
+        self.resumed = True
         if self.simulated_clock and meta.get("sim_clock") is not None:  # simulated time goes on from the checkpoint
             self.clock.advance_to(float(meta["sim_clock"]))  # type: ignore[attr-defined]
         if meta.get("fleet") is not None and hasattr(self.transport, "restore"):  # a simulated clock's jobs out

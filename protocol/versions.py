@@ -184,7 +184,8 @@ class VersionRounds:
         Cancel."""
         events: list[CoordinatorEvent] = []
         for task in list(self.rounds.in_flight.values()):
-            late, gone = now - task.sent_at > self.deadline_s, not alive(task.index)
+            # (the same sum as ``next_deadline``: a simulated clock stopped at a deadline finds its task late there)
+            late, gone = now >= task.sent_at + self.deadline_s, not alive(task.index)
             if late or gone:
                 self.rounds.fail(task.task_id)
                 why = "its device is gone" if gone else "it passed its deadline"

@@ -13,6 +13,7 @@ with the run's. Replaying on the machine the run's devices trained on is what is
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -46,7 +47,14 @@ def read_journal(run: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise ConfigError(f"{run} has no dispatches.jsonl: only an asynchronous session (round.mode = \"async\") "
                           "records its dispatches")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    entries = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                entries.append(json.loads(line))
+            except ValueError as exc:
+                raise ConfigError(f"{path} line {number} is not JSON: {exc}") from None
+    return entries
 
 
 def shard_map(pairs: list[str], clients: dict[int, str]) -> dict[str, str]:
@@ -104,7 +112,18 @@ def command_replay(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"{run}: {exc}") from None
     clients = {int(e["client"]): str(e["client_id"]) for e in journal if e["event"] == "task"}
+    if not clients:
+        raise ConfigError(f"{run}: the journal sends no task")
     shards = shard_map(args.data, clients)
+    sizes = {}
+    for client_id, shard in shards.items():  # every shard read before anything is written
+        try:
+            sizes[client_id] = len(DeviceData.open(shard).train_y)
+        except Exception as exc:
+            raise ConfigError(f"--data {client_id}: {shard} is not a shard: {exc}") from None
+    # the replay's fleet follows the journal, not a clock: the run's trace and timing play no part
+    config = dataclasses.replace(config, fleet=dataclasses.replace(config.fleet, trace="", clock="real",
+                                                                   max_seconds=0.0))
     plan = plan_session(config)
     out = Path(args.out) if args.out else run / "replay"
     if (out / "checkpoint.npz").exists():
@@ -115,13 +134,15 @@ def command_replay(args: argparse.Namespace) -> int:
         setup_logging(log_file=str(run_dir / "coordinator.log"), quiet=True)
         one_blas_thread()
         run_dir.write_text("config.toml", to_toml(config))
-        capacity = max(config.data.clients or config.fleet.expect, max(clients) + 1)
+        capacity = int(journal[0]["clients"])  # the run's session size (ef's keyframe clock counts it)
+        if max(clients) >= capacity:
+            raise ConfigError(f"{run}: the journal names client {max(clients)} in a session of {capacity}")
         ids = [clients.get(index, UNUSED.format(index)) for index in range(max(clients) + 1)]
         steps = {int(e["task"]): int(e["steps"]) for e in journal if e["event"] == "update"}
         fleet: Any = ScriptedFleet(
             [ClientFiles(cid, shards[cid], str(out / "agents" / cid)) for cid in clients.values()],
             make_backend(args.backend, args.workers, ""), tuple(plan.spec.input_shape), plan.spec.num_classes,
-            [len(DeviceData.open(shards[cid]).train_y) for cid in clients.values()],
+            [sizes[cid] for cid in clients.values()],
             WorkerRule(allow_plugins=tuple(ref.name for ref in plan.plugins.values())),
             budget=lambda _client, task: steps.get(task, 0))
         evaluator = GlobalEvaluator(plan) if plan.dataset is not None and len(plan.dataset.test_y) else None
@@ -132,8 +153,7 @@ def command_replay(args: argparse.Namespace) -> int:
         try:
             session.save_checkpoint()
             versions = asynchronous.start(session, None)
-            if not session.wait_for_agents(len(clients), 120):
-                raise RuntimeError("the replay's logical clients did not join")
+            session.wait_for_agents(len(clients), 120)  # (this process's own clients: they join on the first poll)
             try:
                 received = play_journal(session, versions, journal, fleet)
             except ReplayDiverged as exc:

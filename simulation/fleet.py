@@ -169,8 +169,11 @@ class SimulatedFleet:
     def move(self, move: Move) -> None:
         """A trace's move: a device that goes says goodbye and drops the task it held (so the coordinator stops
         waiting for it); one that comes says hello on its next tick."""
-        if move.there:
+        if move.there:  # its hello at once (as after a restart, not when its hello interval would next allow)
             self.away.discard(move.client_id)
+            if move.client_id not in self.stopped:
+                self.outbox.append((self.logical[move.client_id].peer, self.logical[move.client_id].hello_frame()))
+                self.protocols[move.client_id].last_hello = move.time
             return
         if move.client_id in self.stopped or move.client_id in self.away:
             return

@@ -20,6 +20,7 @@ Plain data and arithmetic: the clock is handed in and moved only by ``SimulatedF
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ class JobSchedule:
         trace = timing.trace
         self.moves = [Move(t, ids[c], there) for t, c, there in trace.changes()] if trace is not None else []
         self.moved = 0  # the moves already made
+        self.trace_digest = hashlib.sha256(repr([(m.time, m.client_id, m.there) for m in self.moves]).encode()
+                                           ).hexdigest()[:16]  # a resume refuses a trace that changed
 
     def absent_at(self, now: float) -> set[str]:
         """The clients the trace keeps away at ``now`` (before any move is made)."""
@@ -105,11 +108,15 @@ class JobSchedule:
     # ------------------------------------------------------------------------------------------ checkpoint
     def state(self) -> dict[str, Any]:
         due = sorted(entry for entry in self.due if (entry[2], entry[3]) not in self.dropped)
-        return {"jobs": self.jobs, "due": [list(entry) for entry in due], "moved": self.moved}
+        return {"jobs": self.jobs, "due": [list(entry) for entry in due], "moved": self.moved,
+                "trace": self.trace_digest}
 
     def restore(self, state: dict[str, Any]) -> list[Entry]:
         """Take up a checkpoint's calendar; returns the jobs out, whose Tasks the caller hands their clients again
         (each taken up by ``add``)."""
+        if state.get("trace", self.trace_digest) != self.trace_digest:
+            raise ValueError("fleet.trace is not the trace this run was checkpointed with (its moves differ): "
+                             "restore that file to resume")
         self.jobs, self.moved = int(state["jobs"]), int(state.get("moved", 0))
         entries = [(float(t), int(job), str(cid), int(r), bool(up)) for t, job, cid, r, up in state["due"]]
         self.restored = {(entry[2], entry[3]): entry for entry in entries}

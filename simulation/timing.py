@@ -35,6 +35,8 @@ SPEED_MODELS = ("lognormal", "equal")
 
 
 TRACE_COLUMNS = ("client", "speed", "from_s", "until_s")
+MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # a trace's speeds: a task's time stays a finite number of seconds
+MAX_SIGMA = 10.0
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,8 @@ class DeviceTrace:
                     raise ValueError(f"client {index} is not one of the fleet's {clients} (0 to {clients - 1})")
                 if speed:
                     value = float(speed)
-                    if not (math.isfinite(value) and value > 0):
-                        raise ValueError(f"speed must be > 0, got {speed}")
+                    if not MIN_SPEED <= value <= MAX_SPEED:
+                        raise ValueError(f"speed must lie in [{MIN_SPEED:g}, {MAX_SPEED:g}], got {speed}")
                     if speeds.setdefault(index, value) != value:
                         raise ValueError(f"client {index} has two speeds ({speeds[index]} and {value})")
                 if start or end:
@@ -123,8 +125,12 @@ class DeviceTiming:
             raise ValueError("the simulated step time (step_s) must be > 0")
         if self.speeds not in SPEED_MODELS:
             raise ValueError(f"speeds must be one of {', '.join(SPEED_MODELS)}, got {self.speeds!r}")
-        if self.speed_sigma < 0 or self.jitter_sigma < 0 or self.bandwidth_bps < 0 or self.max_seconds < 0:
-            raise ValueError("speed_sigma, jitter_sigma, bandwidth_bps and max_seconds must be >= 0")
+        if not all(0 <= value < math.inf for value in (self.speed_sigma, self.jitter_sigma, self.bandwidth_bps,
+                                                         self.max_seconds)):
+            raise ValueError("speed_sigma, jitter_sigma, bandwidth_bps and max_seconds must be finite and >= 0")
+        if self.speed_sigma > MAX_SIGMA or self.jitter_sigma > MAX_SIGMA:
+            raise ValueError(f"speed_sigma and jitter_sigma must be <= {MAX_SIGMA:g} (speeds of e^{MAX_SIGMA:g} and "
+                             "beyond overflow a task's time)")
 
     def speed(self, client: int) -> float:
         """Client ``client``'s speed (1: takes step_s a step)."""
@@ -144,9 +150,8 @@ class DeviceTiming:
 
     def steps_within(self, client: int, task_id: int, steps: int) -> int:
         """The steps a task of ``steps`` planned takes within ``max_seconds`` (all of them without a budget)."""
-        if self.max_seconds <= 0:
-            return steps
-        return max(1, min(steps, math.ceil(self.max_seconds / self.step_time(client, task_id))))
+        allowed = self.max_seconds / self.step_time(client, task_id) if self.max_seconds > 0 else math.inf
+        return steps if not allowed < steps else max(1, math.ceil(allowed))
 
     def transfer(self, nbytes: int) -> float:
         """Simulated seconds ``nbytes`` take on a device's link."""

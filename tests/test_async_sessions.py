@@ -332,10 +332,16 @@ def test_a_quarantined_device_gets_no_task_even_if_it_comes_back_during_the_vers
     trust.quarantine.quarantined["d"] = {"round": 1, "reason": "clipped"}
     session = SimpleNamespace(registry=registry, trust=trust,
                               config=SimpleNamespace(round=SimpleNamespace(min_clients=1)))
-    assert quarantined(session, 1.0) == {registry.agents["d"].index}  # held out whether live now or not
-    session.config.round.min_clients = 3
+    stateless = VersionRounds(AsyncRounds(AsyncSettings(buffer=3)), registry, {}, lambda _task: {}, 60.0, 0.0)
+    stateful = VersionRounds(AsyncRounds(AsyncSettings(buffer=3)), registry, {}, lambda _task: {}, 60.0, 0.0,
+                             device_state=True)
+    assert quarantined(session, stateless, 1.0) == {registry.agents["d"].index}  # held out whether live or not
     trust.quarantine.quarantined["a"] = {"round": 1, "reason": "clipped"}
-    assert quarantined(session, 1.0) == set()  # waived: it would leave fewer live devices than min_clients
+    assert quarantined(session, stateless, 1.0) == {0, 3}
+    # devices that keep state give one update a version: holding a out would leave 2 for a buffer of 3
+    assert quarantined(session, stateful, 1.0) == set()
+    session.config.round.min_clients = 3
+    assert quarantined(session, stateless, 1.0) == set()  # waived: it would leave fewer live devices than min_clients
 
 
 def test_the_trusts_warnings_name_a_version_in_an_asynchronous_session(tmp_path: Path,
@@ -396,11 +402,15 @@ def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_th
 
 def test_a_simulated_clock_session_resumed_after_a_crash_is_the_uninterrupted_one_bit_for_bit(
         procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The checkpoint at a flush holds the fleet's jobs out (their finish times, numbers and Task packets): the
-    resumed run, on worker processes, makes every choice the uninterrupted one, inline, made."""
+    """The checkpoint at a flush holds the fleet's jobs out (their finish times, numbers and Task packets) and the
+    trace's moves made: the resumed run, on worker processes, makes every choice the uninterrupted one, inline,
+    made (devices coming and going by a trace, budgets in simulated seconds, both packets on the link)."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("client,speed,from_s,until_s\n1,,0,0.5\n1,,0.9,\n2,,0.3,\n5,,0,1.5\n")
     common = ["--rounds", "6", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.clock=simulated",
               "--set", "data.clients=8", "--set", "data.train_limit=300", "--set", "round.mode=async",
-              "--set", "algorithm.name=fedavg", "--set", "asynchronous.buffer=2", "--set", "asynchronous.concurrency=4",
+              "--set", "algorithm.name=ef-fedprox", "--set", "asynchronous.buffer=2", "--set", "asynchronous.concurrency=4",
+              "--set", f"fleet.trace={trace}", "--set", "fleet.max_seconds=0.3", "--set", "fleet.bandwidth_bps=2e7",
               "--set", "run.export_onnx=false", "--quiet"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     assert finished(procs.coordinator(*common, "--set", "fleet.backend=inline", "--run-dir", str(whole),
@@ -422,6 +432,9 @@ def test_a_simulated_clock_session_resumed_after_a_crash_is_the_uninterrupted_on
     with np.load(whole / "model.npz") as a, np.load(cut / "model.npz") as b:
         assert a.files == b.files and all(np.array_equal(a[name], b[name]) for name in a.files)
     assert "said hello without it" not in (cut / "coordinator.log").read_text()  # every task out was taken up
+    journal = run_rows(cut, "dispatches.jsonl")
+    assert [e["event"] for e in journal].count("resumed") == 1
+    assert any(e["event"] == "lost" and "left" in e["why"] for e in journal)  # the trace's moves played
 
 
 def test_a_device_trace_a_budget_in_simulated_seconds_and_a_link_shape_who_trains_and_for_how_long(
@@ -515,3 +528,19 @@ def test_a_stateful_fleet_too_small_for_its_buffer_is_named_and_ends_the_session
     assert json.loads((run_dir / "report.json").read_text())["status"] == "no-agents"
     log = (run_dir / "coordinator.log").read_text()
     assert "none of the 2 live agents can take one (2 hold an update that waits for version" in log, log[-2000:]
+
+
+def test_on_the_simulated_clock_a_task_is_given_up_exactly_at_its_deadline(procs: Processes, tmp_path: Path) -> None:
+    """The clock stops at the oldest task's deadline (sent + deadline_s), and the task is late there: it is given
+    up at that very time (a strict comparison of a difference left the clock stopped and the session turning)."""
+    run_dir = tmp_path / "run"
+    assert finished(procs.coordinator(
+        "--rounds", "4", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
+        "--set", "fleet.clock=simulated", "--set", "data.clients=6", "--set", "data.train_limit=300",
+        "--set", "round.mode=async", "--set", "algorithm.name=fedavg", "--set", "asynchronous.buffer=3",
+        "--set", "asynchronous.concurrency=3", "--set", "round.deadline_s=0.25", "--set", "run.export_onnx=false",
+        "--quiet", "--run-dir", str(run_dir), name="deadline"), 60) == 0, procs.output("deadline")
+    journal = run_rows(run_dir, "dispatches.jsonl")
+    sent = {e["task"]: e["t"] for e in journal if e["event"] == "task"}
+    late = [e for e in journal if e["event"] == "lost" and e["why"] == "it passed its deadline"]
+    assert late and all(abs(e["t"] - (sent[e["task"]] + 0.25)) < 1e-6 for e in late), late

@@ -40,7 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
     (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.speeds=fast"], "[fleet] speeds must be one of"),
     (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.step_s=0"], "[fleet] the simulated step time"),
     (["fleet.mode=simulated", "fleet.max_seconds=5"], "fleet.max_seconds and fleet.trace count simulated seconds"),
-    (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.max_seconds=-1"], "max_seconds must be >= 0"),
+    (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.max_seconds=-1"], "max_seconds must be finite and >= 0"),
+    (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.max_seconds=inf"], "max_seconds must be finite"),
+    (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.speed_sigma=50"], "speed_sigma and jitter_sigma must"),
     (["fleet.mode=simulated", "fleet.clock=simulated", "fleet.trace=/nonexistent/trace.csv"],
      "fleet.trace: cannot read /nonexistent/trace.csv"),
     (["round.mode=async", "algorithm.name=scaffold"], "round.mode = \"async\" runs fedavg, fedprox, ef-fedavg, "
