@@ -362,7 +362,10 @@ def test_the_trusts_warnings_name_a_version_in_an_asynchronous_session(tmp_path:
 
 def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_the_runs(
         procs: Processes, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fedge.runtime.cli import main
+    import argparse
+
+    from fedge.coordinator.config import ConfigError
+    from fedge.runtime.replay import command_replay
 
     run_dir = tmp_path / "run"
     assert finished(procs.coordinator(
@@ -371,22 +374,27 @@ def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_th
         "--set", "round.mode=async", "--set", "algorithm.name=fedavg", "--set", "asynchronous.buffer=2",
         "--set", "asynchronous.concurrency=3", "--set", "run.export_onnx=false", "--quiet", "--run-dir",
         str(run_dir), name="run"), 240) == 0, procs.output("run")
-    given = [f"--data=agent-{i:02d}={run_dir / 'data' / f'client-{i:03d}.npz'}" for i in range(4)]
+    given = [f"agent-{i:02d}={run_dir / 'data' / f'client-{i:03d}.npz'}" for i in range(4)]
 
-    def replay(*extra: str) -> tuple[int, str]:
-        code = main(["replay", str(run_dir), *extra])
-        out = capsys.readouterr()
-        return code, out.out + out.err
+    def replay(*data: str, out: str | None = None) -> tuple[int, str]:
+        """The command's exit code and what it said (2 and the one line for a refusal, as ``coordinator`` exits)."""
+        try:
+            code = command_replay(argparse.Namespace(run_dir=str(run_dir), data=list(data), out=out,
+                                                     backend="inline", workers=2))
+        except ConfigError as refusal:
+            return 2, str(refusal)
+        said = capsys.readouterr()
+        return code, said.out + said.err
 
     code, said = replay(*given[:3])  # a device's shard missing: refused before anything is written
     assert code == 2 and "--data agent-03=SHARD" in said and not (run_dir / "replay").exists()
-    code, said = replay(*given, "--out", str(tmp_path / "same"))
+    code, said = replay(*given, out=str(tmp_path / "same"))
     assert code == 0 and "bit for bit" in said, said
     journal = run_rows(run_dir, "dispatches.jsonl")
 
     def tampered(name: str, entries: list[dict[str, Any]]) -> tuple[int, str]:
         (run_dir / "dispatches.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
-        return replay(*given, "--out", str(tmp_path / name))
+        return replay(*given, out=str(tmp_path / name))
 
     flush = next(i for i, e in enumerate(journal) if e["event"] == "flush")
     swapped = [*journal[:flush], {**journal[flush], "tasks": journal[flush]["tasks"][::-1]}, *journal[flush + 1:]]
@@ -398,6 +406,11 @@ def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_th
     assert code == 1 and "arrays differ" in said, said
     code, said = tampered("resumed", [{"event": "resumed", "version": 1}, *journal])
     assert code == 2 and "resumed at version 1" in said
+    code, said = tampered("field", [*journal[:update], {**journal[update], "steps": "4"}, *journal[update + 1:]])
+    assert code == 2 and f"journal line {update + 1}: a update entry needs steps (int)" in said, said
+    (run_dir / "dispatches.jsonl").write_text(json.dumps(journal[0]) + "\n{\"event\": \"task\"\n")
+    code, said = replay(*given, out=str(tmp_path / "cut"))
+    assert code == 2 and "dispatches.jsonl line 2 is not JSON" in said, said
 
 
 def test_a_simulated_clock_session_resumed_after_a_crash_is_the_uninterrupted_one_bit_for_bit(
