@@ -1,4 +1,4 @@
-"""THE round loop: register agents, select, send downlinks, gather updates, aggregate, evaluate, checkpoint, record.
+"""THE session: register agents, then play rounds (``coordinator.rounds``) or versions (``coordinator.asynchronous``).
 
 A ``Session`` owns one run: the algorithm's server half, the run directory, and the driver's part of the protocol:
 it polls the ``RouterTransport``, feeds every frame and the current time to ``protocol.coordinator`` (which holds
@@ -11,9 +11,7 @@ algorithm by name.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,16 +22,15 @@ from fedge import codec
 from fedge.algorithms import make_server
 from fedge.algorithms.base import ModelLayout, ServerContext
 from fedge.codec import vocabulary as words
-from fedge.coordinator import asynchronous
+from fedge.coordinator import asynchronous, rounds
 from fedge.coordinator.checkpoint import load_checkpoint, save_checkpoint
 from fedge.coordinator.config import Config
 from fedge.coordinator.crashpoints import crash_point
 from fedge.coordinator.deferred import DeferredRow, PendingRow
-from fedge.coordinator.distributed import BudgetSpent, SessionNoise
+from fedge.coordinator.distributed import SessionNoise
 from fedge.coordinator.downlinks import BODY_FRAME, CURVE_BODY_FRAME, DownlinkBodies
 from fedge.coordinator.privacy import PrivacyPlan, SessionPrivacy
 from fedge.coordinator.recovery import recover_round
-from fedge.coordinator.rows import agent_record, agents_metrics, client_rows, round_row
 from fedge.coordinator.rundir import SPENT_FIELDS, RunDir, plain
 from fedge.coordinator.secure import SessionSecAgg
 from fedge.coordinator.status import AgentTallies, StatusBoard
@@ -41,15 +38,12 @@ from fedge.coordinator.transport import RouterTransport
 from fedge.coordinator.trust import SessionTrust
 from fedge.coordinator.welcome import welcome_fields
 from fedge.exhaustive import assert_never
-from fedge.meter import attribute_energy
 from fedge.models import ModelSpec, arrays_to_state, build, definition_hash, state_to_arrays
 from fedge.plumbing.threads import part_threads
 from fedge.protocol.coordinator import CoordinatorProtocol
 from fedge.protocol.events import Accepted, Checkpoint, CoordinatorEvent, Noted, Rejected, Send, SendFrame
 from fedge.protocol.exact_sum import fold_in_parts
 from fedge.protocol.registry import AgentRegistry
-from fedge.protocol.round import RoundState
-from fedge.protocol.selection import choose, selection_count
 from fedge.protocol.server_half import Aggregation
 from fedge.protocol.server_step import ServerStep
 
@@ -274,21 +268,6 @@ class Session:
                 return
 
     # ----------------------------------------------------------------------------------------- the round
-    def select(self, round_number: int, available: list[int]) -> list[int]:
-        if self.privacy is not None:  # drawn from the whole population; a drawn device offline is a dropout
-            drawn = self.privacy.draw(round_number)
-            online = set(available)
-            self.dropouts = [i for i in drawn if i not in online]
-            return [i for i in drawn if i in online]
-        rng = np.random.default_rng([self.config.run.seed, round_number])
-        chosen = self.server.select(round_number, available, rng)
-        if chosen is not None:
-            return sorted(int(i) for i in chosen)
-        r = self.config.round
-        count = selection_count(len(available), r.fraction, r.count, r.min_clients)
-        times = {i: self.registry.by_index(i).round_s for i in available} if r.policy != "uniform" else {}
-        return choose(available, count, rng, r.policy, times, r.deadline_s)
-
     def wait_for_agents(self, expect: int, timeout_s: float) -> bool:
         minimum = max(self.config.round.min_clients, 1)
         until = time.monotonic() + timeout_s
@@ -305,118 +284,6 @@ class Session:
             self.pump(200)
             self.write_status("waiting for agents")
         return False
-
-    def play_round(self, number: int) -> dict[str, Any] | None:
-        """One round; returns its metrics, or None when the session was asked to stop mid-round."""
-        started, now = time.monotonic(), self.clock()
-        self.drain()
-        self.spent, self.last_accepted = dict.fromkeys(SPENT_FIELDS, 0.0), started
-        available = self.trust.selectable(self.registry.live_indices(self.clock()), self.registry,
-                                          max(self.config.round.min_clients, 1))
-        if self.secagg is not None:
-            self.aggregation = Aggregation(self.server, number, step=self.step)
-        elif self.privacy is None:
-            self.aggregation = Aggregation(self.server, number, self.trust.influence, self.trust.rule,
-                                           step=self.step, keep=self.trust.spill.keep)
-        else:
-            self.aggregation = Aggregation(self.server, number, private=self.privacy.open_round(), step=self.step)
-        selected = self.select(number, available)
-        try:
-            secure = self.secagg.open(self.run_id, number, selected, self.registry, self.server, now) \
-                if self.secagg is not None and selected else None
-        except BudgetSpent as spent:  # its grid is known before anything is sent: the round is never opened
-            log.warning("%s", spent)
-            self.budget_spent = True
-            return None
-        target = self.config.round.target
-        if target and secure is not None and self.secagg is not None:
-            target = max(target, self.secagg.min_inputs())  # enough inputs for every device's threshold
-        self.act(self.protocol.open_round(number, selected, now, self.config.round.deadline_s, target,
-                                          secure=secure))
-        self.horizon(self.protocol.current.deadline if self.protocol.current is not None else math.inf)
-        while not self.protocol.complete(self.clock()):
-            if self.stopping:
-                self.protocol.abandon_round()
-                return None
-            self.pump(100)
-            if secure is not None:  # the keys and shares stages close by their deadlines too
-                self.act(secure.tick(self.clock()))
-            current = self.protocol.current
-            if current is not None:
-                self.write_status(f"round {number}: {len(current.updates)}/{len(current.selected)} updates")
-        self.horizon(math.inf)
-        current, cancels = self.protocol.close_round(self.clock())
-        if self.secagg is not None:  # under distributed noise: accounted before any unmask request goes out
-            self.secagg.account_unmask()
-        self.act(cancels)
-        while secure is not None and not secure.done:  # the unmask stage: the survivors' answers
-            if self.stopping:
-                self.protocol.abandon_round()
-                return None
-            self.pump(100)
-            self.act(secure.tick(self.clock()))
-            self.write_status(f"round {number}: unmasking the sum")
-        if self.secagg is not None:  # a sum is kept at once: a crash from here on applies it, never redoes it
-            self.secagg.keep(self.run_id, self.index_of)
-        if current.awaited() and self.clock() < current.deadline:
-            log.warning("round %d: every agent still awaited (%s) is gone; closing the round", number,
-                        current.awaited())
-        return self.finish_round(current, started)
-
-    def finish_round(self, current: RoundState, started: float) -> dict[str, Any]:
-        number = current.number
-        self.rows.flush()  # the previous round's row: its evaluation ran beside this round
-        missing = [i for i in current.selected if i not in current.updates and i not in current.unavailable]
-        if missing:
-            log.warning("round %d: no update from client(s) %s before the deadline", number, missing)
-            self.server.missed(number, missing)
-        ordered = sorted(current.updates.items())
-        closing = time.monotonic()
-        secure = self.secagg.fold(self.aggregation, number, self.index_of) if self.secagg is not None else {}
-        extra = self.aggregation.close()  # folded as they arrived (or held until now, and bounded)
-        extra.update(secure)
-        self.spent["close_s"] = time.monotonic() - closing
-        bounds = self.trust.note_round(number, self.aggregation.bounded)
-        if self.privacy is not None:  # accounted (its release-log line fsynced) before anything derived is written
-            extra.update(self.privacy.account(number, self.aggregation.released, len(self.aggregation.clipped)),
-                         dp_dropouts=len(self.dropouts))
-            for record in self.aggregation.clipped:  # the private sum's clip of each update (operator records)
-                bounds.setdefault(record.index, {}).update(record.record())
-        received = [(self.registry.by_index(i).client_id,
-                     dataclasses.replace(u, num_samples=bounds[i]["num_samples"]) if "num_samples" in bounds.get(i, {})
-                     else u)
-                    for i, (u, _) in ordered]  # the counted sample counts weigh the round's figures, not the claims
-        crash_point("aggregated", number)
-        records = [agent_record(dict(update.record), size, self.transport.curve) for _, (update, size) in ordered]
-        row = round_row(number, self.config.algorithm_name, current, missing, received, extra, records)
-        if self.evaluator is None and self.rows.due(number):  # the agents' evaluations, in their updates
-            row.update(agents_metrics([u for _, u in received]))
-        ids = {i: self.registry.by_index(i).client_id for i in [*current.updates, *current.unavailable]}
-        self.run_dir.append_jsonl("clients.jsonl", *client_rows(number, current, ids, records,
-                                                                attribute_energy(records), bounds))
-        ids.update({i: self.registry.by_index(i).client_id for i in current.bytes_down})
-        self.tallies.note_round(number, ids, current.bytes_down, {i: size for i, (_, size) in ordered},
-                                current.unavailable)
-        row["wall_s"] = time.monotonic() - started
-        if self.simulated_clock:
-            row["sim_time_s"] = self.clock()
-        crash_point("clients", number)
-        held = self.hold_row(row, number)  # written when its evaluation is done, beside the next round
-        self.bytes_total["down"] += int(row["bytes_down"])
-        self.bytes_total["up"] += int(row["bytes_up"])
-        crash_point("metrics", number)
-        # the round is now the last committed one: its checkpoint is written (crash point 'checkpoint'), then the
-        # Commits go out, in the order the protocol gives
-        self.act(self.protocol.commits(number))
-        if self.secagg is not None:
-            self.secagg.close()
-        self.spent["tail_s"] = time.monotonic() - self.last_accepted
-        held.row.update(self.spent, checkpoint_s=self.checkpoint_s)
-        crash_point("committed", number)  # the row may still wait for its evaluation: the checkpoint holds it
-        if not held.waiting:
-            self.rows.flush()
-        self.round_walls.append(row["wall_s"])
-        return row
 
     def index_of(self, client_id: str) -> int:
         return self.registry.agents[client_id].index
@@ -471,7 +338,7 @@ class Session:
                 if not self.registry.live_indices(self.clock()):
                     return "no-agents"
             kept = self.secagg.kept(self.run_id, self.round + 1) if self.secagg is not None else None
-            row = self.play_round(self.round + 1) if kept is None else recover_round(self, kept)
+            row = rounds.play_round(self, self.round + 1) if kept is None else recover_round(self, kept)
             if row is None and self.budget_spent:
                 self.write_status("privacy budget spent", force=True)
                 return "budget"
