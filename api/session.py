@@ -16,7 +16,8 @@ from torch import nn
 
 from fedge.coordinator.config import Config, ConfigError, from_dict
 from fedge.plugins import register
-from fedge.runtime.plan import SessionPlan, model_file_arrays, plan_session
+from fedge.runtime.model_checks import model_file_arrays
+from fedge.runtime.plan import SessionPlan, plan_session
 
 ModelFactory = Callable[[tuple[int, ...], int, dict[str, Any]], nn.Module]
 
