@@ -108,6 +108,16 @@ def run_rows(run_dir: Path, name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / name).read_text().splitlines() if line.strip()]
 
 
+def simulated_async(procs: Processes, run_dir: Path, rounds: int, *settings: str, name: str) -> Any:
+    """``coordinator start`` of an asynchronous session of a simulated fleet (inline, on the simulated clock, an
+    MLP), with these further ``--set`` settings."""
+    return procs.coordinator("--rounds", str(rounds), "--model", "mlp", "--set", "fleet.mode=simulated",
+                             "--set", "fleet.backend=inline", "--set", "fleet.clock=simulated",
+                             "--set", "round.mode=async", "--set", "run.export_onnx=false", "--quiet",
+                             "--run-dir", str(run_dir), *(arg for item in settings for arg in ("--set", item)),
+                             name=name)
+
+
 def test_a_simulated_async_session_resumes_after_a_crash_at_a_versions_checkpoint(
         procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir = tmp_path / "run"
@@ -263,12 +273,9 @@ def test_on_the_simulated_clock_tasks_longer_than_the_liveness_lose_no_device(pr
     """The clock jumps past fleet.liveness_s (20 s) while a task trains: the devices' heartbeats of the new time are
     heard before the update that moved it, so no live device's task is dropped."""
     run_dir = tmp_path / "run"
-    assert finished(procs.coordinator(
-        "--rounds", "4", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
-        "--set", "fleet.clock=simulated", "--set", "fleet.step_s=20", "--set", "data.clients=8",
-        "--set", "data.train_limit=300", "--set", "round.mode=async", "--set", "algorithm.name=fedavg",
-        "--set", "asynchronous.buffer=2", "--set", "asynchronous.concurrency=4", "--set", "run.export_onnx=false",
-        "--quiet", "--run-dir", str(run_dir), name="slow"), 240) == 0, procs.output("slow")
+    assert finished(simulated_async(procs, run_dir, 4, "fleet.step_s=20", "data.clients=8", "data.train_limit=300",
+                                    "algorithm.name=fedavg", "asynchronous.buffer=2", "asynchronous.concurrency=4",
+                                    name="slow"), 240) == 0, procs.output("slow")
     rows = metrics(run_dir)
     assert len(rows) == 4 and rows[0]["sim_time_s"] > 20
     log = (run_dir / "coordinator.log").read_text()
@@ -368,12 +375,9 @@ def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_th
     from fedge.runtime.replay import command_replay
 
     run_dir = tmp_path / "run"
-    assert finished(procs.coordinator(
-        "--rounds", "3", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
-        "--set", "fleet.clock=simulated", "--set", "data.clients=4", "--set", "data.train_limit=200",
-        "--set", "round.mode=async", "--set", "algorithm.name=fedavg", "--set", "asynchronous.buffer=2",
-        "--set", "asynchronous.concurrency=3", "--set", "run.export_onnx=false", "--quiet", "--run-dir",
-        str(run_dir), name="run"), 240) == 0, procs.output("run")
+    assert finished(simulated_async(procs, run_dir, 3, "data.clients=4", "data.train_limit=200",
+                                    "algorithm.name=fedavg", "asynchronous.buffer=2", "asynchronous.concurrency=3",
+                                    name="run"), 240) == 0, procs.output("run")
     given = [f"agent-{i:02d}={run_dir / 'data' / f'client-{i:03d}.npz'}" for i in range(4)]
 
     def replay(*data: str, out: str | None = None) -> tuple[int, str]:
@@ -460,13 +464,10 @@ def test_a_device_trace_a_budget_in_simulated_seconds_and_a_link_shape_who_train
     trace = tmp_path / "trace.csv"
     trace.write_text("client,speed,from_s,until_s\n0,,5,\n1,,5,\n2,,0,3\n2,,20,\n")
     run_dir, bandwidth = tmp_path / "run", 8e6
-    assert finished(procs.coordinator(
-        "--rounds", "8", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
-        "--set", "fleet.clock=simulated", "--set", "fleet.step_s=0.5", "--set", "fleet.max_seconds=1.0",
-        "--set", f"fleet.trace={trace}", "--set", f"fleet.bandwidth_bps={bandwidth}", "--set", "data.clients=8",
-        "--set", "data.train_limit=300", "--set", "round.mode=async", "--set", "algorithm.name=fedavg",
-        "--set", "asynchronous.buffer=2", "--set", "asynchronous.concurrency=7", "--set", "run.export_onnx=false",
-        "--quiet", "--run-dir", str(run_dir), name="traced"), 240) == 0, procs.output("traced")
+    assert finished(simulated_async(procs, run_dir, 8, "fleet.step_s=0.5", "fleet.max_seconds=1.0",
+                                    f"fleet.trace={trace}", f"fleet.bandwidth_bps={bandwidth}", "data.clients=8",
+                                    "data.train_limit=300", "algorithm.name=fedavg", "asynchronous.buffer=2",
+                                    "asynchronous.concurrency=7", name="traced"), 240) == 0, procs.output("traced")
     journal = run_rows(run_dir, "dispatches.jsonl")
     tasks = {e["task"]: e for e in journal if e["event"] == "task"}
     assert all(e["t"] >= 5 for e in tasks.values() if e["client"] in (0, 1))
@@ -496,13 +497,9 @@ def test_ef_runs_asynchronously_a_device_holding_at_most_one_uncommitted_task_an
     only once its last is committed (its residual and replica are device state), so no replica drifts (no dense
     resync), and every Task a sparse catch-up, not the model."""
     run_dir = tmp_path / "run"
-    assert finished(procs.coordinator(
-        "--rounds", "10", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
-        "--set", "fleet.clock=simulated", "--set", "data.clients=10", "--set", "data.train_limit=300",
-        "--set", "round.mode=async", "--set", "algorithm.name=ef-fedprox", "--set", "algorithm.keyframe_rounds=3",
-        "--set", "asynchronous.buffer=3",
-        "--set", "asynchronous.concurrency=6", "--set", "run.export_onnx=false", "--quiet", "--run-dir",
-        str(run_dir), name="ef"), 240) == 0, procs.output("ef")
+    assert finished(simulated_async(procs, run_dir, 10, "data.clients=10", "data.train_limit=300",
+                                    "algorithm.name=ef-fedprox", "algorithm.keyframe_rounds=3", "asynchronous.buffer=3",
+                                    "asynchronous.concurrency=6", name="ef"), 240) == 0, procs.output("ef")
     rows = metrics(run_dir)
     assert len(rows) == 10 and all(r["ef_dense_resyncs"] == 0 and r["ef_stale_updates"] == 0 for r in rows)
     assert sum(r["ef_keyframe"] for r in rows) >= 3  # keyframes every 3 versions: devices catch up through them
@@ -531,12 +528,9 @@ def test_a_stateful_fleet_too_small_for_its_buffer_is_named_and_ends_the_session
     trace = tmp_path / "trace.csv"
     trace.write_text("client,speed,from_s,until_s\n0,,0,0.3\n1,,0,0.3\n")
     run_dir = tmp_path / "run"
-    coordinator = procs.coordinator(
-        "--rounds", "20", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
-        "--set", "fleet.clock=simulated", "--set", f"fleet.trace={trace}", "--set", "fleet.join_timeout_s=30",
-        "--set", "data.clients=4", "--set", "data.train_limit=200", "--set", "round.mode=async",
-        "--set", "algorithm.name=ef-fedavg", "--set", "asynchronous.buffer=3", "--set", "asynchronous.concurrency=4",
-        "--set", "run.export_onnx=false", "--quiet", "--run-dir", str(run_dir), name="small")
+    coordinator = simulated_async(procs, run_dir, 20, f"fleet.trace={trace}", "fleet.join_timeout_s=30",
+                                  "data.clients=4", "data.train_limit=200", "algorithm.name=ef-fedavg",
+                                  "asynchronous.buffer=3", "asynchronous.concurrency=4", name="small")
     assert finished(coordinator, 120) != 0
     assert json.loads((run_dir / "report.json").read_text())["status"] == "no-agents"
     log = (run_dir / "coordinator.log").read_text()
@@ -547,12 +541,9 @@ def test_on_the_simulated_clock_a_task_is_given_up_exactly_at_its_deadline(procs
     """The clock stops at the oldest task's deadline (sent + deadline_s), and the task is late there: it is given
     up at that very time (a strict comparison of a difference left the clock stopped and the session turning)."""
     run_dir = tmp_path / "run"
-    assert finished(procs.coordinator(
-        "--rounds", "4", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
-        "--set", "fleet.clock=simulated", "--set", "data.clients=6", "--set", "data.train_limit=300",
-        "--set", "round.mode=async", "--set", "algorithm.name=fedavg", "--set", "asynchronous.buffer=3",
-        "--set", "asynchronous.concurrency=3", "--set", "round.deadline_s=0.25", "--set", "run.export_onnx=false",
-        "--quiet", "--run-dir", str(run_dir), name="deadline"), 60) == 0, procs.output("deadline")
+    assert finished(simulated_async(procs, run_dir, 4, "data.clients=6", "data.train_limit=300",
+                                    "algorithm.name=fedavg", "asynchronous.buffer=3", "asynchronous.concurrency=3",
+                                    "round.deadline_s=0.25", name="deadline"), 60) == 0, procs.output("deadline")
     journal = run_rows(run_dir, "dispatches.jsonl")
     sent = {e["task"]: e["t"] for e in journal if e["event"] == "task"}
     late = [e for e in journal if e["event"] == "lost" and e["why"] == "it passed its deadline"]
