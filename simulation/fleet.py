@@ -83,7 +83,6 @@ class SimulatedFleet:
         self.endpoint = f"simulated://{len(clients)}-clients/{backend.__class__.__name__}/{backend.workers}-workers"
         self.bytes_in = 0
         self.bytes_out = 0
-        self.jobs = 0
         self.stopped: set[str] = set()  # clients whose session ended: they say and hear nothing more
         if clock is not None and (timing is None or steps is None):
             raise ValueError("a simulated clock needs the devices' timing and each client's planned steps")
@@ -233,7 +232,6 @@ class SimulatedFleet:
                 case Join(welcome=welcome):
                     client.joined(welcome, frame)
                 case Train(task=task):
-                    self.jobs += 1
                     budget = self.budget(client_id, task.round) if self.budget is not None else 0
                     if self.schedule is not None:  # its finish (a resumed job: the checkpoint's) and its budget
                         assert self.steps is not None
