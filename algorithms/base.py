@@ -165,12 +165,12 @@ def wrapper_config(config_cls: type, base_module: Any, options: Mapping[str, Any
 
 
 def lacking(payload: Payload, required: Mapping[str, Collection[str]], sparse: bool = False) -> str:
-    """What a server half's aggregate would miss in an update: a reason naming a group it does not take, the first
-    required group that is absent, or the first tensor (dense or sparse) a required group lacks; '' when the
-    update carries exactly the required groups, each with at least its tensors. A tensor counts only when it is
-    dense, unless ``sparse`` (an aggregate that decodes sparse sections itself). Server halves
-    answer ``check_update`` with it, so that the coordinator refuses such an update (``invalid-update``) instead of
-    failing in the middle of an aggregate."""
+    """What a server half's aggregate would miss, or could not use, in an update: a reason naming a group it does
+    not take, the first required group that is absent, the first tensor (dense or sparse) a required group lacks, a
+    dense tensor it does not take, or a sparse section where it takes none; '' when the update carries exactly the
+    required groups, each with exactly its tensors. ``sparse``: the aggregate takes a group's sparse section (and
+    checks it itself), whose tensors then count as present. Server halves answer ``check_update`` with it, so that
+    the coordinator refuses such an update (``invalid-update``) instead of failing in the middle of an aggregate."""
     extra = sorted(set(payload.groups) - set(required))
     if extra:
         return f"the update carries group {extra[0]!r}, which this algorithm does not take (it takes: " \
@@ -180,11 +180,17 @@ def lacking(payload: Payload, required: Mapping[str, Collection[str]], sparse: b
         if group is None:
             carried = ", ".join(sorted(payload.groups)) or "none"
             return f"the update lacks its group {group_name!r} (it carries: {carried})"
-        present = set(group.dense) | (set(group.sparse.names) if sparse and group.sparse is not None else set())
+        if group.sparse is not None and not sparse:
+            return f"group {group_name!r} carries a sparse section, which this algorithm does not take (its " \
+                   "updates are dense)"
+        present = set(group.dense) | (set(group.sparse.names) if group.sparse is not None else set())
         missing = [name for name in names if name not in present]
         if missing:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
             return f"group {group_name!r} lacks tensor {missing[0]!r}{more}"
+        unused = sorted(set(group.dense) - set(names))
+        if unused:
+            return f"group {group_name!r} carries tensor {unused[0]!r}, which this algorithm does not take there"
     return ""
 
 

@@ -61,6 +61,7 @@ from fedge.algorithms.fedavg import fold_weight
 from fedge.algorithms.sparse import FlatLayout, compress, decoded
 from fedge.codec import SparseSection, TensorGroup
 from fedge.protocol.server_half import GlobalModelServer
+from fedge.protocol.validation import Unfoldable
 
 VALUE_DTYPES = ("f32", "f16", "bf16", "int8")
 
@@ -115,7 +116,7 @@ def group_arrays(group: TensorGroup, mask: np.ndarray) -> Arrays:
     arrays = {name: np.array(value, copy=True) for name, value in group.dense.items()}
     if group.sparse is not None:
         if group.sparse.kind == "indices" and mask[group.sparse.positions()].any():
-            raise ValueError("a DSSA update carries values at retained coordinates")
+            raise Unfoldable("a DSSA update carries values at retained coordinates")
         arrays.update(group.sparse.to_dense(reference_mask=mask))
     return arrays
 
@@ -168,8 +169,14 @@ class Server(WrappedServer):
         groups = {}
         for name, group in update.payload.groups.items():
             section = group.sparse
-            if section is not None and tuple(section.names) != self.layout.names:
+            if section is not None and (tuple(section.names) != self.layout.names or
+                                        tuple(section.shapes) != self.layout.shapes):
                 return f"group {name!r}: its sparse section is not over the prunable tensors"
+            if section is not None and not (section.kind == "masked-values" and not section.select or
+                                            section.kind == "indices" and section.indices is not None and
+                                            section.indices.size == section.values.size):
+                return f"group {name!r}: a DSSA update carries its values on this round's complement (values bound " \
+                       "to the mask, or indexed there)"
             try:
                 groups[name] = TensorGroup(dense=group_arrays(group, mask))
             except (ValueError, codec.CodecError) as exc:
@@ -185,13 +192,13 @@ class Server(WrappedServer):
             self.base.fold(round_number, update)
             return
         mask, pruned = self.round_state(round_number)
+        dense = {name: group_arrays(group, mask) for name, group in update.payload.groups.items()}  # before any sum
         if self.complement is None:
             self.complement = FlatMean(int(np.count_nonzero(~mask)))
         weight = fold_weight(update, self.config.base.weighting)
         pruned_flat = self.layout.flat(pruned)
         groups = {}
-        for name, group in update.payload.groups.items():
-            arrays = group_arrays(group, mask)
+        for name, arrays in dense.items():
             if name in UPDATE_GROUPS:
                 flat = self.layout.flat(arrays)
                 self.complement.add(flat[~mask], None, weight)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from fedge import codec
 from fedge.algorithms import fedavg
 from fedge.algorithms.accumulate import FlatMean
 from fedge.algorithms.base import (
@@ -47,6 +48,7 @@ from fedge.algorithms.ef_meta import EfTask, EfUpdate
 from fedge.algorithms.keyframes import PublicModel, Replica, float_layout, start_model
 from fedge.algorithms.sparse import NO_GRID, FlatLayout, ValueGrid, compress
 from fedge.codec import SparseSection, TensorGroup
+from fedge.protocol.validation import Unfoldable
 
 VALUE_DTYPES = ("f32", "f16", "bf16", "int8", "ternary", "quinary")
 
@@ -131,7 +133,7 @@ class Server(BaseServer):
         float tensors in the layout's order, the integer tensors dense, the public version it was trained from and
         the keyframe version its client holds."""
         integers = [name for name in self.public if name not in self.layout.names]
-        problem = lacking(update.payload, {"update": integers})
+        problem = lacking(update.payload, {"update": integers}, sparse=True)
         if problem:
             return problem
         try:
@@ -141,12 +143,28 @@ class Server(BaseServer):
         if not origin.keyframe <= origin.base <= self.model.version:
             return (f"meta.ef: base {origin.base} / keyframe {origin.keyframe}: not a version this coordinator has "
                     f"published (keyframe <= base <= {self.model.version})")
-        return self.section_problem(round_number, update.payload.groups["update"].sparse)
+        section = update.payload.groups["update"].sparse
+        problem = self.section_problem(round_number, section)
+        if problem or section is None or section.kind != "indices":
+            return problem
+        most = codec.retained_count(section.size, keep=self.config.keep)
+        if section.values.size > most:  # (a robust rule's or a private sum's change, folded, lies everywhere)
+            return f"an ef update carries {section.values.size} values; keep = {self.config.keep} of {section.size} " \
+                   f"allows {most}"
+        return ""
 
     def section_problem(self, round_number: int, section: SparseSection | None) -> str:
-        """Why an update's float values cannot be folded, or '': ef's are one indexed sparse section."""
-        if section is None or tuple(section.names) != self.layout.names:
-            return "an ef update must carry the float tensors as one sparse section, in the model's order"
+        """Why an update's float values cannot be folded, or '': ef's are one indexed sparse section in the model's
+        order, its indices in range, strictly increasing (sorted, each once) and one per value (a device's are at
+        most keep x d: ``check_update``)."""
+        if section is None or section.kind != "indices" or section.indices is None or \
+                tuple(section.names) != self.layout.names or tuple(section.shapes) != self.layout.shapes:
+            return "an ef update must carry the float tensors as one indexed sparse section, in the model's order"
+        indices, size = section.indices, self.layout.size
+        if indices.ndim != 1 or indices.size != section.values.size or indices.size != sum(section.counts):
+            return f"an ef update carries {section.values.size} values at {indices.size} indices"
+        if indices.size and (int(indices[0]) < 0 or int(indices[-1]) >= size or not bool((np.diff(indices) > 0).all())):
+            return f"an ef update's indices must be strictly increasing (sorted, each once) and lie in [0, {size})"
         return ""
 
     def fold(self, round_number: int, update: ClientUpdate) -> None:
@@ -154,16 +172,16 @@ class Server(BaseServer):
         stale one only tells which keyframe its client holds, except in an asynchronous session, where it joins
         them too under the factors the coordinator set (``discount``, ``counted``: its version's staleness)."""
         origin = EfUpdate.from_meta(update.payload.meta)
+        group = update.payload.groups["update"]
+        problem = self.section_problem(round_number, group.sparse)
+        if problem or group.sparse is None:  # checked before anything is kept: the fold takes all of it or nothing
+            raise Unfoldable(problem)
         self.model.note_holds(update.index, origin.keyframe)
         if self.folding is None:
             self.folding, self.stale = FlatMean(self.layout.size), 0
         if origin.base != self.model.version and not self.context.asynchronous:
             self.stale += 1
             return
-        group = update.payload.groups["update"]
-        problem = self.section_problem(round_number, group.sparse)
-        if problem or group.sparse is None:
-            raise ValueError(problem)
         self.folding.add(group.sparse.values, self.positions(round_number, group.sparse),
                          fedavg.fold_weight(update, self.config.base.weighting), group.dense, update.discount,
                          update.counted)

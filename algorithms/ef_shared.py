@@ -144,12 +144,17 @@ class Server(ef.Server):
         return Payload(groups=groups, meta=payload.meta)
 
     def section_problem(self, round_number: int, section: SparseSection | None) -> str:
-        """Its float values must be bound to the round's support (masked values selecting it, no indices)."""
+        """Its float values must be bound to the round's support (masked values selecting it, no indices): its CRC,
+        and one value for each of the support's coordinates, tensor by tensor."""
         if section is None or section.kind != "masked-values" or not section.select or \
                 section.names != self.layout.names or section.shapes != self.layout.shapes or \
                 section.mask_crc != codec.mask_crc(self.support(round_number)):
             return "an ef-shared update carries its float values on the round's published support (values bound " \
                    "to it, no indices)"
+        counts = tuple(int(np.count_nonzero(part)) for part in self.layout.parts(self.support(round_number)).values())
+        if tuple(section.counts) != counts or section.values.size != sum(counts):
+            return f"an ef-shared update carries {section.values.size} values ({list(section.counts)} by tensor); " \
+                   f"the round's support has {sum(counts)} ({list(counts)})"
         return ""
 
     def positions(self, round_number: int, section: SparseSection) -> np.ndarray:

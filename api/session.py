@@ -46,12 +46,12 @@ def run_session(config: Config, run_dir: str | Path | None = None, quiet: bool =
     if resume:
         if not (path / "checkpoint.npz").exists():
             raise ConfigError(f"{path} has no checkpoint.npz to resume from")
-        config = load_config(path / "config.toml")
     elif (path / "checkpoint.npz").exists():
         raise ConfigError(f"{path} already holds a run: resume it or choose another run_dir")
-    from fedge.runtime.launch import hold_run_dir
+    from fedge.runtime.launch import hold_run_dir, plan_resume
 
-    plan = plan_session(config)
+    # (a resume runs the run's own config.toml, its privacy planned from its ledger: coordinator.resume_rules)
+    plan = plan_resume(path, load_config(path / "config.toml")) if resume else plan_session(config)
     run = RunDir(path)
     lock = hold_run_dir(run)
     try:

@@ -59,6 +59,7 @@ from fedge.protocol.events import (
     Left,
     Masked,
     Noted,
+    Reconnect,
     Send,
     SendFrame,
     Stop,
@@ -85,7 +86,8 @@ class LightAgent:
                             input_shape=LightAgent.input_shape, num_outputs=10)
         self.protocol = AgentProtocol(client_id, hello_interval_s=1.0, facts=facts, stay=False)
         self.socket = context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.IDENTITY, client_id.encode())
+        if curve is None:  # with CurveZMQ on, the coordinator knows an agent by its key, as a real agent
+            self.socket.setsockopt(zmq.IDENTITY, client_id.encode())
         self.socket.setsockopt(zmq.LINGER, 0)
         if curve is not None:
             self.socket.curve_secretkey, self.socket.curve_publickey = curve["secret"], curve["public"]
@@ -112,8 +114,8 @@ class LightAgent:
                 case Stop() | Left():
                     self.act(self.protocol.leaving())
                     self.done = True
-                case CancelTraining() | Confirm() | Masked() | Noted():
-                    continue  # a light agent trains at once, keeps no state and logs nothing
+                case CancelTraining() | Confirm() | Masked() | Noted() | Reconnect():
+                    continue  # a light agent trains at once, keeps no state, logs nothing and keeps its socket
                 case _:
                     assert_never(action)
 

@@ -144,7 +144,7 @@ def finish_version(session: Any, started: float) -> None:
     checkpoint, then its Commits."""
     session.rows.flush()  # the previous version's row: its evaluation ran beside this version
     closing = time.monotonic()
-    metrics = session.aggregation.close()
+    metrics = session.close_aggregation(session.protocol.versions.version + 1)
     session.spent["close_s"] = time.monotonic() - closing
     flush, record, cancels = session.protocol.close_version(session.clock())
     session.act(cancels)

@@ -51,8 +51,12 @@ def private(config: Config, raw: dict[str, Any]) -> Config:
     if p.accountant == "pld" and p.sampling != "poisson":
         raise ConfigError("privacy.accountant = \"pld\" cannot account privacy.sampling = \"without-replacement\" "
                           "(dp-accounting's PLD has no fixed-size draw): use accountant = \"rdp\"")
-    if p.min_reporters < 1:
-        raise ConfigError("privacy.min_reporters must be >= 1")
+    if p.min_reporters != 1:
+        raise ConfigError("privacy.min_reporters must be 1: every round runs the mechanism, and whether its noisy sum "
+                          "is folded may not depend on how many devices reported (docs/privacy.md)")
+    if p.tolerate_colluders:
+        raise ConfigError("privacy.tolerate_colluders applies to privacy.mode = \"distributed\": under central DP "
+                          "the coordinator adds the noise, and no device's share can be subtracted")
     if config.fleet.bind and config.fleet.expect < 1:
         raise ConfigError("privacy.mode = \"central\" on a bound fleet needs its population: set fleet.expect (every "
                           "device that may be drawn)")
@@ -118,6 +122,7 @@ def distributed(config: Config) -> Config:
         (p.accountant != "rdp", "privacy.accountant = \"pld\": the Skellam bound is an RDP bound"),
         (p.min_reporters != 1, "privacy.min_reporters: the fewest inputs a sum is unmasked with is the secure "
                                "round's own (n - k + t)"),
+        (p.tolerate_colluders < 0, "privacy.tolerate_colluders < 0: it counts devices"),
     ]
     for refused, why in refusals:
         if refused:

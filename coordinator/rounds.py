@@ -111,14 +111,19 @@ def finish_round(session: Any, current: RoundState, started: float) -> dict[str,
     number = current.number
     session.rows.flush()  # the previous round's row: its evaluation ran beside this round
     missing = [i for i in current.selected if i not in current.updates and i not in current.unavailable]
-    if missing:
-        log.warning("round %d: no update from client(s) %s before the deadline", number, missing)
+    if missing:  # those whose update was refused, too: the round goes on as if they had sent nothing
+        log.warning("round %d: no update from client(s) %s before the deadline%s", number,
+                    [i for i in missing if i not in current.refused],
+                    f" (refused: {sorted(current.refused)})" if current.refused else "")
         session.server.missed(number, missing)
-    ordered = sorted(current.updates.items())
     closing = time.monotonic()
     secure = session.secagg.fold(session.aggregation, number, session.index_of) if session.secagg is not None else {}
-    extra = session.aggregation.close()  # folded as they arrived (or held until now, and bounded)
+    extra = session.close_aggregation(number)  # folded as they arrived (or held until now, and bounded)
     extra.update(secure)
+    late = [i for i in sorted(current.refused) if i not in missing]
+    if late:  # refused by the close (held updates): as if they had sent nothing
+        session.server.missed(number, late)
+    ordered = sorted(current.updates.items())
     session.spent["close_s"] = time.monotonic() - closing
     bounds = session.trust.note_round(number, session.aggregation.bounded)
     if session.privacy is not None:  # accounted (its release-log line fsynced) before anything derived is written
@@ -135,7 +140,8 @@ def finish_round(session: Any, current: RoundState, started: float) -> dict[str,
     row = round_row(number, session.config.algorithm_name, current, missing, received, extra, records)
     if session.evaluator is None and session.rows.due(number):  # the agents' evaluations, in their updates
         row.update(agents_metrics([u for _, u in received]))
-    ids = {i: session.registry.by_index(i).client_id for i in [*current.updates, *current.unavailable]}
+    ids = {i: session.registry.by_index(i).client_id for i in [*current.updates, *current.unavailable,
+                                                                 *current.refused]}
     session.run_dir.append_jsonl("clients.jsonl", *client_rows(number, current, ids, records,
                                                             attribute_energy(records), bounds))
     ids.update({i: session.registry.by_index(i).client_id for i in current.bytes_down})

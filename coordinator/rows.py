@@ -129,7 +129,7 @@ def client_rows(number: int, current: RoundState, client_ids: Mapping[int, str],
                 shares: Sequence[float | None],
                 bounds: Mapping[int, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
     """clients.jsonl's rows of a closed round: one per accepted update (in client order), then one per client that
-    declined the round by its availability rules. ``bounds``: what bounded influence did to each update
+    declined the round by its availability rules, then one per client whose update was refused (``refused``: why). ``bounds``: what bounded influence did to each update
     (``protocol.influence.Bounded.record``: the claim, the counted samples, norms, clipping)."""
     rows = []
     for (index, (update, size)), record, share in zip(sorted(current.updates.items()), records, shares, strict=True):
@@ -143,6 +143,9 @@ def client_rows(number: int, current: RoundState, client_ids: Mapping[int, str],
     for index, reason in sorted(current.unavailable.items()):
         rows.append({"round": number, "client_id": client_ids[index], "client_index": index, "available": False,
                      "unavailable_reason": reason, "bytes_down": current.bytes_down.get(index, 0)})
+    for index, reason in sorted(current.refused.items()):
+        rows.append({"round": number, "client_id": client_ids[index], "client_index": index, "available": True,
+                     "refused": reason, "bytes_down": current.bytes_down.get(index, 0)})
     return rows
 
 
@@ -173,7 +176,10 @@ def client_rows_of_version(number: int, record: VersionRecord, client_ids: Mappi
                            records: list[dict[str, Any]], shares: Sequence[float | None],
                            bounds: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """clients.jsonl's rows of a flushed version: one per update in it, in arrival order, with its ``task`` and
-    ``staleness``."""
+    ``staleness``; then one per update its fold refused (``refused``: why)."""
+    refused = [{"round": number, "client_id": client_ids[index], "client_index": index, "task": task,
+                "available": True, "refused": reason, "bytes_down": record.bytes_down.get(index, 0)}
+               for index, task, reason in record.refused]
     return [{**meter, "round": number, "client_id": client_ids[index], "client_index": index, "task": task,
              "staleness": staleness, "available": True, "num_samples": update.num_samples,
              "bytes_down": record.bytes_down.get(index, 0), "bytes_up": size, "bytes_up_tensors": None,
@@ -181,4 +187,4 @@ def client_rows_of_version(number: int, record: VersionRecord, client_ids: Mappi
              **client_evaluation(update), "device_clip_scale": update.clip_scale, "dp_norm": None, "dp_scale": None,
              "dp_unclipped": None, **bounds.get(index, {})}
             for (index, task, update, size, staleness), meter, share in zip(record.updates, records, shares,
-                                                                             strict=True)]
+                                                                             strict=True)] + refused

@@ -195,6 +195,7 @@ class PrivacySection:
     accountant: str = "rdp"
     max_epsilon: float = 0.0      # 0: no limit
     min_reporters: int = 1
+    tolerate_colluders: int = 0   # distributed: devices that may collude with the coordinator (each adds sigma^2/(r - c))
 
     @property
     def on(self) -> bool:

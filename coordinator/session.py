@@ -90,7 +90,8 @@ class Session:
         self.server = make_server(config.algorithm_name, config.algorithm_options, state_to_arrays(model), context)
         self.protocol = CoordinatorProtocol(run_id, self.model_hash, self.shapes, registry, self.server,
                                             self.welcome_fields, self.task_flags,
-                                            max_uploads=config.fleet.max_uploads)
+                                            max_uploads=config.fleet.max_uploads,
+                                            admit=lambda update: self.aggregation.check(update))
         self.started = time.monotonic()
         self.status = StatusBoard(run_dir, config.run.rounds, config.algorithm_name)  # status.json and friends
         self.tallies = AgentTallies()  # each agent's bytes, refusals, declines and last round; checkpointed
@@ -200,11 +201,13 @@ class Session:
                     self.send(peer, message)
                 case SendFrame(peer=peer, frame=frame):
                     self.transport.send(peer, frame)
-                case Accepted(update=update):  # streaming aggregation: folded at once, its tensors then dropped
+                case Accepted(round=number, update=update):  # streaming: folded at once, its tensors then dropped
                     began = time.monotonic()
-                    self.aggregation.fold(update)
+                    problem = self.aggregation.fold(update)
                     self.last_accepted = time.monotonic()
                     self.spent["fold_s"] += self.last_accepted - began
+                    if problem:  # nothing of it was kept: the protocol ends its part (no Commit)
+                        self.act(self.protocol.unfolded(number, update.index, problem, self.clock()))
                 case Checkpoint(round=number):
                     written = time.monotonic()
                     self.save_checkpoint()
@@ -221,6 +224,15 @@ class Session:
                     log.log(level, "%s", text)
                 case _:
                     assert_never(event)
+
+    def close_aggregation(self, number: int) -> dict[str, Any]:
+        """Close the round's (or version's) aggregation; an update it refuses at the close (a held one) is reported
+        to the protocol as a refusal at folding is."""
+        before = len(self.aggregation.refused)
+        metrics: dict[str, Any] = self.aggregation.close()
+        for refusal in self.aggregation.refused[before:]:
+            self.act(self.protocol.unfolded(number, refusal.index, refusal.reason, self.clock()))
+        return metrics
 
     def send(self, peer: bytes, message: codec.Message) -> int:
         frame = self.downlinks.frame(message) if isinstance(message, codec.Task) else codec.encode(message)

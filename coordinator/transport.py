@@ -1,15 +1,23 @@
 """The coordinator's ZeroMQ transport: one ROUTER socket that moves opaque frames to and from agents.
 
 It binds, resolves the real endpoint (so an ephemeral port can be published), switches on CurveZMQ with an allow-list
-of agent public keys when asked, and says in the log why a peer was refused. With CurveZMQ on, a key is allowed as
-one client id only, the name of its file (``allowed/CLIENT_ID.key``), and every frame comes with the id its
-connection's key is allowed as, for the protocol to compare with the id the peer claims. It moves bytes and counts
-them; it knows nothing of the codec, algorithms, models or torch.
+of agent public keys when asked, and says in the log why a peer was refused. It moves bytes and counts them; it
+knows nothing of the codec, algorithms, models or torch.
+
+A peer is named by bytes: the client id frames come from and go to. With CurveZMQ on, that is the id its
+connection's key is allowed as (one id per key, the name of its file: ``allowed/CLIENT_ID.key``), never a routing
+id the peer chose: libzmq gives each connection a routing id of its own (agents set none), frames for a client go
+to the connection on which its key spoke last (its newest: a rebooted device takes its place by saying hello), and
+``ROUTER_HANDOVER`` is off, so no connection can take over a routing id in use. With CurveZMQ off, the peer is the
+routing id the peer chose, and any peer may choose any id.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -146,15 +154,32 @@ class BindingAuthenticator(ThreadAuthenticator):
         return self.allow_list.client_id(z85.encode(client_public_key)) or ""
 
 
+def seed_routing_ids() -> None:
+    """Make the routing ids libzmq gives connections unpredictable. libzmq numbers them from C's ``rand()``, which
+    nothing seeds: every process's first ROUTER hands out ``\\x00k\\x8bEg``, then counts up. A peer may choose
+    any routing id, a zero first byte included, and libzmq aborts the process (an assertion) when the id it gives
+    a new connection is one a peer chose already: a device that knew the next id could stop the coordinator."""
+    try:
+        ctypes.CDLL(None).srand(ctypes.c_uint(int.from_bytes(os.urandom(4), "little")))
+    except (OSError, AttributeError):  # no C library to load: the ids stay predictable (docs/robustness.md)
+        log.warning("could not seed the C library's rand(): libzmq's routing ids are predictable")
+
+
 class RouterTransport:
-    """A bound ROUTER socket: poll for (peer routing id, frame, identity) triples, send a frame to a peer. The
-    identity is the client id the connection's CurveZMQ key is allowed as, None with CurveZMQ off."""
+    """A bound ROUTER socket: poll for (peer, frame, identity) triples, send a frame to a peer. The peer is the
+    client id the connection's CurveZMQ key is allowed as, and the identity that id as a string; with CurveZMQ off,
+    the peer is the routing id the peer chose and the identity None."""
+
+    ROUTES_PER_KEY = 4  # the connections remembered per key, newest first: a frame goes to the newest one still there
 
     def __init__(self, bind: str, curve: CurveServerKeys | None = None, max_frame_bytes: int = 64 << 20) -> None:
+        seed_routing_ids()  # before the socket: libzmq draws its first routing id when the socket is made
         self.context = zmq.Context()
         self.authenticator: ThreadAuthenticator | None = None
         self.socket = self.context.socket(zmq.ROUTER)
-        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # CurveZMQ off: a peer's newest connection takes its routing id (a restarted agent comes back at once).
+        # CurveZMQ on: a routing id in use is never handed over; peers are found by key (``routes``).
+        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 0 if curve is not None else 1)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # A frame above the limit makes libzmq drop it and the connection; each peer's receive queue holds two
         # messages (then libzmq stops reading that peer's socket until the driver takes one: backpressure), so a
@@ -180,13 +205,16 @@ class RouterTransport:
         self.bytes_in = 0
         self.bytes_out = 0
         self.dropped_multipart = 0
+        self.dropped_unbound = 0
+        # CurveZMQ on: client id -> the routing ids on which its key spoke, newest first
+        self.routes: dict[bytes, deque[bytes]] = {}
 
     def poll(self, timeout_ms: int, batch: int = 1000) -> Iterator[tuple[bytes, bytes, str | None]]:
-        """What arrived within the timeout, at most ``batch`` messages, as (peer routing id, frame, identity), each
-        read only once the caller has handled the one before: this side holds one received frame at a time, however
-        many are queued (a batch read at once held every granted upload twice over, the batch and the uploads
-        granted while it was handled). Messages of more than one frame are dropped (counted; logged at the first
-        and every 1000th)."""
+        """What arrived within the timeout, at most ``batch`` messages, as (peer, frame, identity), each read only
+        once the caller has handled the one before: this side holds one received frame at a time, however many are
+        queued (a batch read at once held every granted upload twice over, the batch and the uploads granted while
+        it was handled). Messages of more than one frame are dropped (counted; logged at the first and every
+        1000th), and so, with CurveZMQ on, are those of a connection whose key is bound to no id."""
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
             return
         for _ in range(batch):
@@ -202,11 +230,37 @@ class RouterTransport:
                 continue
             frame = frames[1].bytes
             self.bytes_in += len(frame)
-            identity = frames[1].get("User-Id") if self.curve else None
-            peer = frames[0].bytes
+            routing_id = frames[0].bytes
+            identity: str | None = None
+            if self.curve:
+                user_id = frames[1].get("User-Id")
+                identity = user_id if isinstance(user_id, str) and user_id else None
             del frames  # libzmq's copy goes now, not when the next one is read
-            yield peer, frame, identity if isinstance(identity, str) else None
+            if not self.curve:
+                yield routing_id, frame, None
+            elif identity is None:  # its key left the allow-list (or went to two files) after its handshake
+                self.dropped_unbound += 1
+                if self.dropped_unbound % 1000 == 1:
+                    log.warning("dropped a message from a connection whose key is allowed as no client id "
+                                "(%d so far)", self.dropped_unbound)
+            else:
+                peer = identity.encode()
+                self.route(peer, routing_id)
+                yield peer, frame, identity
             del frame
+
+    def route(self, peer: bytes, routing_id: bytes) -> None:
+        """Frames for ``peer`` go to ``routing_id`` from now on: the connection on which its key spoke last."""
+        routes = self.routes.get(peer)
+        if routes is None:
+            routes = self.routes[peer] = deque(maxlen=self.ROUTES_PER_KEY)
+        elif routes[0] == routing_id:
+            return
+        else:
+            with contextlib.suppress(ValueError):
+                routes.remove(routing_id)
+            log.info("client %r now speaks on a new connection", peer.decode(errors="replace"))
+        routes.appendleft(routing_id)
 
     def send(self, peer: bytes, frame: bytes) -> bool:
         """Send one frame to a connected peer; False (and a log line) when the peer is gone or its queue is full."""
@@ -216,17 +270,29 @@ class RouterTransport:
         """Send one message of several frames (a Task's header and body frames). Frames are sent without a copy
         (``copy=False``: pyzmq hands libzmq the buffer of the immutable ``bytes`` and keeps it alive until every
         queue has written it; frames under ``ZERO_COPY_FROM`` are copied anyway), so a body sent to many peers is
-        held once however many queues wait. With pyzmq's default (``copy=True``) every send copies the frame."""
+        held once however many queues wait. With pyzmq's default (``copy=True``) every send copies the frame.
+        With CurveZMQ on, the message goes to the newest connection of the peer's key that is still there (one
+        that has gone is forgotten), and to no other."""
         size = sum(len(part) for part in parts)
-        try:
-            self.socket.send_multipart([peer, *parts], zmq.NOBLOCK, copy=False)
-        except (zmq.Again, zmq.ZMQError) as exc:
-            gone = isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH
-            # A peer that has gone (it left, or its connection closed) is the caller's to handle: not a warning.
-            log.log(logging.DEBUG if gone else logging.WARNING, "could not send %d bytes to %r: %s", size, peer, exc)
+        routes = self.routes.get(peer) if self.curve else deque((peer,))
+        if not routes:
+            log.debug("could not send %d bytes to %r: no connection of its key has spoken", size, peer)
             return False
-        self.bytes_out += size
-        return True
+        while routes:
+            try:
+                self.socket.send_multipart([routes[0], *parts], zmq.NOBLOCK, copy=False)
+            except (zmq.Again, zmq.ZMQError) as exc:
+                gone = isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH
+                if gone and self.curve and len(routes) > 1:  # that connection closed: try the key's one before
+                    routes.popleft()
+                    continue
+                # A peer that has gone (it left, or its connection closed) is the caller's to handle: not a warning.
+                log.log(logging.DEBUG if gone else logging.WARNING, "could not send %d bytes to %r: %s", size, peer,
+                        exc)
+                return False
+            self.bytes_out += size
+            return True
+        return False
 
     def close(self) -> None:
         self.socket.close()

@@ -44,6 +44,7 @@ from fedge.protocol.events import (
     Masked,
     Noted,
     Outcome,
+    Reconnect,
     Send,
     SendFrame,
     Stop,
@@ -260,6 +261,8 @@ class Agent:
                     self.stop_requested.set()
                 case Noted(level=level, text=text):
                     log.log(level, "%s", text)
+                case Reconnect():
+                    transport.reconnect()
                 case _:
                     assert_never(action)
 
@@ -285,7 +288,7 @@ class Agent:
             self.protocol.abandoned()
         if transport.handshakes > self.handshakes_counted:  # before the clock's hello: one hello, not two
             self.handshakes_counted = transport.handshakes
-            self.meter.add_connection("DEALER", "ROUTER", identity=self.settings.client_id.encode(),
+            self.meter.add_connection("DEALER", "ROUTER", identity=transport.routing_id,
                                       mechanism="CURVE" if transport.curve else "NULL")
             self.act(transport, [self.protocol.hello_now(now)])  # a new connection: perhaps a restarted coordinator
         training = self.worker is not None and self.worker.is_alive()

@@ -4,9 +4,11 @@ ZeroMQ reconnects by itself with an exponential backoff (RECONNECT_IVL doubling 
 coordinator restart needs nothing from the caller but to say hello again. A socket monitor turns handshake failures
 into a readable reason (for example, the coordinator refused this agent's key). ZeroMQ does not reconnect after the
 coordinator refused the key, so the transport does, after 5 s doubling to 5 min: a device joins once an operator
-has added its key to the allow-list, without a restart. Another thread can end a poll at once (``wake``). It moves
-bytes; it knows nothing of
-the codec, algorithms, models or torch.
+has added its key to the allow-list, without a restart. Nor does ZeroMQ notice a connection that died without a
+word (a dropped NAT entry, a cable pulled while idle): ``reconnect`` closes the socket and opens a new one, which the
+agent asks for when it has heard nothing for the session's liveness. With CurveZMQ on the socket sets no routing id
+(the coordinator knows the agent by its key); with it off, the routing id is the client id. Another thread can end a
+poll at once (``wake``). It moves bytes; it knows nothing of the codec, algorithms, models or torch.
 """
 
 from __future__ import annotations
@@ -59,42 +61,68 @@ HANDSHAKE_FAILURES: dict[int, str] = {
 
 
 class DealerTransport:
-    """A DEALER socket connected to the coordinator, identified by the client id."""
+    """A DEALER socket connected to the coordinator: by its key with CurveZMQ on, by the client id as its routing
+    id with CurveZMQ off."""
 
     def __init__(self, endpoint: str, identity: str, curve: CurveClientKeys | None = None,
                  max_frame_bytes: int = 256 << 20) -> None:
         self.context = zmq.Context()
         self.received_parts: list[tuple[int, ...]] = []  # set by each poll
-        self.socket = self.context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.IDENTITY, identity.encode())
-        self.socket.setsockopt(zmq.RECONNECT_IVL, 200)
-        self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-        self.socket.setsockopt(zmq.LINGER, 1000)
-        self.socket.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing while disconnected: no burst of stale hellos
-        if curve is not None:
-            self.socket.curve_secretkey = curve.secret
-            self.socket.curve_publickey = curve.public
-            self.socket.curve_serverkey = curve.server_public
-        self.monitor = self.socket.get_monitor_socket()
+        self.routing_id = b"" if curve is not None else identity.encode()  # what the handshake announces
+        self.keys = curve
+        self.max_frame_bytes = max_frame_bytes
         # ``wake`` (any thread) ends a poll at once: the training thread's finished update goes out when it is
         # ready, not when the poll's timeout comes round (up to 100 ms later, every round).
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
         os.set_blocking(self.wake_write, False)
         self.poller = zmq.Poller()
-        self.poller.register(self.socket, zmq.POLLIN)
         self.poller.register(self.wake_read, zmq.POLLIN)
-        self.socket.connect(endpoint)
         self.endpoint = endpoint
+        self.socket, self.monitor = self._open()
         self.last_failure = ""
         self.connected = False
         self.curve = curve is not None
         self.handshakes = 0
+        self.reconnects = 0
         self.retry_s = REFUSED_RETRY_S[0]
         self.retry_at: float | None = None  # when to connect again after a refused key
         self.bytes_in = 0
         self.bytes_out = 0
+
+    def _open(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+        """A new DEALER socket, connecting, with its monitor, registered with the poller."""
+        sock: zmq.Socket[bytes] = self.context.socket(zmq.DEALER)
+        if self.routing_id:
+            sock.setsockopt(zmq.IDENTITY, self.routing_id)
+        sock.setsockopt(zmq.RECONNECT_IVL, 200)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing while disconnected: no burst of stale hellos
+        if self.keys is not None:
+            sock.curve_secretkey = self.keys.secret
+            sock.curve_publickey = self.keys.public
+            sock.curve_serverkey = self.keys.server_public
+        monitor = sock.get_monitor_socket()
+        self.poller.register(sock, zmq.POLLIN)
+        sock.connect(self.endpoint)
+        return sock, monitor
+
+    def _shut(self, linger_ms: int) -> None:
+        self.poller.unregister(self.socket)
+        self.socket.disable_monitor()
+        self.monitor.close()
+        self.socket.close(linger=linger_ms)
+
+    def reconnect(self) -> None:
+        """Close the socket, dropping what it still queues, and open a new one: a new connection, whatever became
+        of the old one. Its handshake counts in ``handshakes`` as any other."""
+        self._shut(0)
+        self.socket, self.monitor = self._open()
+        self.connected, self.retry_at = False, None
+        self.reconnects += 1
+        log.warning("reconnecting to %s with a new socket", self.endpoint)
 
     def _drain_monitor(self) -> None:
         while self.monitor.poll(0):
@@ -163,9 +191,7 @@ class DealerTransport:
         for fd in (self.wake_read, self.wake_write):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.socket.disable_monitor()
-        self.monitor.close()
-        self.socket.close()
+        self._shut(1000)
         self.context.term()
 
 

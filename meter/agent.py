@@ -147,8 +147,10 @@ class AgentMeter:
         if not 0 <= updated <= touched:
             raise ValueError(f"updated_elements must be in [0, {touched}], got {updated}")
         if mask_claim is not None and updated > mask_claim:
-            current.notes.append(f"verified updated elements {updated} exceed the mask's claim {mask_claim} "
-                                 "(e.g. Adam moments moving masked weights)")
+            # (no figure in the note: params_updated and params_mask_claim hold them, and secure aggregation drops
+            # the first, which is computed from the change)
+            current.notes.append("the verified updated elements (params_updated) exceed the mask's claim "
+                                 "(params_mask_claim; e.g. Adam moments moving masked weights)")
         per_element = fl.optimizer_flops_per_element(optimizer, momentum=momentum, weight_decay=weight_decay,
                                                      nesterov=nesterov, amsgrad=amsgrad)
         steps = len(sizes)

@@ -4,7 +4,8 @@
 ignore, when it welcomes us back), a task to train (unless the agent already holds one), a cancel that stops it, a
 commit to confirm, a bye that ends the session (code ``finished``) or means "wait, I will be back", an error to
 answer with a hello; when the finished update goes out (at once, or, for a paced task, when its grant comes); and,
-from the clock, when to say hello (nothing heard for longer than the liveness) and when to send a heartbeat. A session-level refusal (the
+from the clock, when to say hello (nothing heard for longer than the liveness), when to open a new connection (in a
+session, nothing heard for the liveness: at most once per liveness) and when to send a heartbeat. A session-level refusal (the
 coordinator's protocol or model mismatch or full session, or this device declining the session's plugin or model)
 does not stop the agent: it says hello again with exponential backoff, capped at 15 minutes, so that a fixed
 coordinator, a new session or a rolling upgrade recovers the fleet with no operator. A securely aggregated task
@@ -54,6 +55,7 @@ from fedge.protocol.events import (
     Left,
     Masked,
     Noted,
+    Reconnect,
     Send,
     SendFrame,
     Stop,
@@ -128,6 +130,7 @@ class AgentProtocol:
         self.liveness_s = 0.0
         self.last_heard = 0.0
         self.last_hello = -1e18
+        self.last_reconnect = -1e18
         self.last_heartbeat = -1e18
         self.refusals = 0                # session-level refusals in a row
         self.hello_after = -1e18         # no hello before this time (backoff)
@@ -414,6 +417,11 @@ class AgentProtocol:
     def tick(self, now: float, steps: int = 0) -> list[AgentAction]:
         """What the clock asks for; ``steps``: training steps taken in the held round (for the heartbeat)."""
         actions: list[AgentAction] = []
+        if self.index is not None and self.last_heard and self.liveness_s > 0 and \
+                now - max(self.last_heard, self.last_reconnect) >= self.liveness_s:
+            self.last_reconnect = now
+            actions += [Noted(logging.WARNING, f"nothing heard from the coordinator for {now - self.last_heard:.0f} s: "
+                                               "its connection may be dead; opening a new one"), Reconnect()]
         heard_recently = self.index is not None and now - self.last_heard < self.liveness_s
         if not heard_recently and now - self.last_hello >= self.hello_interval_s and now >= self.hello_after:
             if self.index is not None and self.last_heard:

@@ -4,13 +4,16 @@
 each selected client's ``ClientOutcome``, ``protocol.round``) and the rules that guard it: the connection's id must
 be the one its key is allowed as (CurveZMQ on), hello first, the sender must be the connection's id, a full session, protocol and model mismatches, a re-hello mid-round (the task is sent
 again only when the agent's hello says it holds none for this round), stale, duplicate, not-selected and invalid
-updates, commits only for aggregated updates and only after the checkpoint, byes and failures in every state, and
+updates (a device whose update is refused, at decoding, at checking or by the round's fold, has its part in the round
+ended at once: ``ClientOutcome.REFUSED``, never committed, not waited for), commits only for aggregated updates and
+only after the checkpoint, byes and failures in every state, and
 agents that decline a session at their welcome (one that declined is not selected or counted again until a heartbeat
 of this session shows that its next welcome took). A peer that keeps sending what must be refused gets no answers for
 a while: ``RejectionLimiter`` counts it in a bounded table and lets a few answers and log lines through per window.
 It returns ``protocol.events``: what to send (``Send``, ``SendFrame``), what to log (``Rejected``, ``Noted``),
 each accepted update (``Accepted``, which the driver folds at once; the round keeps only its typed fields and
-size) and, from ``commits``, the checkpoint the Commits wait for (``Checkpoint``). A securely aggregated round
+size; ``admit``, the round's own check of a fold, runs before it is accepted, and a fold that refuses it anyway is
+reported back with ``unfolded``) and, from ``commits``, the checkpoint the Commits wait for (``Checkpoint``). A securely aggregated round
 (``open_round(..., secure=...)``, ``protocol.secure_round``) routes the stage messages to its ``SecureRound``, adds
 each masked Update to the masked sum and hands none out (no ``Accepted``: the driver folds only the unmasked mean),
 stops waiting for a device that left or failed, closes once every device that shared has sent its input, follows
@@ -45,7 +48,7 @@ from fedge.protocol.limiter import RejectionLimiter
 from fedge.protocol.pacing import UploadPacer
 from fedge.protocol.payload import ClientUpdate, Payload
 from fedge.protocol.registry import AgentRegistry
-from fedge.protocol.round import RoundPhase, RoundState, next_phase
+from fedge.protocol.round import ClientOutcome, RoundPhase, RoundState, next_phase
 from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.selection import censored, measured
 from fedge.protocol.server_half import ServerHalf
@@ -61,7 +64,8 @@ class CoordinatorProtocol:
     def __init__(self, run_id: str, model_hash: str, shapes: dict[str, tuple[int, ...]], registry: AgentRegistry,
                  server: ServerHalf, welcome_fields: Callable[[int], dict[str, Any]],
                  task_flags: Callable[[int], dict[str, Any]] | None = None,
-                 limiter: RejectionLimiter | None = None, max_uploads: int = 0) -> None:
+                 limiter: RejectionLimiter | None = None, max_uploads: int = 0,
+                 admit: Callable[[ClientUpdate], str] | None = None) -> None:
         self.run_id = run_id
         self.model_hash = model_hash
         self.shapes = shapes
@@ -69,6 +73,8 @@ class CoordinatorProtocol:
         self.server = server
         self.welcome_fields = welcome_fields
         self.task_flags = task_flags or (lambda _round: {})
+        # the check the round's fold makes (``Aggregation.check``), the last before an update is accepted: a reason
+        self.admit = admit or (lambda _update: "")
         self.limiter = limiter or RejectionLimiter()
         self.reports = RejectionLimiter()  # the same bound on the log lines of agents' error reports
         self.round = 0                        # the last committed round
@@ -97,8 +103,9 @@ class CoordinatorProtocol:
 
     # ------------------------------------------------------------------------------------------ receiving
     def receive(self, peer: bytes, frame: bytes, now: float, identity: str | None = None) -> list[CoordinatorEvent]:
-        """One frame from ``peer`` (its routing id). ``identity``: the client id the connection's CurveZMQ key is
-        allowed as (None with CurveZMQ off): a peer claiming another id is refused before its frame is read."""
+        """One frame from ``peer`` (with CurveZMQ on, the client id of the connection's key; off, the routing id
+        the peer chose). ``identity``: the client id the connection's CurveZMQ key is allowed as (None with CurveZMQ
+        off): a peer that is not that id, or whose message names another sender, is refused."""
         if self.versions is not None:  # the time of what it journals from here (a task lost to a bye, say)
             self.versions.seen = max(self.versions.seen, now)
         if identity is not None and identity != peer.decode(errors="replace"):
@@ -112,8 +119,12 @@ class CoordinatorProtocol:
                                f"this coordinator {codec.PROTOCOL_VERSION}: upgrade the {older}", now,
                                older=exc.version)
         except codec.CodecError as exc:
-            return self.refuse(peer, words.MALFORMED, f"{type(exc).__name__}: {exc}", now)
+            reason = f"{type(exc).__name__}: {exc}"
+            return self.refuse(peer, words.MALFORMED, reason, now) + self.undecodable(peer, frame, reason)
         client_id = peer.decode(errors="replace")
+        if identity is not None and message.sender != identity:
+            return self.refuse(peer, words.IDENTITY_MISMATCH, f"this connection's key is allowed as client "
+                               f"{identity!r}, not as {message.sender!r}", now)
         if message.sender != client_id:
             return self.refuse(peer, words.SENDER_MISMATCH, f"sender {message.sender!r} is not the connection's id",
                                now)
@@ -199,6 +210,47 @@ class CoordinatorProtocol:
                                                             code=code, reason=reason)))
         return events
 
+    def undecodable(self, peer: bytes, frame: bytes, reason: str) -> list[CoordinatorEvent]:
+        """A frame that did not decode: when its header reads as this device's Update of its round (or task) in
+        progress, that update is refused, and the device's part in it ends now."""
+        try:
+            header = codec.read_header(frame)
+        except codec.CodecError:
+            return []
+        agent = self.registry.get(peer.decode(errors="replace"))
+        if header.cls is not codec.Update or agent is None or not agent.connected or \
+                header.sender != agent.client_id or header.run_id != self.run_id:
+            return []
+        return self.end_part(agent.index, header.round, f"its update did not decode: {reason}")
+
+    def end_part(self, index: int, number: int, reason: str) -> list[CoordinatorEvent]:
+        """Client ``index``'s update of round ``number`` (asynchronously: of task ``number``), awaited, was refused
+        at decoding or checking: it is not waited for any more (``ClientOutcome.REFUSED``)."""
+        if self.versions is not None:
+            return self.versions.lost(index, f"its update was refused: {reason[:200]}", number)
+        current = self.current
+        if current is None or current.number != number or current.outcomes.get(index) is not ClientOutcome.TASKED:
+            return []
+        current.refuse(index, reason[:200])
+        return [Noted(logging.INFO, f"client {index}: its part in round {number} ends, its update refused: "
+                                    f"{reason[:200]}")]
+
+    def unfolded(self, number: int, index: int, reason: str, now: float) -> list[CoordinatorEvent]:
+        """The round's fold refused an update it had accepted (``Aggregation.refused``; asynchronously, ``number``
+        is the version it was to join): refused as any other update is (answered, logged and counted at a bounded
+        rate), the device's part in the round ended (``ClientOutcome.REFUSED``), and no Commit of it."""
+        agent = self.registry.by_index(index)
+        reason = f"the round's aggregation refused the update: {reason[:200]}"
+        if self.versions is not None:
+            ended = self.versions.unfolded(index, number, reason)
+        else:
+            state = next((s for s in (self.current, self.closed) if s is not None and s.number == number), None)
+            if state is None or state.outcomes.get(index) is not ClientOutcome.UPDATED:
+                raise RuntimeError(f"client {index} has no accepted update in round {number}")
+            state.refuse(index, reason)
+            ended = [Noted(logging.INFO, f"client {index}: its part in round {number} ends: {reason}")]
+        return self.refuse(agent.peer or agent.client_id.encode(), words.INVALID_UPDATE, reason, now) + ended
+
     def on_hello(self, peer: bytes, hello: codec.Hello, now: float) -> list[CoordinatorEvent]:
         if self.over:  # the session said goodbye; an agent that stays up finds the next session
             return []
@@ -249,7 +301,7 @@ class CoordinatorProtocol:
         if index not in current.chosen:
             return self.refuse(peer, words.NOT_SELECTED, f"client {index} was not selected in round {update.round}",
                                now)
-        if index in current.updates:
+        if index in current.updates or index in current.refused:
             return self.refuse(peer, words.DUPLICATE, f"a second update from client {index} in round {update.round}",
                                now)
         if current.target and len(current.updates) >= current.target:  # it arrived in the batch that closes it
@@ -259,7 +311,8 @@ class CoordinatorProtocol:
         if self.secure is not None:  # a masked input joins the round's masked sum; nothing of it is kept here
             problem = self.secure.masked_update(agent.client_id, update)
             if problem:
-                return self.refuse(peer, words.INVALID_UPDATE, problem, now)
+                return self.refuse(peer, words.INVALID_UPDATE, problem, now) + \
+                    self.end_part(index, current.number, problem)
             # the masked Update has no training loss: kept as unknown (NaN), never as the codec's 0.0
             current.accept(index, dataclasses.replace(update, groups={}, meta={}, train_loss=math.nan), size)
             agent.round_s = measured(agent.round_s, max(now - current.started, 0.0))
@@ -270,9 +323,9 @@ class CoordinatorProtocol:
         # the server half's own rule for what its fold needs (every group and tensor it reads, the meta keys it
         # converts), so that a lacking update is refused here, never failing inside a fold
         problem = check_update(update, self.shapes, current.masks.get(index, set())) or \
-            self.server.check_update(update.round, decoded)
+            self.server.check_update(update.round, decoded) or self.admit(decoded)
         if problem:
-            return self.refuse(peer, words.INVALID_UPDATE, problem, now)
+            return self.refuse(peer, words.INVALID_UPDATE, problem, now) + self.end_part(index, current.number, problem)
         current.accept(index, dataclasses.replace(update, groups={}, meta={}), size)
         agent.round_s = measured(agent.round_s, max(now - current.started, 0.0))  # task sent to update received
         return [Accepted(current.number, decoded)]
@@ -357,7 +410,7 @@ class CoordinatorProtocol:
         if update.run_id != self.run_id:
             return self.refuse(peer, words.STALE, f"update of run {update.run_id!r}; this session is run "
                                f"{self.run_id!r}", now)
-        outcome = self.versions.update(self.server, client_id, index, update, size, now)
+        outcome = self.versions.update(self.server, client_id, index, update, size, now, self.admit)
         if isinstance(outcome, Refused):
             return self.refuse(peer, outcome.code, outcome.reason, now)
         return [outcome]

@@ -3,7 +3,7 @@
 What to send (``Send``, ``SendFrame``) and what to log (``Noted``) are shared; the coordinator's object adds a
 refusal (``Rejected``), an accepted update to fold (``Accepted``) and the checkpoint a round's commits wait for
 (``Checkpoint``); the agent's adds what its driver must do (``Join``, ``Train``, ``CancelTraining``, ``Confirm``,
-``Left``, ``Stop``). ``CoordinatorEvent`` and ``AgentAction`` are the unions each driver's one ``match`` covers
+``Left``, ``Stop``, ``Reconnect``). ``CoordinatorEvent`` and ``AgentAction`` are the unions each driver's one ``match`` covers
 (with ``fedge.exhaustive.assert_never`` as its last case). ``Outcome`` is a finished training as a driver reports
 it back. Plain data: no I/O, no torch.
 """
@@ -121,6 +121,12 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Reconnect:
+    """Nothing heard from the coordinator for the session's liveness: the connection may have died without either
+    side knowing, so close the socket and open a new one (the new connection's handshake is followed by a hello)."""
+
+
+@dataclass(frozen=True)
 class Outcome:
     """A finished training of ``round``: the Update packet, or None and the one-line reason it failed
     (``client_id``: whose, where one driver trains for several clients)."""
@@ -132,4 +138,4 @@ class Outcome:
 
 
 CoordinatorEvent = Send | SendFrame | Noted | Rejected | Accepted | Checkpoint
-AgentAction = Send | SendFrame | Noted | Join | Train | CancelTraining | Confirm | Masked | Left | Stop
+AgentAction = Send | SendFrame | Noted | Join | Train | CancelTraining | Confirm | Masked | Left | Stop | Reconnect

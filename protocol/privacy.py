@@ -10,9 +10,8 @@ adaptive clipping (Andrew et al. 2021), as a round applies it. docs/privacy.md s
   clip C_t and added to an exact sum (order-independent, ``protocol.exact_sum``); ``release`` adds Gaussian noise of
   std z * s * C_t to every coordinate of that sum, divides by the expected cohort, and updates the clip from the
   noisy count of unclipped updates: C_{t+1} = C_t exp(-eta (b - gamma)). Round t's noise uses C_t, never C_{t+1}.
-- ``NoiseSource``: the generator of the noise and of the Poisson draws, seeded from OS entropy (never from the
-  session seed, which every device receives); its state goes into the checkpoint so that a resumed session draws
-  what the uninterrupted one would have, and ``reseed`` draws fresh entropy when a released round is redone.
+- ``fresh_generator``: the generator of one round's noise or of its draw, new from OS entropy each time (never
+  from the session seed, which every device receives); nothing of it is kept, so no file gives a round's noise back.
 - ``poisson_draw`` and ``fixed_draw``: the cohort, drawn from the whole population, whoever is online.
 
 Pure: numpy and the codec's tensor groups; the accountant (``dp-accounting``) lives in ``coordinator.privacy``.
@@ -21,8 +20,6 @@ No clock, no file, no torch.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fedge.protocol.exact_sum import ExactSum
+from fedge.protocol.validation import Unfoldable
 
 SAMPLINGS = ("poisson", "without-replacement")
 
@@ -79,12 +77,13 @@ class Mechanism:
 
     def next_clip(self, clip: float, unclipped: float, reporters: int, noise: float) -> float:
         """Adaptive clipping's step: the estimated fraction of updates that were not clipped,
-        b = (sum_i (b_i - 1/2) + noise) / denominator + 1/2, moves the clip geometrically towards the target
+        b = (sum_i (b_i - 1/2) + noise) / denominator + 1/2, clamped to [0, 1] as TFF's estimator is (the noise
+        can take it outside), moves the clip geometrically towards the target
         quantile: C exp(-eta (b - gamma)). ``unclipped``: the number of unclipped updates among ``reporters``;
         ``noise``: one draw of N(0, sigma_b^2)."""
         if not self.adaptive:
             return clip
-        estimate = (unclipped - reporters / 2 + noise) / self.denominator + 0.5
+        estimate = min(1.0, max(0.0, (unclipped - reporters / 2 + noise) / self.denominator + 0.5))  # a fraction
         return clip * math.exp(-self.clip_lr * (estimate - self.target_quantile))
 
 
@@ -135,28 +134,10 @@ class Release:
     next_clip: float
 
 
-class NoiseSource:
-    """The session's private generator (PCG64): seeded from OS entropy, its state checkpointed."""
-
-    def __init__(self) -> None:
-        self.generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence()))
-
-    def reseed(self) -> None:
-        """Fresh OS entropy: a round released before a crash and redone must not draw the same noise again."""
-        self.generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence()))
-
-    def state(self) -> dict[str, Any]:
-        return dict(self.generator.bit_generator.state)
-
-    def fingerprint(self) -> str:
-        """A short hash of the generator's state (the release log names the state each round started from, so that
-        a redone round can be seen to draw afresh; the state cannot be recovered from it)."""
-        return hashlib.sha256(json.dumps(self.state(), sort_keys=True).encode()).hexdigest()[:16]
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        bit_generator = np.random.PCG64()
-        bit_generator.state = dict(state)  # type: ignore[assignment]  # checked by numpy, which refuses another
-        self.generator = np.random.Generator(bit_generator)
+def fresh_generator() -> np.random.Generator:
+    """A new generator (PCG64) seeded from OS entropy: each draw and each release takes one, so that no state from
+    which a released round's noise or cohort could be regenerated is ever kept, checkpointed or fingerprinted."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence()))
 
 
 def poisson_draw(population: int, rate: float, rng: np.random.Generator) -> list[int]:
@@ -172,13 +153,12 @@ def fixed_draw(population: int, size: int, rng: np.random.Generator) -> list[int
 class PrivateRound:
     """One round's private sum (see the module docstring): ``add`` each update's change rows, then ``release``."""
 
-    def __init__(self, mechanism: Mechanism, clip: float, rng: np.random.Generator, min_reporters: int = 1) -> None:
+    def __init__(self, mechanism: Mechanism, clip: float, rng: np.random.Generator) -> None:
         if not clip > 0:
             raise ValueError(f"the clip must be > 0, got {clip}")
         self.mechanism = mechanism
         self.clip = clip
         self.rng = rng
-        self.min_reporters = max(1, min_reporters)
         self.sums: dict[str, ExactSum] = {}
         self.clipped: list[Clipped] = []
 
@@ -188,18 +168,20 @@ class PrivateRound:
 
     def add(self, client_id: str, index: int, rows: Mapping[str, np.ndarray], device_scale: float = 1.0) -> Clipped:
         """One update's change, by group (flat float vectors, the same sizes for every update of the round),
-        clipped as one vector to the round's clip and added to the sum."""
+        clipped as one vector to the round's clip and added to the sum: all of it, or (``Unfoldable``: its groups or
+        sizes are not the round's) nothing."""
         if self.sums and set(rows) != set(self.sums):
-            raise ValueError(f"update of {client_id}: groups {sorted(rows)}, the round's sum has {sorted(self.sums)}")
+            raise Unfoldable(f"update of {client_id}: groups {sorted(rows)}, the round's sum has {sorted(self.sums)}")
+        for name, row in rows.items():
+            if name in self.sums and self.sums[name].size != row.size:
+                raise Unfoldable(f"update of {client_id}: group {name!r} has {row.size} values, the round's sum "
+                                 f"{self.sums[name].size}")
         norm = math.sqrt(sum(float(np.dot(row, row)) for row in rows.values()))
         scale = 1.0 if norm <= self.clip else self.clip / norm
         for name, row in rows.items():
             total = self.sums.get(name)
             if total is None:
                 total = self.sums[name] = ExactSum(row.size)
-            elif total.size != row.size:
-                raise ValueError(f"update of {client_id}: group {name!r} has {row.size} values, the round's sum "
-                                 f"{total.size}")
             total.add(np.multiply(row, scale, dtype=np.float64), owned=True)
         record = Clipped(client_id, index, norm, scale, unclipped=scale >= 1.0 and device_scale >= 1.0)
         self.clipped.append(record)
@@ -207,9 +189,9 @@ class PrivateRound:
 
     def release(self) -> Release | None:
         """The noisy mean change of every group: (sum + N(0, (z s C_t)^2) on every coordinate) / denominator; and
-        the next round's clip, from the noisy count of unclipped updates. None, and nothing drawn, when fewer than
-        ``min_reporters`` updates were added (the round is not released)."""
-        if self.reporters < self.min_reporters:
+        the next round's clip, from the noisy count of unclipped updates. None, and nothing drawn, when
+        no update was added (there is no layout to release a change on)."""
+        if not self.reporters:
             return None
         mechanism, rng = self.mechanism, self.rng
         std = mechanism.noise_std(self.clip)

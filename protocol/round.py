@@ -15,11 +15,13 @@ progress.
     TASKED                decline        DECLINED    (its availability rules)
     FAILED, DECLINED      update         UPDATED     (it said hello again, was tasked again and delivered)
     TASKED                close          CANCELLED   (the round closed without its update)
+    TASKED                refuse         REFUSED     (its update was refused: at decoding or checking)
+    UPDATED               refuse         REFUSED     (its accepted update was refused by the round's fold)
 
 A transition not in its table is a bug of the caller: ``protocol.states.Transition`` (a RuntimeError) names it. ``RoundState``
 keeps, beside the outcomes, who was selected, the tasks and masks sent, the accepted updates (typed fields and
-size only: the tensors were folded), the bytes each way and the round's target; the set of clients still awaited
-(TASKED) is kept in step, so every per-agent check takes constant time. Plain data: no I/O, no algorithms, no
+size only: the tensors were folded), the refused ones' reasons, the bytes each way and the round's target; the set
+of clients still awaited (TASKED) is kept in step, so every per-agent check takes constant time. Plain data: no I/O, no algorithms, no
 clock.
 """
 
@@ -55,6 +57,7 @@ class ClientOutcome(enum.Enum):
     FAILED = "failed"
     DECLINED = "declined"
     CANCELLED = "cancelled"
+    REFUSED = "refused"
 
 
 OUTCOME_TRANSITIONS: dict[tuple[ClientOutcome, str], ClientOutcome] = {
@@ -64,6 +67,8 @@ OUTCOME_TRANSITIONS: dict[tuple[ClientOutcome, str], ClientOutcome] = {
     (ClientOutcome.FAILED, "update"): ClientOutcome.UPDATED,
     (ClientOutcome.DECLINED, "update"): ClientOutcome.UPDATED,
     (ClientOutcome.TASKED, "close"): ClientOutcome.CANCELLED,
+    (ClientOutcome.TASKED, "refuse"): ClientOutcome.REFUSED,
+    (ClientOutcome.UPDATED, "refuse"): ClientOutcome.REFUSED,
 }
 
 
@@ -83,6 +88,7 @@ class RoundState:
     tasks_sent: set[int] = field(default_factory=set)
     unavailable: dict[int, str] = field(default_factory=dict)  # DECLINED by their availability rules: why
     body_up: dict[int, int] = field(default_factory=dict)  # the accepted updates' tensor sections (bodies), bytes
+    refused: dict[int, str] = field(default_factory=dict)  # REFUSED: why (its update is no longer in ``updates``)
     target: int = 0  # close once this many updates arrived (0: wait for every selected client)
     outcomes: dict[int, ClientOutcome] = field(init=False)  # every selected client's
     chosen: set[int] = field(init=False)   # ``selected`` as a set
@@ -123,6 +129,14 @@ class RoundState:
         if self.outcomes[index] is ClientOutcome.TASKED:
             self.move(index, "decline")
             self.unavailable[index] = reason
+
+    def refuse(self, index: int, reason: str) -> None:
+        """Client ``index``'s update was refused (TASKED: at decoding or checking; UPDATED: by the round's fold): its
+        part in the round ends, and no update of it is aggregated or committed."""
+        self.move(index, "refuse")
+        self.updates.pop(index, None)
+        self.body_up.pop(index, None)
+        self.refused[index] = reason
 
     def close(self) -> list[int]:
         """The clients still TASKED are CANCELLED; returns them, in index order."""

@@ -20,6 +20,11 @@ from fedge.protocol.payload import SECURE_CONTRIBUTORS, Arrays, ClientUpdate, Pa
 from fedge.protocol.privacy import Clipped, PrivateRound, Release
 from fedge.protocol.robust_rules import RobustRule, combine, lower_median
 from fedge.protocol.server_step import ServerStep
+from fedge.protocol.validation import Unfoldable
+
+# a round's layout, from its first update's shared form: per group, its dense tensors (name, shape, dtype kind) in
+# order, and its sparse section (the support its values lie on)
+Layout = dict[str, tuple[tuple[tuple[str, tuple[int, ...], str], ...], SparseSection | None]]
 
 
 class ServerHalf(Protocol):
@@ -118,6 +123,13 @@ class Aggregation:
     A securely aggregated round folds nothing one device at a time: its unmasked mean change is folded once
     (``fold_secure_mean``), and closed like any other round.
 
+    A fold takes an update whole or not at all: what it would refuse for what the device sent (``Unfoldable``: groups,
+    tensors or a support unlike the round's first update's, ``check``, which the protocol runs before it accepts the
+    update; or the half's own fold) leaves the round's sums, held updates, norms and the half's state as they were,
+    and the update is listed in ``refused`` (``fold`` returns the reason; a held update refused at ``close`` is
+    listed there too), for the driver to tell the protocol (``CoordinatorProtocol.unfolded``). Only ``Unfoldable`` is
+    caught: any other exception is a bug of the coordinator's.
+
     With an active ``step`` (``protocol.server_step``), the closed round's change of the global model (a
     ``GlobalModelServer``'s) is taken through the server's optimizer step."""
 
@@ -147,6 +159,8 @@ class Aggregation:
         self.for_rule: list[ClientUpdate] = []  # each held update without its float values (in ``rows``)
         self.rows: dict[str, list[np.ndarray]] = {}  # per group, each held update's change as a float32 row
         self.template: ClientUpdate | None = None    # the first held update, whole: the groups' layout
+        self.layout: Layout | None = None  # the first checked or held update's layout (``layout_problem``)
+        self.refused: list[Unfolded] = []  # the updates this round's fold refused, in the order it did
         self.radii: dict[str, float] = {}  # streaming centred clipping's radius per group (empty: not streaming)
         if self.rule is not None and self.rule.aggregator == "centered-clip" and self.rule.cc_iters == 1 and \
                 influence is not None and not self.holding and influence.medians:
@@ -158,8 +172,17 @@ class Aggregation:
         announce (``codec.Task.norm_bounds``); empty when the round holds (its bounds are known only at close)."""
         return {} if self.holding else {name: bound for name, bound in self.thresholds.items() if bound > 0}
 
-    def fold(self, update: ClientUpdate) -> None:
+    def fold(self, update: ClientUpdate) -> str:
+        """Take one accepted update: '' once it is folded (or held), else the reason it was refused (``refused``),
+        with nothing of it kept."""
+        try:
+            self.take(update)
+        except Unfoldable as exc:
+            return self.refuse(update, str(exc))
         self.folded += 1
+        return ""
+
+    def take(self, update: ClientUpdate) -> None:
         if self.influence is None:
             self.give(update)
         elif self.holding:  # its norms measured now, its values then kept as the driver keeps held updates
@@ -168,18 +191,36 @@ class Aggregation:
         else:
             self.fold_bounded(self.influence, update)
 
+    def refuse(self, update: ClientUpdate, reason: str) -> str:
+        self.refused.append(Unfolded(update.client_id, update.index, reason))
+        return reason
+
+    def check(self, update: ClientUpdate) -> str:
+        """Why this round's fold would refuse the update for its layout (``layout_problem``, on its shared form, in
+        a round that holds its updates for a robust rule or a private sum), or ''; run by the protocol before it
+        accepts the update, so that what a fold checks refuses an update before it is accepted."""
+        if self.radii or (self.rule is None and self.private is None):
+            return ""
+        form = self.server.shared_form(self.round, update)
+        if form is None:
+            return ""
+        problem = self.layout_problem(form)
+        if not problem and self.layout is None:
+            self.layout = layout_of(form)
+        return problem
+
     def fold_bounded(self, influence: Influence, update: ClientUpdate,
                      norms: dict[str, float] | None = None) -> None:
         reference = self.server.change_reference(self.round, update.index)
         bounded, record = influence.bound(update, reference, self.thresholds, norms)
+        self.give(bounded)  # (Unfoldable: its norms are not kept either)
         for name, norm in record.norms.items():
             self.norms.setdefault(name, []).append(norm)
         self.bounded.append(record)
-        self.give(bounded)
 
     def to_server(self, update: ClientUpdate) -> None:
-        self.given += 1
         self.server.fold(self.round, update)
+        self.given += 1
 
     def give(self, update: ClientUpdate) -> None:
         """Fold into the half, or keep for the robust rule or the private sum (in its shared form, when its values
@@ -212,28 +253,45 @@ class Aggregation:
         self.to_server(ClientUpdate(client_id=client_id, index=index, num_samples=1,
                                     payload=Payload(groups=groups, meta=meta)))
 
-    def keep_layout(self, update: ClientUpdate) -> dict[str, TensorGroup]:
-        """Check an update against the round's first held one (the same groups, sparse values on one shared
-        support; the first is kept whole, for the groups' layout), and keep it without its float values (its
-        integer tensors and meta) for the fold at ``close``."""
-        template = self.template = self.template or update
-        if set(update.payload.groups) != set(template.payload.groups):
-            raise ValueError(f"update of {update.client_id}: groups {sorted(update.payload.groups)}, the round's "
-                             f"first had {sorted(template.payload.groups)}; the groups must be the same")
-        kept: dict[str, TensorGroup] = {}
+    def layout_problem(self, update: ClientUpdate) -> str:
+        """Why an update (in its shared form) cannot join the round's held updates, or '': the same groups as the
+        round's first, each with the same dense tensors (names, shapes, float or not, in order) and its sparse values
+        on one shared support."""
+        layout = self.layout
+        if layout is None:
+            return ""
+        if set(update.payload.groups) != set(layout):
+            return f"update of {update.client_id}: groups {sorted(update.payload.groups)}, the round's first had " \
+                   f"{sorted(layout)}; the groups must be the same"
         for name, group in update.payload.groups.items():
-            if not shared_support(template.payload.groups[name].sparse, group.sparse):
-                raise ValueError(f"group {name!r}: the updates' sparse values lie on different supports; a robust "
-                                 "aggregator or a private sum needs one shared support")
-            kept[name] = TensorGroup(dense={t: a for t, a in group.dense.items() if a.dtype.kind != "f"})
+            dense, sparse = layout[name]
+            if dense_layout(group) != dense:
+                return f"group {name!r}: the update's dense tensors (names, shapes, types, order) are not those of " \
+                       "the round's first update"
+            if not shared_support(sparse, group.sparse):
+                return f"group {name!r}: the updates' sparse values lie on different supports; a robust " \
+                       "aggregator or a private sum needs one shared support"
+        return ""
+
+    def keep_layout(self, update: ClientUpdate) -> dict[str, TensorGroup]:
+        """Check an update against the round's layout (``layout_problem``: ``Unfoldable``, nothing kept; the first
+        update's layout is the round's, and the first held one is kept whole, for the groups' layout at ``spread``),
+        and keep it without its float values (its integer tensors and meta) for the fold at ``close``."""
+        problem = self.layout_problem(update)
+        if problem:
+            raise Unfoldable(problem)
+        self.layout = self.layout or layout_of(update)
+        self.template = self.template or update
+        kept = {name: TensorGroup(dense={t: a for t, a in group.dense.items() if a.dtype.kind != "f"})
+                for name, group in update.payload.groups.items()}
         self.for_rule.append(dataclasses.replace(update, payload=Payload(groups=kept, meta=update.payload.meta)))
         return kept
 
     def hold(self, update: ClientUpdate) -> None:
         """Keep an update for the rule as one float32 change row per group (its tensors then dropped) and its
-        integer tensors and meta."""
-        self.keep_layout(update)
+        integer tensors and meta: all of it, or nothing."""
         references = group_references(update, self.server.change_reference(self.round, update.index))
+        rows = {}
         for name, group in update.payload.groups.items():
             reference = references[name]
             pieces = [np.asarray(array, np.float32).ravel() - np.asarray(reference[t], np.float32).ravel()
@@ -241,17 +299,25 @@ class Aggregation:
                       for t, array in group.dense.items() if array.dtype.kind == "f"]
             if group.sparse is not None:
                 pieces.append(np.asarray(group.sparse.values, np.float32))
-            self.rows.setdefault(name, []).append(np.concatenate(pieces) if pieces else np.zeros(0, np.float32))
+            rows[name] = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        self.keep_layout(update)
+        for name, row in rows.items():
+            self.rows.setdefault(name, []).append(row)
 
     def add_private(self, private: PrivateRound, update: ClientUpdate) -> None:
-        """An update's change, every group's float values as one float64 row, clipped into the private sum."""
-        self.keep_layout(update)
+        """An update's change, every group's float values as one float64 row, clipped into the private sum: all of
+        it, or nothing."""
+        problem = self.layout_problem(update)
+        if problem:
+            raise Unfoldable(problem)
         references = group_references(update, self.server.change_reference(self.round, update.index))
         rows = {}
         for name, group in update.payload.groups.items():
             pieces = change_of(group, references[name])
             rows[name] = np.concatenate(pieces) if pieces else np.zeros(0, np.float64)
-        self.clipped.append(private.add(update.client_id, update.index, rows, update.clip_scale))
+        record = private.add(update.client_id, update.index, rows, update.clip_scale)
+        self.keep_layout(update)
+        self.clipped.append(record)
 
     def centred(self, update: ClientUpdate) -> ClientUpdate:
         """Streaming centred clipping: the update with each group's change scaled into its radius (a group the
@@ -313,7 +379,15 @@ class Aggregation:
     def close(self) -> dict[str, Any]:
         influence = self.influence
         if influence is not None and self.held:
-            held, self.held = sorted(self.held, key=lambda entry: entry[0].index, reverse=True), []
+            held: list[tuple[ClientUpdate, dict[str, float]]] = []
+            for update, norms in sorted(self.held, key=lambda entry: entry[0].index, reverse=True):
+                problem = self.check(update)  # refused before the round's cap and medians are taken from the rest
+                if problem:
+                    self.refuse(update, problem)
+                    self.folded -= 1
+                else:
+                    held.append((update, norms))
+            self.held = []
             influence.fix_cap([update.num_samples for update, _ in held])
             own: dict[str, list[float]] = {}
             for _, norms in held:
@@ -322,7 +396,11 @@ class Aggregation:
             self.thresholds = influence.thresholds({name: float(np.median(v)) for name, v in own.items()})
             while held:  # in client order, each dropped once folded (a spilled one's map with it)
                 update, norms = held.pop()
-                self.fold_bounded(influence, update, norms)
+                try:
+                    self.fold_bounded(influence, update, norms)
+                except Unfoldable as exc:
+                    self.refuse(update, str(exc))
+                    self.folded -= 1
                 del update
         if influence is not None:
             influence.remember(self.phase, self.norms)
@@ -351,6 +429,24 @@ class Aggregation:
         if (influence is not None or self.rule is not None) and self.folded:
             metrics["robust_aggregator"] = self.rule.aggregator if self.rule is not None else "mean"
         return metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Unfolded:
+    """An accepted update that the round's fold refused (``Aggregation.refused``): whose, and why."""
+
+    client_id: str
+    index: int
+    reason: str
+
+
+def layout_of(update: ClientUpdate) -> Layout:
+    return {name: (dense_layout(group), group.sparse) for name, group in update.payload.groups.items()}
+
+
+def dense_layout(group: TensorGroup) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    return tuple((name, tuple(np.shape(array)), "f" if np.asarray(array).dtype.kind == "f" else "i")
+                 for name, array in group.dense.items())
 
 
 def aggregate_round(server: ServerHalf, round_number: int, updates: Sequence[ClientUpdate],

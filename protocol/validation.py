@@ -1,11 +1,20 @@
 """What the coordinator checks of an update's tensors before any algorithm sees it: every name in the model, every
-shape the model's, values bound only to a mask sent this round. Pure: decoded messages in, a reason out."""
+shape the model's, values bound only to a mask sent this round. Pure: decoded messages in, a reason out.
+
+``Unfoldable`` is the one error a fold raises for what a device sent (``protocol.server_half.Aggregation`` catches
+it, and only it: the device's update is refused and the aggregate left as if it had never arrived); any other
+exception from a fold is a bug of the coordinator's."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from fedge import codec
+
+
+class Unfoldable(ValueError):
+    """A fold cannot take an update, for what its device sent (its groups, its support, its sizes): the update is
+    refused and nothing of it is kept."""
 
 
 def check_update(update: codec.Update, shapes: Mapping[str, tuple[int, ...]], masks_sent: set[int]) -> str:

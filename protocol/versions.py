@@ -9,7 +9,9 @@ waiting for a task whose device failed, left, declined, lost it or let its deadl
 leaves out of reach, and, at each flush, the Checkpoint and the Commits of the updates in it. On the wire, a task's
 ``round`` is its task id (unique in the run, increasing), so the agent's own rules (a task held, its update, its
 cancel, its commit, the task its hello holds, its device state) apply to tasks unchanged; the task's base version is
-the coordinator's. It also keeps the session's dispatch journal (``journal``, each entry a plain dict): every task
+the coordinator's. An update refused at decoding or checking ends its task at once (``lost``); one the version's
+fold refuses after it was accepted (``unfolded``) keeps its place in the version's count but leaves its records and
+gets no Commit. It also keeps the session's dispatch journal (``journal``, each entry a plain dict): every task
 sent (its client, base version and attempt), every update accepted (with the steps its device says it trained),
 every task lost (with why) and every flush (the tasks in it, in their order), in the order they happened, for the
 driver to write to the run's dispatches.jsonl and ``coordinator replay`` to play again. Plain rules: no sockets,
@@ -47,6 +49,7 @@ class VersionRecord:
     started: float
     updates: list[tuple[int, int, codec.Update, int, int]] = field(default_factory=list)  # index, task, update, size,
     bytes_down: dict[int, int] = field(default_factory=dict)                             # staleness
+    refused: list[tuple[int, int, str]] = field(default_factory=list)  # index, task, why: the fold refused it
 
 
 @dataclass
@@ -75,6 +78,7 @@ class VersionRounds:
         self.latest: dict[int, int] = {t.index: t.task_id for t in rounds.in_flight.values()}  # each device's last task
         self.finished = False
         self.started = self.seen = now  # the session's start; the latest time this object was told (its journal's)
+        self.refused: set[int] = set()  # tasks whose accepted update the fold refused: no Commit (``unfolded``)
         self.journal: list[dict[str, Any]] = []  # what happened since the driver last took it (``take_journal``)
 
     def note(self, event: str, now: float, **fields: Any) -> None:
@@ -139,9 +143,10 @@ class VersionRounds:
 
     # ------------------------------------------------------------------------------------------ updates
     def update(self, server: ServerHalf, client_id: str, index: int, update: codec.Update, size: int,
-               now: float) -> Accepted | Refused:
+               now: float, admit: Callable[[ClientUpdate], str] = lambda _update: "") -> Accepted | Refused:
         """An Update whose ``round`` names its task: accepted with its factors, or refused with a reason (also once
-        the version has its ``buffer`` updates and is not flushed yet, and once the session is over)."""
+        the version has its ``buffer`` updates and is not flushed yet, and once the session is over); ``admit``:
+        the version's own check of its fold (``Aggregation.check``)."""
         if self.finished:
             return Refused(words.STALE, f"the session has its {self.version} versions")
         if self.rounds.flush_due:
@@ -151,7 +156,8 @@ class VersionRounds:
                                payload=Payload(groups=dict(update.groups), meta=dict(update.meta)),
                                clip_scale=update.clip_scale)
         if task is not None and task.index == index:
-            problem = check_update(update, self.shapes, set()) or server.check_update(self.version + 1, decoded)
+            problem = check_update(update, self.shapes, set()) or server.check_update(self.version + 1, decoded) or \
+                admit(decoded)
             if problem:
                 self.rounds.fail(task.task_id)
                 self.note("lost", now, task=task.task_id, client=index, why=f"invalid update: {problem}")
@@ -178,6 +184,19 @@ class VersionRounds:
         self.rounds.fail(task.task_id)
         self.note("lost", self.seen, task=task.task_id, client=index, why=why)
         return [Noted(logging.INFO, f"task {task.task_id} of client {index}: {why}")]
+
+    def unfolded(self, index: int, version: int, reason: str) -> list[CoordinatorEvent]:
+        """The fold of version ``version`` (the one being built) refused client ``index``'s last update in it: the
+        update leaves the version's records and its task gets no Commit."""
+        if version != self.version + 1:
+            raise RuntimeError(f"version {version} is not the version being built ({self.version + 1})")
+        entry = next((u for u in reversed(self.building.updates) if u[0] == index and u[1] not in self.refused), None)
+        if entry is None:
+            raise RuntimeError(f"client {index} has no update in version {version}")
+        self.building.updates.remove(entry)
+        self.building.refused.append((index, entry[1], reason))
+        self.refused.add(entry[1])
+        return [Noted(logging.INFO, f"task {entry[1]} of client {index}: {reason}")]
 
     def expire(self, run_id: str, now: float, alive: Callable[[int], bool]) -> list[CoordinatorEvent]:
         """Tasks past their deadline, or whose device is gone: no longer awaited; a device still there is sent
@@ -220,6 +239,9 @@ class VersionRounds:
         been sent a later task since (its next task discarded what this one left pending: no Commit can find it)."""
         events: list[CoordinatorEvent] = [Checkpoint(flush.version)]
         for arrival in flush.arrivals:
+            if arrival.task_id in self.refused:  # its update was not folded: nothing of it to commit
+                self.refused.discard(arrival.task_id)
+                continue
             agent = self.registry.by_index(arrival.index)
             agent.last_accepted_round = max(agent.last_accepted_round, arrival.task_id)
             if self.latest.get(arrival.index, 0) > arrival.task_id:

@@ -33,7 +33,8 @@ def serving_lines(endpoint: str, keys_dir: Path | None) -> list[str]:
     """What an operator connecting devices needs: where, and with which keys."""
     lines = [f"listening on {endpoint} (CurveZMQ {'on' if keys_dir is not None else 'off'})"]
     if keys_dir is None:
-        lines.append("  no encryption and no allow-list: any device that can reach this address may join")
+        lines.append("  no encryption and no allow-list: any device that can reach this address may join, as any client id: "
+                     "device identities are not checked (docs/robustness.md)")
         return lines
     allowed = keys_dir / "allowed"
     held = sorted(allowed.glob("*.key")) if allowed.is_dir() else []

@@ -58,20 +58,36 @@ def resolve_run(args: argparse.Namespace, flags: dict[str, Any]) -> tuple[Sessio
         if not (path / "checkpoint.npz").exists():
             raise ConfigError(f"{args.resume} has no checkpoint.npz to resume from")
         extend = {"run.rounds": args.rounds} if args.rounds else {}
-        return plan_session(load_config(path / "config.toml", args.set, extend)), path, True
+        return plan_resume(path, load_config(path / "config.toml", args.set, extend)), path, True
     config = load_config(args.config, args.set, flags)
     if args.service:
         if not config.run.run_dir and not args.run_dir:
             raise ConfigError("--service needs --run-dir or run.run_dir")
         path = Path(args.run_dir or config.run.run_dir)
         if (path / "checkpoint.npz").exists():
-            return plan_session(load_config(path / "config.toml", args.set, flags)), path, True
+            return plan_resume(path, load_config(path / "config.toml", args.set, flags)), path, True
         return plan_session(config), path, False
     plan = plan_session(config)
     path = Path(config.run.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.algorithm_name}")
     if (path / "checkpoint.npz").exists():
         raise ConfigError(f"{path} already holds a run: use --resume {path} or another --run-dir")
     return plan, path, False
+
+
+def plan_resume(path: Path, config: Config) -> SessionPlan:
+    """A resumed session's checked plan: only what ``coordinator.resume_rules`` allows may differ from the run's
+    config.toml, and a private run's noise is planned from its ledger (``coordinator.privacy.resumed_plan``);
+    refused in one line before anything is written."""
+    from fedge.coordinator.resume_rules import check_resume
+    from fedge.plumbing.files import load_meta
+
+    completed = int(load_meta(path / "checkpoint.npz").get("round", 0))
+    check_resume(load_config(path / "config.toml"), config, completed)
+    if config.privacy.mode != "central":
+        return plan_session(config)
+    from fedge.coordinator.privacy import read_ledger
+
+    return plan_session(config, spent=read_ledger(RunDir(path)), completed=completed)
 
 
 def hold_run_dir(run_dir: RunDir) -> Any:
@@ -262,8 +278,7 @@ def play(plan: SessionPlan, run_dir: RunDir, resuming: bool, quiet: bool = True,
     ``quiet``: no console lines but warnings; ``print_config``: the effective configuration first."""
     config = plan.config
     one_blas_thread()  # idle OpenBLAS threads spin, and cost the agents sharing these cores their time
-    if not resuming:
-        run_dir.write_text("config.toml", to_toml(config))
+    run_dir.write_text("config.toml", to_toml(config))  # a resume's allowed changes (more rounds) included
     if print_config:
         print(f"# effective configuration ({run_dir / 'config.toml'})\n{to_toml(config)}", flush=True)
     local = plan.local

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
+import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,8 @@ from fedge.runtime.model_checks import (
     model_spec,
     statistics,
 )
+
+log = logging.getLogger("fedge.coordinator")
 
 
 @dataclass(frozen=True)
@@ -174,7 +179,7 @@ def load_data(config: Config) -> tuple[Any | None, PluginRef | None]:
         raise SessionDataError(f"data.dataset {name!r}: {exc}") from None
 
 
-def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
+def plan_session(config: Config, dataset: Any | None = None, spent: Sequence[Any] = (), completed: int = 0) -> SessionPlan:
     """Check everything; see the module docstring."""
     check_algorithm(config)
     check_training(config)
@@ -210,7 +215,7 @@ def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     check_batch(config, spec, model, dataset, mean, std)
     initial = initial_weights(config, model) if config.model.init else None
     limit = frame_limit(model)
-    privacy = private_plan(config, model, dataset) if config.privacy.mode == "central" else None
+    privacy = private_plan(config, model, dataset, spent, completed) if config.privacy.mode == "central" else None
     if config.privacy.mode == "distributed":
         from fedge.coordinator.privacy import dp_accounting
 
@@ -223,8 +228,10 @@ def plan_session(config: Config, dataset: Any | None = None) -> SessionPlan:
     return plan
 
 
-def private_plan(config: Config, model: Any, dataset: Any | None) -> Any:
-    """The privacy plan (the noise multiplier calibrated now, for the planned rounds), after the checks only the
+def private_plan(config: Config, model: Any, dataset: Any | None, spent: Sequence[Any] = (),
+                 completed: int = 0) -> Any:
+    """The privacy plan (the noise multiplier calibrated now, for the planned rounds, or, on a resume, from the
+    ledger's ``spent`` events and the ``completed`` rounds: ``coordinator.privacy.make_plan``), after the checks only the
     built model and the data can answer: integer buffers (their lower median is not private) and evaluations
     on the devices (sent unclipped and unnoised) are refused."""
     from fedge.coordinator.privacy import make_plan
@@ -236,7 +243,21 @@ def private_plan(config: Config, model: Any, dataset: Any | None) -> Any:
     if dataset is None or not len(dataset.test_y):
         raise ConfigError("privacy.mode = \"central\" needs a test set on the coordinator (data.dataset): the "
                           "devices' own evaluations would be released unnoised")
-    return make_plan(config)
+    plan = make_plan(config, spent, completed)
+    warn_noisy_step(config, plan, sum(int(t.numel()) for t in model.parameters()))
+    return plan
+
+
+def warn_noisy_step(config: Config, plan: Any, size: int) -> None:
+    """One warning line when the noise on the mean is large (z sqrt(d) / m above 1/2 of the clip) and the server
+    step aggressive (lr / (1 - momentum) above 3): momentum then random-walks the weights, the update norms and the
+    adaptive clip grow, and the noise with them (docs/privacy.md, "Choosing the server step")."""
+    noise = plan.mechanism.noise_multiplier * math.sqrt(size) / plan.cohort
+    step = config.server.lr / max(1.0 - config.server.momentum, 1e-12)
+    if noise > 0.5 and step > 3:
+        log.warning("privacy: the noise on the mean is %.3g of the clip (z sqrt(d) / m) and the server step "
+                    "lr / (1 - momentum) = %.3g: momentum will random-walk the weights under this noise; lower "
+                    "server.lr or server.momentum (docs/privacy.md, \"Choosing the server step\")", noise, step)
 
 
 def check_secure(model: Any) -> None:

@@ -44,6 +44,7 @@ from fedge.protocol.events import (
     Masked,
     Noted,
     Outcome,
+    Reconnect,
     Send,
     SendFrame,
     Stop,
@@ -255,6 +256,8 @@ class SimulatedFleet:
                         self.schedule.drop(client_id, round_number)
                 case Left():
                     continue  # clients do not stay for another session
+                case Reconnect():
+                    continue  # a logical client has no connection
                 case _:
                     assert_never(action)
 

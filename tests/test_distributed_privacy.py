@@ -139,3 +139,21 @@ def test_a_device_refuses_to_help_unmask_a_sum_of_fewer_inputs_than_its_noise_as
         NoisyGrid(16, 16, 1.0, 100.0, 0.0, rotation_seed=1, release=5), 0.6, 50, 3, 0))
     with pytest.raises(ValueError, match="asks for no noise"):
         SecureDevice("r1", "a0", 0, 7, silent, SecureLayout((("w", (4, 4)),)))
+
+
+def test_colluders_cannot_subtract_the_noise_the_accountant_counts(tmp_path: Path) -> None:
+    """With privacy.tolerate_colluders = c, each device adds sigma^2 / (r - c): the noise left once c devices
+    subtract their own shares is still the central variance the ledger accounts; r - c < 1 stops the session."""
+    from fedge.coordinator.distributed import BudgetSpent, SessionNoise
+    from fedge.coordinator.rundir import RunDir
+
+    settings = load_config(None, [*DISTRIBUTED, "privacy.tolerate_colluders=2"]).privacy
+    noise = SessionNoise(settings, 12, RunDir(tmp_path))
+    grid = noise.grid(16, 1000, devices=6, release=5)
+    central = (grid.scale * settings.noise_multiplier * settings.clip) ** 2
+    assert grid.noise * (grid.release - 2) == pytest.approx(central)  # what two colluders cannot take away
+    noise.account(1, grid)
+    (line,) = read_jsonl(tmp_path / "privacy.jsonl")
+    assert line["variance"] == pytest.approx(central) and line["colluders"] == 2
+    with pytest.raises(BudgetSpent, match="tolerate_colluders = 2"):
+        noise.grid(16, 1000, devices=6, release=2)

@@ -149,6 +149,7 @@ def test_misuse_is_refused_and_unknowns_stay_null(tmp_path: Path) -> None:
     assert record["flops_fwd_bwd"] == 2 * FlopCounter().training(model, (4,), [8])
     assert record["flops_opt_executed"] is None and record["flops_train"] is None
     assert "lion" in record["notes"] and "exceed the mask's claim" in record["notes"]
+    assert "6" not in record["notes"]  # no count in the note: secure aggregation drops params_updated, not notes
     assert record["energy_j"] is None and record["energy_note"] == "energy metering off"
     assert record["temp_c_max"] is None and record["cpu_freq_mhz_min"] is None
     assert meter.stop()

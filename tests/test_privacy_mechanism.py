@@ -5,6 +5,7 @@ and noises each round with that round's clip."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from fedge.algorithms.registry import make_server
 from fedge.algorithms.sparse import compress
 from fedge.codec import TensorGroup
 from fedge.protocol.payload import ClientUpdate, Payload
-from fedge.protocol.privacy import Mechanism, NoiseSource, PrivateRound
+from fedge.protocol.privacy import Mechanism, PrivateRound, fresh_generator
 from fedge.protocol.server_half import Aggregation
 
 NOISE_DRAWS = 1_000_000
@@ -44,7 +45,7 @@ def test_the_noise_has_the_std_the_records_state_over_a_million_draws(sampling: 
     measured std is z s C / m within 1 % (s = 2 under replace-one: a draw of C instead of 2C fails)."""
     mechanism = Mechanism(noise_multiplier=1.3, denominator=7.0, sampling=sampling)
     server = flat_server("fedavg", NOISE_DRAWS)
-    private = PrivateRound(mechanism, clip=0.5, rng=NoiseSource().generator)
+    private = PrivateRound(mechanism, clip=0.5, rng=fresh_generator())
     aggregation = Aggregation(server, 1, private=private)
     for index in range(3):
         aggregation.fold(delta_update(index, np.zeros(NOISE_DRAWS, np.float32)))
@@ -85,7 +86,7 @@ def test_no_accepted_update_exceeds_the_clip(algorithm: str, value_dtype: str, l
     options = {} if not algorithm.startswith("ef-") else {"value_dtype": value_dtype}
     server = flat_server(algorithm, size, options)
     version = server.model.version if algorithm.startswith("ef-") else 0
-    private = PrivateRound(Mechanism(noise_multiplier=0.0, denominator=1.0), clip, NoiseSource().generator)
+    private = PrivateRound(Mechanism(noise_multiplier=0.0, denominator=1.0), clip, fresh_generator())
     aggregation = Aggregation(server, 1, private=private)
     for index in range(devices):
         delta = rng.standard_normal(size) * 10.0 ** log_scale
@@ -138,10 +139,10 @@ def test_adaptive_clipping_noises_each_round_with_its_own_clip() -> None:
     m, z = 100, 1.1
     mechanism = Mechanism(noise_multiplier=z, denominator=m, adaptive=True, clip_lr=0.2, bits_noise=m / 20)
     server = flat_server("fedavg", NOISE_DRAWS)
-    noise, clip = NoiseSource(), 2.0
+    clip = 2.0
     before = server.global_model()["w"].astype(np.float64).copy()
     for number in (1, 2, 3):
-        aggregation = Aggregation(server, number, private=PrivateRound(mechanism, clip, noise.generator))
+        aggregation = Aggregation(server, number, private=PrivateRound(mechanism, clip, fresh_generator()))
         for index in range(m):
             aggregation.fold(delta_update(index, np.zeros(NOISE_DRAWS, np.float32)))
         aggregation.close()
@@ -154,29 +155,34 @@ def test_adaptive_clipping_noises_each_round_with_its_own_clip() -> None:
         before, clip = after.copy(), release.next_clip
 
 
-def test_a_round_with_too_few_reporters_is_not_released_and_draws_nothing() -> None:
+def test_one_reporter_is_released_and_a_round_with_none_draws_nothing() -> None:
+    """Whether a round is released does not depend on how many reported: one update is noised and folded as any
+    number would be; a round with none has no layout to release a change on, and draws nothing."""
     server = flat_server("fedavg", 16)
     model = server.global_model()["w"].copy()
-    noise = NoiseSource()
-    state = noise.fingerprint()
-    aggregation = Aggregation(server, 1, private=PrivateRound(Mechanism(1.0, 10.0), 1.0, noise.generator,
-                                                                min_reporters=3))
-    for index in range(2):
-        aggregation.fold(delta_update(index, np.ones(16, np.float32)))
+    aggregation = Aggregation(server, 1, private=PrivateRound(Mechanism(1.0, 10.0), 1.0, fresh_generator()))
+    aggregation.fold(delta_update(0, np.ones(16, np.float32)))
     aggregation.close()
-    assert aggregation.withheld and aggregation.released is None
-    assert np.array_equal(server.global_model()["w"], model) and noise.fingerprint() == state
+    assert aggregation.released is not None and not np.array_equal(server.global_model()["w"], model)
+    rng = fresh_generator()
+    state = rng.bit_generator.state
+    aggregation = Aggregation(server, 2, private=PrivateRound(Mechanism(1.0, 10.0), 1.0, rng))
+    aggregation.close()
+    assert aggregation.withheld and aggregation.released is None and rng.bit_generator.state == state
 
 
-def test_the_generator_resumes_from_its_state_and_reseeds_afresh() -> None:
-    first = NoiseSource()
-    first.generator.normal(size=5)
-    copy = NoiseSource()
-    copy.load_state(first.state())
-    assert np.array_equal(first.generator.normal(size=8), copy.generator.normal(size=8))
-    copy.reseed()
-    assert copy.fingerprint() != first.fingerprint()
-    assert NoiseSource().fingerprint() != NoiseSource().fingerprint()  # OS entropy, never a fixed seed
+def test_the_noisy_unclipped_fraction_is_clamped_to_a_fraction() -> None:
+    """Noise that takes the estimated unclipped fraction outside [0, 1] moves the clip no further than 0 or 1 would
+    (TFF's quantile estimator clamps it the same way)."""
+    mechanism = Mechanism(noise_multiplier=1.0, denominator=10, adaptive=True, target_quantile=0.5, clip_lr=0.2,
+                          bits_noise=1.0)
+    for noise, bound in ((1e3, 1.0), (-1e3, 0.0)):
+        assert mechanism.next_clip(1.0, 5, 10, noise) == pytest.approx(math.exp(-0.2 * (bound - 0.5)))
+
+
+def test_every_generator_is_fresh_os_entropy() -> None:
+    """No fixed seed and no shared state: two generators never draw the same stream."""
+    assert not np.array_equal(fresh_generator().normal(size=8), fresh_generator().normal(size=8))
 
 
 def test_a_private_round_takes_no_bounds_or_robust_rule() -> None:
@@ -184,5 +190,5 @@ def test_a_private_round_takes_no_bounds_or_robust_rule() -> None:
 
     with pytest.raises(ValueError, match="neither the bounds nor a robust rule"):
         Aggregation(flat_server("fedavg", 4), 1, Influence(InfluenceLimits()),
-                    private=PrivateRound(Mechanism(1.0, 1.0), 1.0, NoiseSource().generator))
+                    private=PrivateRound(Mechanism(1.0, 1.0), 1.0, fresh_generator()))
     assert dataclasses.replace(Mechanism(1.0, 1.0), sampling="without-replacement").sensitivity == 2.0

@@ -12,13 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import dp_accounting as dp
-import numpy as np
 import pytest
 
 from fedge.coordinator.config import ConfigError, load_config
 from fedge.coordinator.rundir import RunDir
 from fedge.meter.report import write_report
-from fedge.protocol.privacy import NoiseSource
 from fedge.runtime.launch import play
 from fedge.runtime.plan import plan_session
 from tests.e2e import FAST, Processes, endpoint, finished, shards
@@ -104,10 +102,11 @@ def crash_run(sets: list[str], run_dir: Path, crash_at: str = "") -> subprocess.
                           capture_output=True, timeout=120)
 
 
-def test_a_round_released_before_a_crash_stays_accounted_and_its_redo_draws_fresh_noise(tmp_path: Path) -> None:
+def test_a_round_released_before_a_crash_stays_accounted_and_is_redone(tmp_path: Path) -> None:
     """Crash after round 2's release (its clients.jsonl written, its checkpoint not): on resume, round 2 is redone
-    from a generator reseeded from OS entropy and accounted again, so epsilon counts 4 rounds for 3 released, and
-    never decreases. A crash after a checkpoint resumes from the checkpoint's generator state."""
+    and accounted again, so epsilon counts 4 rounds for 3 released, and never decreases. Every draw is fresh OS
+    entropy, so the redo cannot replay the first attempt's noise (tests/test_privacy_ledger.py tries to regenerate
+    a round's noise from the files)."""
     sets = [*PRIVATE, "privacy.noise_multiplier=1.0"]
     run_dir = tmp_path / "run"
     assert crash_run(sets, run_dir, "clients:2").returncode == 70
@@ -116,23 +115,11 @@ def test_a_round_released_before_a_crash_stays_accounted_and_its_redo_draws_fres
     assert crash_run(sets, run_dir).returncode == 0
     lines = read_jsonl(run_dir / "privacy.jsonl")
     assert [line["round"] for line in lines] == [1, 2, 2, 3]
-    assert lines[2]["generator"] != lines[1]["generator"]  # the redo does not replay the first attempt's noise
     assert [line["accounted"] for line in lines] == [1, 2, 3, 4]
     epsilons = [line["epsilon"] for line in lines]
     assert epsilons == sorted(epsilons) and epsilons[2] > before[-1]["epsilon"]
     report = json.loads((run_dir / "report.json").read_text())
     assert report["privacy"]["rounds"] == 4 and report["privacy"]["epsilon"] == epsilons[-1]
-
-    clean = tmp_path / "clean"
-    assert crash_run(sets, clean, "committed:2").returncode == 70
-    with np.load(clean / "checkpoint.npz") as stored:
-        meta = json.loads(stored["meta"].tobytes())
-    saved = NoiseSource()
-    saved.load_state(meta["privacy"]["noise"])
-    assert crash_run(sets, clean).returncode == 0
-    lines = read_jsonl(clean / "privacy.jsonl")
-    assert [line["round"] for line in lines] == [1, 2, 3]
-    assert lines[2]["generator"] == saved.fingerprint()  # round 3 starts from the checkpoint's generator
 
 
 def test_a_bound_fleet_is_sampled_from_its_whole_population(procs: Processes, tmp_path: Path) -> None:

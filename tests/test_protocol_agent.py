@@ -214,6 +214,18 @@ def test_hello_until_heard_and_heartbeats_on_time() -> None:
     assert isinstance(Train(codec.decode(task(1))).task, codec.Task)  # type: ignore[arg-type]
 
 
+
+def test_an_agent_that_hears_nothing_for_the_liveness_opens_a_new_connection_once_per_liveness() -> None:
+    p = joined()  # liveness 5
+    p.receive(from_coordinator(codec.Heartbeat, 0), 1.0)
+    assert "Reconnect" not in kinds(p.tick(5.9))
+    actions = kinds(p.tick(6.0))
+    assert actions.count("Reconnect") == 1 and actions.index("Reconnect") < actions.index("Hello")
+    assert "Reconnect" not in kinds(p.tick(10.9)) and "Reconnect" in kinds(p.tick(11.0))  # still nothing: again
+    p.receive(from_coordinator(codec.Heartbeat, 0), 11.5)
+    assert "Reconnect" not in kinds(p.tick(16.4)) and "Reconnect" in kinds(p.tick(16.5))
+    assert "Reconnect" not in kinds(AgentProtocol("pi", 3.0, facts=FACTS).tick(100.0))  # no session, no liveness
+
 def test_the_status_line_says_what_the_agent_is_doing_and_why_it_waits() -> None:
     p = AgentProtocol("pi", 3.0, facts=FACTS)
     assert p.status(training=False) == "waiting for a session"

@@ -135,28 +135,29 @@ def test_stale_not_selected_and_duplicate_updates_are_refused() -> None:
 
 
 def test_invalid_updates_are_refused_with_the_reason() -> None:
-    p = protocol()
-    joined(p, "a")
-    p.open_round(1, [0], 0.0, 30.0)
-    arrays = p.server.evaluation_arrays()
+    """Each refusal ends the device's part in the round at once (a second update of it is a duplicate)."""
+    arrays = protocol().server.evaluation_arrays()
     name = next(iter(arrays))
-    cases = {
-        "unknown tensor": {"model": codec.TensorGroup(dense={"nope.weight": np.zeros(3, np.float32)})},
-        "shape": {"model": codec.TensorGroup(dense={name: np.zeros((1, 1), np.float32)})},
-    }
-    for expected, groups in cases.items():
-        events = p.receive(b"a", update(p, "a", 1, groups=groups), 0.0)
-        assert codes(events) == ["invalid-update"] and expected in sent(events)[0].reason  # type: ignore[attr-defined]
     nan = {k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v for k, v in arrays.items()}
-    events = p.receive(b"a", update(p, "a", 1, groups={"model": codec.TensorGroup(dense=nan)}), 0.0)
-    assert codes(events) == ["malformed"] and "NaN" in sent(events)[0].reason  # type: ignore[attr-defined]
-    assert p.current.updates == {}  # type: ignore[union-attr]
+    cases = {
+        ("invalid-update", "unknown tensor"): {"model": codec.TensorGroup(dense={"nope.weight": np.zeros(3, np.float32)})},
+        ("invalid-update", "shape"): {"model": codec.TensorGroup(dense={name: np.zeros((1, 1), np.float32)})},
+        ("malformed", "NaN"): {"model": codec.TensorGroup(dense=nan)},
+    }
+    for (code, expected), groups in cases.items():
+        p = protocol()
+        joined(p, "a")
+        p.open_round(1, [0], 0.0, 30.0)
+        events = p.receive(b"a", update(p, "a", 1, groups=groups), 0.0)
+        assert codes(events) == [code] and expected in sent(events)[0].reason  # type: ignore[attr-defined]
+        assert p.current.updates == {} and p.complete(0.0)  # type: ignore[union-attr]
+        assert codes(p.receive(b"a", update(p, "a", 1), 0.0)) == ["duplicate"]
 
 
 def test_masked_values_must_be_bound_to_a_mask_sent_this_round() -> None:
     p = protocol(algorithm="dssa-fedavg", options={"warmup_rounds": 0, "sparsity": 0.5})
-    joined(p, "a")
-    (task,) = sent(p.open_round(1, [0], 0.0, 30.0))
+    joined(p, "a", "b")
+    task, _ = sent(p.open_round(1, [0, 1], 0.0, 30.0))
     assert p.current.masks[0]  # type: ignore[union-attr]
     sparse = next(g.sparse for g in task.groups.values() if g.sparse is not None)  # type: ignore[attr-defined]
     other = ~sparse.mask
@@ -167,7 +168,7 @@ def test_masked_values_must_be_bound_to_a_mask_sent_this_round() -> None:
     assert codes(events) == ["invalid-update"] and "not sent this round" in sent(events)[0].reason  # type: ignore[attr-defined]
     bound = codec.SparseSection.masked_values(sparse.names, sparse.shapes, sparse.mask,
                                               np.zeros(int((~sparse.mask).sum()), np.float32))
-    assert codes(p.receive(b"a", update(p, "a", 1, groups={"model": codec.TensorGroup(rest, bound)}), 0.0)) == []
+    assert codes(p.receive(b"b", update(p, "b", 1, groups={"model": codec.TensorGroup(rest, bound)}), 0.0)) == []
 
 
 def test_commits_go_only_to_the_agents_whose_updates_were_aggregated() -> None:
@@ -272,6 +273,8 @@ def test_with_curve_a_connection_is_only_the_client_its_key_is_allowed_as() -> N
     beat = frame(codec.Heartbeat(run_id="run-1", round=0, sender="b"))
     assert codes(p.receive(b"b", beat, 1.0, identity="c")) == ["identity-mismatch"]
     assert codes(p.receive(b"b", beat, 1.0, identity="b")) == []
+    claim = p.receive(b"c", hello("a"), 1.0, identity="c")  # the transport names c's key; the hello claims a
+    assert codes(claim) == ["identity-mismatch"] and "allowed as client 'c', not as 'a'" in sent(claim)[0].reason  # type: ignore[attr-defined]
     assert isinstance(sent(p.receive(b"a", hello("a"), 0.0))[0], codec.Welcome)  # CurveZMQ off: no identity
 
 
@@ -355,7 +358,7 @@ def test_a_sparse_only_upload_is_refused_where_the_aggregate_reads_dense_tensors
     section = codec.SparseSection.with_indices(names, [arrays[n].shape for n in names], np.array([0, 1]),
                                                np.ones(2, np.float32))
     events = p.receive(b"a", update(p, "a", 1, groups={"model": codec.TensorGroup(sparse=section)}), 1.0)
-    assert codes(events) == ["invalid-update"] and "lacks tensor" in sent(events)[0].reason  # type: ignore[attr-defined]
+    assert codes(events) == ["invalid-update"] and "sparse section" in sent(events)[0].reason  # type: ignore[attr-defined]
 
 
 def test_a_meter_record_with_a_word_where_a_figure_belongs_is_dropped_not_fatal() -> None:
