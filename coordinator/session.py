@@ -91,7 +91,9 @@ class Session:
         self.protocol = CoordinatorProtocol(run_id, self.model_hash, self.shapes, registry, self.server,
                                             self.welcome_fields, self.task_flags,
                                             max_uploads=config.fleet.max_uploads,
-                                            admit=lambda update: self.aggregation.check(update))
+                                            admit=lambda update: self.aggregation.check(update),
+                                            floats=frozenset(name for name, t in model.state_dict().items()
+                                                             if t.is_floating_point()))
         self.started = time.monotonic()
         self.status = StatusBoard(run_dir, config.run.rounds, config.algorithm_name)  # status.json and friends
         self.tallies = AgentTallies()  # each agent's bytes, refusals, declines and last round; checkpointed

@@ -52,7 +52,7 @@ from fedge.protocol.round import ClientOutcome, RoundPhase, RoundState, next_pha
 from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.selection import censored, measured
 from fedge.protocol.server_half import ServerHalf
-from fedge.protocol.validation import check_update
+from fedge.protocol.validation import check_fields, check_update
 from fedge.protocol.versions import Refused, VersionRecord, VersionRounds
 
 
@@ -65,10 +65,11 @@ class CoordinatorProtocol:
                  server: ServerHalf, welcome_fields: Callable[[int], dict[str, Any]],
                  task_flags: Callable[[int], dict[str, Any]] | None = None,
                  limiter: RejectionLimiter | None = None, max_uploads: int = 0,
-                 admit: Callable[[ClientUpdate], str] | None = None) -> None:
+                 admit: Callable[[ClientUpdate], str] | None = None, floats: frozenset[str] | None = None) -> None:
         self.run_id = run_id
         self.model_hash = model_hash
         self.shapes = shapes
+        self.floats = floats  # the model's float tensors (None: the kinds of an update's tensors are not checked)
         self.registry = registry
         self.server = server
         self.welcome_fields = welcome_fields
@@ -308,6 +309,9 @@ class CoordinatorProtocol:
             return self.refuse(peer, words.STALE, f"round {update.round} has its {current.target} updates "
                                "(round.target) and is closing", now)
         agent = self.registry.by_index(index)
+        problem = check_fields(update)
+        if problem:
+            return self.refuse(peer, words.INVALID_UPDATE, problem, now) + self.end_part(index, current.number, problem)
         if self.secure is not None:  # a masked input joins the round's masked sum; nothing of it is kept here
             problem = self.secure.masked_update(agent.client_id, update)
             if problem:
@@ -322,7 +326,7 @@ class CoordinatorProtocol:
                                clip_scale=update.clip_scale)
         # the server half's own rule for what its fold needs (every group and tensor it reads, the meta keys it
         # converts), so that a lacking update is refused here, never failing inside a fold
-        problem = check_update(update, self.shapes, current.masks.get(index, set())) or \
+        problem = check_update(update, self.shapes, current.masks.get(index, set()), self.floats) or \
             self.server.check_update(update.round, decoded) or self.admit(decoded)
         if problem:
             return self.refuse(peer, words.INVALID_UPDATE, problem, now) + self.end_part(index, current.number, problem)
@@ -410,7 +414,7 @@ class CoordinatorProtocol:
         if update.run_id != self.run_id:
             return self.refuse(peer, words.STALE, f"update of run {update.run_id!r}; this session is run "
                                f"{self.run_id!r}", now)
-        outcome = self.versions.update(self.server, client_id, index, update, size, now, self.admit)
+        outcome = self.versions.update(self.server, client_id, index, update, size, now, self.admit, self.floats)
         if isinstance(outcome, Refused):
             return self.refuse(peer, outcome.code, outcome.reason, now)
         return [outcome]

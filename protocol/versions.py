@@ -37,7 +37,7 @@ from fedge.protocol.payload import ClientUpdate, Payload
 from fedge.protocol.registry import AgentRegistry
 from fedge.protocol.selection import measured
 from fedge.protocol.server_half import ServerHalf
-from fedge.protocol.validation import check_update
+from fedge.protocol.validation import check_fields, check_update
 
 
 @dataclass
@@ -143,10 +143,12 @@ class VersionRounds:
 
     # ------------------------------------------------------------------------------------------ updates
     def update(self, server: ServerHalf, client_id: str, index: int, update: codec.Update, size: int,
-               now: float, admit: Callable[[ClientUpdate], str] = lambda _update: "") -> Accepted | Refused:
+               now: float, admit: Callable[[ClientUpdate], str] = lambda _update: "",
+               floats: frozenset[str] | None = None) -> Accepted | Refused:
         """An Update whose ``round`` names its task: accepted with its factors, or refused with a reason (also once
         the version has its ``buffer`` updates and is not flushed yet, and once the session is over); ``admit``:
-        the version's own check of its fold (``Aggregation.check``)."""
+        the version's own check of its fold (``Aggregation.check``); ``floats``: the model's float tensors
+        (``protocol.validation.check_update``)."""
         if self.finished:
             return Refused(words.STALE, f"the session has its {self.version} versions")
         if self.rounds.flush_due:
@@ -156,7 +158,8 @@ class VersionRounds:
                                payload=Payload(groups=dict(update.groups), meta=dict(update.meta)),
                                clip_scale=update.clip_scale)
         if task is not None and task.index == index:
-            problem = check_update(update, self.shapes, set()) or server.check_update(self.version + 1, decoded) or \
+            problem = check_fields(update) or check_update(update, self.shapes, set(), floats) or \
+                server.check_update(self.version + 1, decoded) or \
                 admit(decoded)
             if problem:
                 self.rounds.fail(task.task_id)

@@ -141,7 +141,8 @@ def make_fleet(name: str, options: Mapping[str, Any], spec: ModelSpec, clients: 
         return {"norm_bounds": aggregation.norm_bounds if aggregation is not None else {}}
 
     coordinator = CoordinatorProtocol(RUN_ID, model_hash, {k: tuple(v.shape) for k, v in arrays.items()}, registry,
-                                      server, lambda index: {**welcome, "client_index": index}, task_fields)
+                                      server, lambda index: {**welcome, "client_index": index}, task_fields,
+                                      floats=frozenset(k for k, v in arrays.items() if v.dtype.kind == "f"))
     logical = [LogicalClient(client_id(i), str(root / client_id(i)), simulated_facts(0), stay=True)
                for i in range(clients)]
     fleet = Fleet(server=server, clients=[], models=models, coordinator=coordinator, logical=logical,

@@ -56,7 +56,8 @@ class Driven:
         self.mode = {key: make() for key, make in MODES.get(mode, {}).items()}
         self.aggregation = Aggregation(self.server, 0)
         self.protocol = CoordinatorProtocol(RUN, "", {"w": (SIZE,)}, AgentRegistry(clients, 1e9), self.server,
-                                            self.welcome, admit=lambda update: self.aggregation.check(update))
+                                            self.welcome, admit=lambda update: self.aggregation.check(update),
+                                            floats=frozenset({"w"}))
         self.rejected: list[Rejected] = []
         self.committed: list[str] = []
         self.deadline_s = deadline_s

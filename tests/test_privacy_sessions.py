@@ -164,6 +164,8 @@ REFUSED = [
     (["privacy.target_epsilon=4"], "exactly one of"),
     (["privacy.delta=0.2"], "below 1/population"),
     (["round.count=3"], "round.count is for"),
+    (["privacy.min_reporters=3"], "every round runs the mechanism"),
+    (["privacy.tolerate_colluders=2"], "applies to privacy.mode = \"distributed\""),
     (["fleet.mode=\"process\"", "fleet.bind=\"tcp://127.0.0.1:0\"", "data.dataset=\"\""], "needs its population"),
     (["fleet.mode=\"process\"", "fleet.bind=\"tcp://127.0.0.1:0\"", "fleet.expect=4", "data.dataset=\"\"",
       "model.input_shape=[1, 28, 28]", "model.outputs=10"], "needs a test set"),
