@@ -19,13 +19,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def session(workdir: Path, seed: int, rounds: int, clients: int, attacker: str | None) -> dict[str, Any]:
+def session(workdir: Path, seed: int, rounds: int, clients: int, attacker: str | None,
+            extra: Sequence[str] = ()) -> dict[str, Any]:
+    """A bound session's report.json; ``attacker``: agent 0 runs tests/compromised_agent.py with it; ``extra``:
+    more arguments for ``coordinator start``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     shards = workdir / "shards"
     subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "partition", "--dataset", "fmnist-demo", "--partition",
@@ -37,7 +41,7 @@ def session(workdir: Path, seed: int, rounds: int, clients: int, attacker: str |
         processes.append(subprocess.Popen(
             [sys.executable, "-m", "fedge.runtime.cli", "start", "--bind", "tcp://127.0.0.1:0", "--expect",
              str(clients), "--rounds", str(rounds), "--seed", str(seed), "--model", "mlp", "--algorithm", "fedavg",
-             "--run-dir", str(run_dir), "--set", "run.export_onnx=false", "--quiet"],
+             "--run-dir", str(run_dir), "--set", "run.export_onnx=false", "--quiet", *extra],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
         until = time.monotonic() + 120
         while not (run_dir / "endpoint").exists() and time.monotonic() < until:

@@ -1,11 +1,15 @@
 """The attack harness: compromised devices against Fedge's defences, on the simulated fleet (inline backend), each
-attacked run paired with the clean run of the same seed and defence.
+attacked run paired with the clean run of the same seed and defence; with ``--hostile``, the hostile matrix instead
+(``hostile_main``: every mode x every structural mutation of an honest update, the secure-aggregation stage cells,
+the combinations the configuration refuses, and one cell with real processes).
 
     .venv/bin/python benchmarks/attacks.py                                   # the headline cell, seeds 0-2
     .venv/bin/python benchmarks/attacks.py --attacks inflate-flip,sign-flip --defences bounds,none \\
         --norm-factors 1.5,3 --seeds 0,1 --out runs/attacks.jsonl            # resumable: done cells are skipped
     for k in 0 1 2; do .venv/bin/python benchmarks/attacks.py ... --out runs/a.jsonl --shard $k/3 & done; wait
     .venv/bin/python benchmarks/attacks.py ... --out runs/a.jsonl           # the shards' table (nothing left to run)
+
+    .venv/bin/python benchmarks/attacks.py --hostile --out runs/hostile.jsonl --write-docs   # resumable by cell
 
 Setup: ``--clients`` devices (10) at full participation, fmnist-demo, Dirichlet 0.3 (``--partition iid`` for
 the IID column), mlp, FedAvg (``--algorithm``), ``--rounds`` (10); the first ``--attackers`` devices are compromised (tests/attackers.py wraps the client-round function: the
@@ -76,6 +80,12 @@ def run(seed: int, clients: int, rounds: int, robust: dict[str, Any], attack: st
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--hostile" in argv:
+        from benchmarks.hostile_table import hostile_main
+
+        return hostile_main([a for a in argv if a != "--hostile"])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attacks", default="inflate-flip", help=f"comma-separated: {', '.join(ATTACK_NAMES)}")
     parser.add_argument("--defences", default="bounds,none")

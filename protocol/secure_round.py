@@ -55,10 +55,16 @@ class SecureRound:
         return self.machine.stage in (RoundStage.SUMMED, RoundStage.FAILED)
 
     def receive(self, client_id: str, message: codec.Message, now: float) -> list[CoordinatorEvent]:
-        if message.run_id != self.run_id or message.round != self.number or \
-                getattr(message, "attempt", None) != self.attempt:
-            return [Noted(logging.INFO, f"secure aggregation: a {type(message).__name__} from {client_id} of another "
-                                        f"round or attempt (this is round {self.number}, attempt {self.attempt})")]
+        attempt = getattr(message, "attempt", None)
+        if message.run_id != self.run_id or message.round != self.number or attempt != self.attempt:
+            # an earlier round's or attempt's is an honest device late; another run's or a later one's, no honest
+            # device sends: the device is named in a warning
+            late = message.run_id == self.run_id and isinstance(attempt, int) and \
+                (message.round, attempt) < (self.number, self.attempt)
+            return [Noted(logging.INFO if late else logging.WARNING,
+                          f"secure aggregation: a {type(message).__name__} from {client_id} of another run, round or "
+                          f"attempt (round {message.round}, attempt {attempt}; this is round {self.number}, attempt "
+                          f"{self.attempt}): ignored")]
         match message:
             case codec.SecAggKeys():
                 reason = self.machine.add_keys(Keys(client_id, message.channel_key, message.masking_key,

@@ -68,8 +68,6 @@ def test_a_secure_round_sums_the_answering_devices_and_commits_only_them() -> No
     assert not p.complete(1.0)
     outbox.extend(secure.tick(10.0))  # the keys stage closes at its deadline without d
     run(10.0)
-    plain = p.receive(b"a", update(p, "a", 1), 10.5)  # a plaintext Update in a secure round
-    assert any(isinstance(e, Send) and getattr(e.message, "code", "") == "invalid-update" for e in plain)
     for name, _ in trained:  # training ends: the masked updates go out (their shares have come)
         change = {k: (v + 0.01).astype(v.dtype) for k, v in reference.items()}
         frame = codec.encode(codec.Update("run-1", 1, name, groups={"model": codec.TensorGroup(dense=change)},
@@ -82,6 +80,8 @@ def test_a_secure_round_sums_the_answering_devices_and_commits_only_them() -> No
     assert p.current is not None and sorted(p.current.updates) == [0, 1, 2]
     p.receive(b"d", codec.encode(codec.Heartbeat(run_id="run-1", round=1, sender="d")), 11.0)  # d is alive
     assert p.complete(11.0)  # d is still awaited, but nothing it could send would join the sum
+    plain = p.receive(b"d", update(p, "d", 1), 11.0)  # a plaintext Update in a secure round: refused
+    assert any(isinstance(e, Send) and getattr(e.message, "code", "") == "invalid-update" for e in plain)
     state, events = p.close_round(11.0)
     outbox.extend(events)
     run(11.5)
