@@ -1,4 +1,4 @@
-"""The hostile matrix in full (issue 49, Deliver 5), entered through ``benchmarks/attacks.py --hostile``:
+"""The hostile matrix in full, entered through ``benchmarks/attacks.py --hostile``:
 
     .venv/bin/python benchmarks/attacks.py --hostile --out runs/hostile.jsonl              # the table
     .venv/bin/python benchmarks/attacks.py --hostile --out runs/hostile.jsonl --write-docs # and its docs section

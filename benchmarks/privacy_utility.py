@@ -8,8 +8,8 @@ Each run is `coordinator start`'s session in this process (a simulated fleet, tw
 Debian's dataset-fashion-mnist (60,000 training images) as `--clients` IID clients, the MLP, SGD on the clients, a
 server step with momentum, Poisson sampling at `--fraction`, delta 1e-5, epsilon calibrated for the planned rounds
 (adaptive clipping from `--clip`). The private runs and the non-private one share every other setting. A run whose
-report.json says done is not run again (resumable). Prints one row per run and the last-10-round mean accuracy's
-gap to the non-private run.
+report.json says done is not run again, and one interrupted goes on from its checkpoint (resumable). Prints one row
+per run and the last-10-round mean accuracy's gap to the non-private run.
 """
 
 from __future__ import annotations
@@ -41,12 +41,14 @@ def settings(args: argparse.Namespace, epsilon: float | None) -> list[str]:
 def run_one(sets: list[str], run_dir: Path) -> dict[str, Any]:
     from fedge.coordinator.config import load_config
     from fedge.coordinator.rundir import RunDir
-    from fedge.runtime.launch import play
+    from fedge.runtime.launch import plan_resume, play
     from fedge.runtime.plan import plan_session
 
     report_path = run_dir / "report.json"
     if report_path.exists() and json.loads(report_path.read_text()).get("status") == "done":
         return dict(json.loads(report_path.read_text()))
+    if (run_dir / "checkpoint.npz").exists():  # an interrupted run goes on from its checkpoint (its ledger kept)
+        return play(plan_resume(run_dir, load_config(run_dir / "config.toml")), RunDir(run_dir), resuming=True)
     return play(plan_session(load_config(None, sets)), RunDir(run_dir), resuming=False)
 
 

@@ -182,7 +182,7 @@ def extra_tensor(update: codec.Update) -> codec.Update:
 
 
 def empty_sparse_section(update: codec.Update) -> codec.Update:
-    """Finding 3 of issue 49: a dense group that also carries an empty index section."""
+    """A dense group that also carries an empty index section."""
     name = first_group(update)
     group = update.groups[name]
     if group.sparse is not None:  # a sparse group: its section emptied

@@ -1,4 +1,4 @@
-"""One hostile update never changes a round it was refused from, in every mode (issue 49, Deliver 5).
+"""One hostile update never changes a round it was refused from, in every mode.
 
 Each cell sends one mutation of an honest update (tests/hostile.py) from one device of a short session
 (tests/hostile_rounds.py: the real Session and round, frames in, server state out) and checks three things: no

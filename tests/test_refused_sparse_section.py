@@ -1,4 +1,4 @@
-"""Finding 3 of issue 49: a FedAvg delta carrying, beside its dense tensor, an empty sparse section is refused
+"""A FedAvg delta carrying, beside its dense tensor, an empty sparse section is refused
 when it arrives, with a reason naming its device, under a private sum and under multi-krum, first or last in the
 round; the round closes on the others, exactly as if that update had never been sent, and only they are committed."""
 
