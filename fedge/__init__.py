@@ -6,7 +6,7 @@ Every part of Fedge lives under this one import name, so that Fedge can be impor
 docs/architecture.md.
 
 This module must stay light: importing ``fedge`` loads no subpackage, and never torch or zmq
-(tests/test_namespace.py checks it). It holds only the installed version; ``fedge.exhaustive`` beside it holds
+(tests/test_imports.py checks it). It holds only the installed version; ``fedge.exhaustive`` beside it holds
 the ``assert_never`` of the exhaustive dispatchers.
 """
 

@@ -17,7 +17,7 @@ Its modules, in reading order:
 
 Pure all the way down: importing any of these loads the codec, numpy and these modules, never torch, zmq,
 subprocess, asyncio, threads, the meter or run-directory code, and nothing here reads a clock (the time comes in
-as an argument). tests/test_protocol_purity.py checks it in a fresh interpreter. Drivers (``coordinator.session``,
+as an argument). tests/test_imports.py checks it in a fresh interpreter. Drivers (``coordinator.session``,
 ``edge_agent.agent``, ``simulation.fleet``, ``simulation.inprocess``) dispatch every event in one ``match`` ending in
 ``fedge.exhaustive.assert_never``, so mypy names a case a driver forgot.
 

@@ -1,4 +1,8 @@
-"""Helpers for the end-to-end tests: start real coordinator and agent processes on 127.0.0.1, wait, clean up."""
+"""Real processes for the tests whose subject is the process boundary (a SIGKILLed coordinator resumed, SIGTERM,
+CurveZMQ and identity, a rolling upgrade, slowed agents, a service agent across sessions, the browser): the ``procs``
+fixture starts coordinators, agents and other CLI commands on 127.0.0.1 and kills every one of them, by PID, at
+teardown. Sessions that are not about the process boundary run in this process (``tests/simfleet.py``,
+the ``sessions`` fixture)."""
 
 from __future__ import annotations
 
@@ -43,6 +47,28 @@ class Processes:
     def agent(self, *args: str, name: str) -> subprocess.Popen[bytes]:
         return self.start(["fedge.edge_agent", "run", *args], name)
 
+    def cli(self, sets: list[str] | tuple[str, ...], run_dir: Path, *extra: str,
+            name: str | None = None) -> subprocess.Popen[bytes]:
+        """``coordinator start --set ... --run-dir RUN --quiet`` as a user types it (output in ``NAME.out``, by
+        default the run directory's name); ``finish`` waits for it."""
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        return self.coordinator(*cli_args(sets), *extra, "--run-dir", str(run_dir), "--quiet",
+                                name=name or run_dir.name)
+
+    def finish(self, process: subprocess.Popen[bytes], name: str, timeout_s: float = 180) -> None:
+        """Wait for a started process (killing its process group if it overruns); it must have exited 0."""
+        try:
+            process.wait(timeout=timeout_s)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        assert process.returncode == 0, self.output(name)[-3000:]
+
+    def run_cli(self, sets: list[str] | tuple[str, ...], run_dir: Path, *extra: str, timeout_s: float = 180) -> None:
+        """A whole ``coordinator start`` run, to its end (exit code 0)."""
+        self.finish(self.cli(sets, run_dir, *extra), run_dir.name, timeout_s)
+
     def output(self, name: str) -> str:
         path = self.workdir / f"{name}.out"
         return path.read_text(errors="replace") if path.exists() else ""
@@ -65,6 +91,14 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
         yield processes
     finally:
         processes.cleanup()
+
+
+def cli_args(sets: list[str] | tuple[str, ...]) -> list[str]:
+    """``--set`` options for each ``key=value``."""
+    args: list[str] = []
+    for item in sets:
+        args += ["--set", item]
+    return args
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:

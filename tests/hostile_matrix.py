@@ -110,14 +110,16 @@ class Recorded:
     """Per mode, once: its plan, its honest frames, and the rounds the cells compare with."""
 
     def __init__(self) -> None:
-        self.plans: dict[str, Any] = {}
+        self.plans: dict[tuple[str, ...], Any] = {}
         self.recordings: dict[str, Recording | Exception] = {}
         self.expected: dict[tuple[str, str], Closed] = {}
 
     def plan(self, mode: Mode) -> Any:
-        if mode.name not in self.plans:
-            self.plans[mode.name] = plan_of(mode)
-        return self.plans[mode.name]
+        """``mode``'s plan, made once for its settings (a mode and its recording share it where they are equal)."""
+        key = tuple(mode.overrides)
+        if key not in self.plans:
+            self.plans[key] = plan_of(mode)
+        return self.plans[key]
 
     def recording(self, mode: Mode) -> Recording:
         source = next((m for m in MODES if m.name == mode.records), mode) if mode.records else mode
@@ -126,7 +128,7 @@ class Recorded:
             if "round.mode=async" in source.sets:  # the device left out of version 1 answers too (in version 2)
                 recorded = Mode(source.name, (*source.sets, "run.rounds=2"), source.attacked)
             try:
-                self.recordings[source.name] = record(recorded, plan_of(recorded))
+                self.recordings[source.name] = record(recorded, self.plan(recorded))
             except Exception as exc:  # kept, so that the mode's other cells fail at once with the same reason
                 self.recordings[source.name] = exc
         found = self.recordings[source.name]

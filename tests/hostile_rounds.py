@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -37,7 +38,8 @@ from fedge import codec
 from fedge.plumbing import without_fsync
 
 RUN_ID = "hostile"
-SMALL = ("model.name=mlp", "data.dataset=fmnist-demo", "data.partition=iid", "data.clients=4",
+DATASET = "fmnist-demo"
+SMALL = ("model.name=mlp", f"data.dataset={DATASET}", "data.partition=iid", "data.clients=4",
          "data.train_limit=16", "data.min_size=4", "train.batch_size=8", "run.rounds=2", "run.seed=5",
          "run.export_onnx=false", "fleet.mode=simulated", "fleet.backend=inline", "round.deadline_s=30",
          "eval.every=1000")
@@ -105,10 +107,21 @@ class Clock:
 
 
 def plan_of(mode: Mode) -> Any:
+    """``mode``'s session as ``coordinator start`` plans it (on the data set every mode reads, loaded once)."""
     from fedge.coordinator.config import load_config
     from fedge.runtime.plan import plan_session
 
-    return plan_session(load_config(None, mode.overrides))
+    config = load_config(None, mode.overrides)
+    assert config.data.dataset == DATASET and not config.data.path, config.data
+    return plan_session(config, dataset())
+
+
+@functools.cache
+def dataset() -> Any:
+    """The data set of every mode, as ``plan_session`` loads it; the plans and sessions only read it."""
+    from fedge.fldata import load_dataset
+
+    return load_dataset(DATASET)
 
 
 def make_session(plan: Any, run_dir: Any, transport: Any, clock: Any, agents: Sequence[str]) -> Any:

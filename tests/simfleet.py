@@ -1,17 +1,18 @@
-"""Helpers for the simulated-fleet tests: small sessions run as `coordinator start` or in this process, and the
-per-round records a simulated fleet must share bit for bit with a fleet of agent processes."""
+"""Sessions in this process, the tests' default: ``run_here`` plays a session as ``coordinator start`` would
+(``runtime.launch.play``, the simulated fleet), the ``sessions`` fixture does so and kills, by PID, any process a
+session left behind (a local backend's workers); and the per-round records a simulated fleet must share bit for bit
+with a fleet of agent processes. Real processes: ``tests/e2e.py``."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
+import pytest
 
 # Small sessions (issue 21: `mlp`, at most 200 samples per client, 3 rounds, 6 clients).
 SMALL = ["model.name=mlp", "fleet.local_agents=6", "data.train_limit=200", "run.rounds=3", "run.seed=3",
@@ -29,50 +30,67 @@ def overrides(algorithm: str, fraction: float, mode: str, backend: str = "local"
             f"fleet.backend={backend}", *extra]
 
 
-def cli_args(sets: list[str]) -> list[str]:
-    args: list[str] = []
-    for item in sets:
-        args += ["--set", item]
-    return args
-
-
-def start_cli(sets: list[str], run_dir: Path) -> subprocess.Popen[bytes]:
-    """`coordinator start` as a user types it, in a process group of its own (``finish_cli`` waits for it)."""
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(run_dir.parent / f"{run_dir.name}.out", "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "fedge.runtime.cli", "start", *cli_args(sets),
-                                 "--run-dir", str(run_dir), "--quiet"], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                start_new_session=True)
-
-
-def finish_cli(process: subprocess.Popen[bytes], run_dir: Path, timeout_s: float = 180) -> None:
-    """Wait for a started run (killing its process group if it overruns); it must have finished."""
-    try:
-        process.wait(timeout=timeout_s)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    output = (run_dir.parent / f"{run_dir.name}.out").read_text(errors="replace")
-    assert process.returncode == 0, output[-3000:]
-
-
-def run_cli(sets: list[str], run_dir: Path, timeout_s: float = 180) -> None:
-    finish_cli(start_cli(sets, run_dir), run_dir, timeout_s)
-
-
-def run_here(sets: list[str], run_dir: Path, backend: Any = None) -> dict[str, Any]:
-    """The same session played in this process (``runtime.launch.play``), on ``backend`` when given (a pool
-    the test keeps); returns its report."""
+def run_here(sets: list[str] | tuple[str, ...], run_dir: Path, backend: Any = None, status: str = "done"
+             ) -> dict[str, Any]:
+    """The session ``coordinator start --set ...`` would play, played in this process (``runtime.launch.play``),
+    on ``backend`` when given (a pool the test keeps); returns its report, whose status must be ``status``."""
     from fedge.coordinator.config import load_config
     from fedge.coordinator.rundir import RunDir
     from fedge.runtime.launch import play
     from fedge.runtime.plan import plan_session
 
-    report = play(plan_session(load_config(None, sets)), RunDir(run_dir), resuming=False, backend=backend)
-    assert report["status"] == "done", report
+    report = play(plan_session(load_config(None, list(sets))), RunDir(run_dir), resuming=False, backend=backend)
+    assert report["status"] == status, report
     return report
+
+
+def resume_here(run_dir: Path, sets: list[str] | tuple[str, ...] = (), rounds: int = 0, backend: Any = None
+                ) -> dict[str, Any]:
+    """``coordinator start --resume RUN [--rounds N] [--set ...]`` played in this process, through the same
+    resume rules (``runtime.launch.plan_resume``); returns its report."""
+    from fedge.coordinator.config import load_config
+    from fedge.coordinator.rundir import RunDir
+    from fedge.runtime.launch import plan_resume, play
+
+    extend = {"run.rounds": rounds} if rounds else {}
+    plan = plan_resume(run_dir, load_config(run_dir / "config.toml", list(sets), extend))
+    return play(plan, RunDir(run_dir), resuming=True, backend=backend)
+
+
+class InProcessSessions:
+    """Sessions played in this process; ``cleanup`` kills, by PID, every process they left behind."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.before = {child.pid for child in psutil.Process().children(recursive=True)}
+
+    def run(self, sets: list[str] | tuple[str, ...], name: str = "run", backend: Any = None,
+            status: str = "done") -> dict[str, Any]:
+        """A fresh session in ``root/name``; returns its report."""
+        return run_here(sets, self.root / name, backend, status)
+
+    def resume(self, name: str = "run", sets: list[str] | tuple[str, ...] = (), rounds: int = 0,
+               backend: Any = None) -> dict[str, Any]:
+        return resume_here(self.root / name, sets, rounds, backend)
+
+    def cleanup(self) -> None:
+        left = [child for child in psutil.Process().children(recursive=True) if child.pid not in self.before]
+        for child in left:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(left, timeout=10)
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Iterator[InProcessSessions]:
+    """Registered in conftest.py."""
+    played = InProcessSessions(tmp_path)
+    try:
+        yield played
+    finally:
+        played.cleanup()
 
 
 def records(run_dir: Path) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """`edge-agent check` against a real CurveZMQ coordinator: ready, unreachable, a wrong coordinator key, a key not in
 the allow-list, a key allowed as another client id, a secret key readable by others, an unreadable shard; one line
-each, exit 1 on a failure."""
+each, exit 1 on a failure. The coordinator is a process; the checks go through the command's ``main`` in this
+process, and one of them runs as the command a user types."""
 
 from __future__ import annotations
 
@@ -9,28 +10,32 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e import Processes, procs  # noqa: F401 - the fixture
-from tests.test_byom_sessions import sensor_shard
-from tests.test_e2e_faults import endpoint
+import pytest
+
+from tests.byom import sensor_shard
+from tests.e2e import Processes, endpoint
 
 
 def keygen(tool: str, keys: Path) -> None:
-    module = "fedge.runtime.cli" if tool == "coordinator" else "fedge.edge_agent"
-    subprocess.run([sys.executable, "-m", module, "keygen", "--keys-dir", str(keys)], check=True,
-                   capture_output=True, timeout=60)
+    from fedge.edge_agent.cli import main as agent_main
+    from fedge.runtime.cli import main as coordinator_main
 
-
-def check(*args: str) -> tuple[int, list[str]]:
-    out = subprocess.run([sys.executable, "-m", "fedge.edge_agent", "check", "--client-id", "dev-0", "--timeout", "3",
-                          *args], capture_output=True, text=True, timeout=120)
-    return out.returncode, out.stdout.splitlines() + out.stderr.splitlines()
+    assert (coordinator_main if tool == "coordinator" else agent_main)(["keygen", "--keys-dir", str(keys)]) == 0
 
 
 def line(lines: list[str], name: str) -> str:
     return next((item for item in lines if item[5:].startswith(f"{name}:")), f"(no {name} line in {lines})")
 
 
-def test_edge_agent_check_says_what_would_stop_a_session(procs: Processes, tmp_path: Path) -> None:  # noqa: F811
+def test_edge_agent_check_says_what_would_stop_a_session(procs: Processes, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from fedge.edge_agent.cli import main
+
+    def check(*args: str) -> tuple[int, list[str]]:
+        code = main(["check", "--client-id", "dev-0", "--timeout", "3", *args])
+        out, err = capsys.readouterr()
+        return code, out.splitlines() + err.splitlines()
+
     server_keys, agent_keys, stranger_keys, other_server = (tmp_path / n for n in ("server", "agent", "stranger",
                                                                                    "other"))
     keygen("coordinator", server_keys)
@@ -39,6 +44,7 @@ def test_edge_agent_check_says_what_would_stop_a_session(procs: Processes, tmp_p
     keygen("agent", stranger_keys)
     (server_keys / "allowed").mkdir(exist_ok=True)
     shutil.copyfile(agent_keys / "agent.key", server_keys / "allowed" / "dev-0.key")
+    capsys.readouterr()  # what keygen said
     run_dir = tmp_path / "run"
     procs.coordinator("--bind", "tcp://127.0.0.1:0", "--expect", "1", "--rounds", "1", "--run-dir", str(run_dir),
                       "--model", "mlp", "--set", "security.curve=\"on\"", "--set", f"security.keys_dir=\"{server_keys}\"",

@@ -52,7 +52,8 @@ def test_the_session_describes_it_and_a_device_imports_it_only_when_allowed(tmp_
     from fedge.client.joining import Refused
     from fedge.coordinator.config import from_dict
     from fedge.runtime.plan import plan_session
-    from tests.test_byom_sessions import agent, welcome
+    from tests.byom import PLUGIN as MODEL_PLUGIN
+    from tests.byom import agent, welcome
 
     plan = plan_session(from_dict({"algorithm": {"name": PLUGIN}, "data": {"dataset": "fmnist-demo"},
                                    "fleet": {"local_agents": 2}}))
@@ -65,8 +66,6 @@ def test_the_session_describes_it_and_a_device_imports_it_only_when_allowed(tmp_
     assert info.value.code == "plugin-refused" and "tests.plugin_algorithms_unimported" not in sys.modules
     described = {**base.plugins, "algorithm": plan.plugins["algorithm"].as_dict()}
     allowed = codec.Welcome(**{**base.__dict__, "algorithm": PLUGIN, "plugins": described})
-    from tests.test_byom_sessions import PLUGIN as MODEL_PLUGIN
-
     session = agent(tmp_path, allow_plugins=(MODEL_PLUGIN, PLUGIN)).join(allowed)
     assert type(session.client).__name__ == "Client" and session.welcome.algorithm == PLUGIN
 
@@ -98,9 +97,11 @@ def test_a_half_mixing_streaming_and_batch_hooks_is_refused_at_load_in_one_line(
         assert aggregation_refusal(registry.spec_of(name).module.Server) == "", name
 
 
-def test_the_server_step_acts_under_a_real_coordinator_start_as_under_the_in_process_driver(tmp_path: Path) -> None:
-    """Two agent processes, two rounds: the coordinator's model.npz is the in-process driver's model bit for bit
-    (so a hook the driver calls is one production calls), and a server step of 0.5 is not FedAvg."""
+def test_the_server_step_acts_in_a_session_as_under_the_in_process_driver(tmp_path: Path) -> None:
+    """Two devices, two rounds of the session `coordinator start` plays (``runtime.launch.play``, here on the
+    inline simulated fleet: every task trained by the client-round function an agent runs; that fleet equals agent
+    processes bit for bit, tests/test_simulated_fleet.py): its model.npz is the in-process driver's model bit for
+    bit (so a hook the driver calls is one production calls), and a server step of 0.5 is not FedAvg."""
     import torch
 
     from fedge.client.data import DeviceData
@@ -108,12 +109,13 @@ def test_the_server_step_acts_under_a_real_coordinator_start_as_under_the_in_pro
     from fedge.fldata import normalize
     from fedge.runtime.plan import plan_session
     from fedge.simulation.worker import one_torch_thread
-    from tests.simfleet import records, run_cli
+    from tests.simfleet import records, run_here
 
     sets = ["model.name=mlp", "fleet.local_agents=2", "data.train_limit=100", "run.rounds=2", "run.seed=4",
-            "run.export_onnx=false", f"algorithm.name={PLUGIN}", "algorithm.server_lr=0.5"]
+            "run.export_onnx=false", f"algorithm.name={PLUGIN}", "algorithm.server_lr=0.5", "fleet.mode=simulated",
+            "fleet.backend=inline"]
     run_dir = tmp_path / "run"
-    run_cli(sets, run_dir)
+    run_here(sets, run_dir)
     plan = plan_session(load_config(None, sets))
     data = []
     for shard in sorted((run_dir / "data").glob("client-*.npz")):
@@ -132,5 +134,5 @@ def test_the_server_step_acts_under_a_real_coordinator_start_as_under_the_in_pro
     served = {k[2:]: v for k, v in records(run_dir)["model"].items() if k.startswith("a/")}
     here, fedavg_model = global_arrays(stepped), global_arrays(plain)
     assert served.keys() == here.keys()
-    assert all(np.array_equal(served[k], here[k]) for k in here), "coordinator start and the driver differ"
+    assert all(np.array_equal(served[k], here[k]) for k in here), "the session and the driver differ"
     assert not all(np.array_equal(served[k], fedavg_model[k]) for k in here), "the server step did nothing"

@@ -1,5 +1,5 @@
 """docs/architecture.md states what the code is: its state tables are the protocol's transition tables, and its
-package table is the layer order tests/test_layers.py checks."""
+package table is the layer order tests/test_imports.py checks (``LAYERS``, tests/importscan.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from fedge.protocol.agent import AGENT_TRANSITIONS
 from fedge.protocol.asynchronous import TASK_TRANSITIONS
 from fedge.protocol.round import OUTCOME_TRANSITIONS, ROUND_TRANSITIONS
-from tests.test_layers import LAYERS
+from tests.importscan import LAYERS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 

@@ -5,6 +5,7 @@ its determinism."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from fedge.simulation.asynchronous import run_async, run_sync
 from fedge.simulation.inprocess import global_arrays, make_fleet, run_round
 from fedge.simulation.timing import DeviceTiming
 from tests.algo_helpers import ADAM, TINY_CNN_BN, TINY_MLP, client_data, same_arrays
+from tests.benchmark_scripts import run_script
 
 
 # ---------------------------------------------------------------------------------------------- the rules
@@ -240,21 +242,17 @@ def test_sync_rounds_on_the_simulated_clock_last_as_long_as_their_slowest_kept_d
         run_sync(make_fleet("fedavg", {}, TINY_MLP, clients=6, seed=0), 1, data, ADAM, timing, cohort=4, selected=3)
 
 
-def test_the_benchmark_runs_every_variant_and_prints_its_table(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "benchmarks" / "async_rounds.py"), "--quick", "--out",
-                          str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=root)
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_the_benchmark_runs_every_variant_and_prints_its_table(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_script("async_rounds", "--quick", "--out", str(tmp_path)) == 0
+    out = capsys.readouterr()
+    assert out.err.count(" rows, ") == 6  # each variant played (and said so on stderr)
     for variant in ("sync", "sync-over", "sync-latency", "fedasync", "fedbuff"):
-        assert f"| {variant} |" in out.stdout
+        assert f"| {variant} |" in out.out
         assert (tmp_path / f"mlp-c4-s1-{variant}-seed0.json").exists()
-    again = subprocess.run([sys.executable, str(root / "benchmarks" / "async_rounds.py"), "--quick", "--out",
-                            str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=root)
-    assert again.stdout.split("{")[0] == out.stdout.split("{")[0] and "rows" not in again.stderr  # resumed, not rerun
+    assert run_script("async_rounds", "--quick", "--out", str(tmp_path)) == 0
+    again = capsys.readouterr()
+    assert again.out.split("{")[0] == out.out.split("{")[0] and "rows" not in again.err  # resumed, not rerun
 
 
 def test_the_latency_policy_on_the_simulated_clock_draws_slow_devices_less_often() -> None:

@@ -1,11 +1,15 @@
 """Asynchronous rounds in a session (docs/protocol.md, "Asynchronous rounds"): the coordinator protocol's rules for
-tasks and versions, on the protocol object; a simulated fleet's session that crashes at a version's checkpoint and
-resumes; and real agent processes, two of them slowed, that the others never wait for."""
+tasks and versions, on the protocol object; simulated fleets' sessions, played in this process, and the coordinator
+processes that crash at a version's checkpoint (their fleets inline) and resume; and real agent processes, two of
+them slowed, that the others never wait for."""
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +17,13 @@ import numpy as np
 import pytest
 
 from fedge import codec
+from fedge.coordinator import crashpoints
 from fedge.protocol.asynchronous import AsyncRounds, AsyncSettings
 from fedge.protocol.events import Accepted, Checkpoint
 from fedge.protocol.versions import VersionRounds
+from tests.coordinator_frames import codes, frame, hello, joined, protocol, sent
 from tests.e2e import FAST, Processes, endpoint, finished, metrics, shards
-from tests.test_protocol_coordinator import codes, frame, hello, joined, protocol, sent
+from tests.simfleet import InProcessSessions, resume_here, run_here
 
 
 def delta_update(sender: str, task: int, shift: float = 0.1, arrays: dict[str, np.ndarray] | None = None) -> bytes:
@@ -108,35 +114,62 @@ def run_rows(run_dir: Path, name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / name).read_text().splitlines() if line.strip()]
 
 
-def simulated_async(procs: Processes, run_dir: Path, rounds: int, *settings: str, name: str) -> Any:
-    """``coordinator start`` of an asynchronous session of a simulated fleet (inline, on the simulated clock, an
-    MLP), with these further ``--set`` settings."""
-    return procs.coordinator("--rounds", str(rounds), "--model", "mlp", "--set", "fleet.mode=simulated",
-                             "--set", "fleet.backend=inline", "--set", "fleet.clock=simulated",
-                             "--set", "round.mode=async", "--set", "run.export_onnx=false", "--quiet",
-                             "--run-dir", str(run_dir), *(arg for item in settings for arg in ("--set", item)),
-                             name=name)
+ASYNC = ("model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "fleet.clock=simulated", "round.mode=async",
+         "run.export_onnx=false")
+
+
+def simulated_async(run_dir: Path, rounds: int, *settings: str, status: str = "done") -> dict[str, Any]:
+    """The session ``coordinator start --rounds N`` plays, of an asynchronous session of a simulated fleet (inline,
+    on the simulated clock, an MLP) with these further settings, played in this process; its report."""
+    return run_here([*ASYNC, f"run.rounds={rounds}", *settings], run_dir, status=status)
+
+
+@pytest.fixture
+def replay_logging() -> Iterator[None]:
+    """`coordinator replay` run in this process sets up its own logging (``setup_logging``: its coordinator.log);
+    afterwards the handlers it left are closed and the test process's are put back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+            handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+
+
+def crashing(procs: Processes, monkeypatch: pytest.MonkeyPatch, at: str, sets: list[str], run_dir: Path,
+             name: str) -> subprocess.Popen[bytes]:
+    """`coordinator start --set ... --run-dir RUN` that exits (70) at ``at`` (FEDGE_CRASH_AT=POINT:ROUND)."""
+    assert crashpoints.CRASH_AT == ""  # (read at import: this process never crashes)
+    monkeypatch.setenv("FEDGE_CRASH_AT", at)
+    process = procs.cli(sets, run_dir, name=name)
+    monkeypatch.delenv("FEDGE_CRASH_AT")
+    return process
 
 
 def test_a_simulated_async_session_resumes_after_a_crash_at_a_versions_checkpoint(
-        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The coordinator's process (its fleet inline) ends at version 3's checkpoint; the run resumed (in this
+    process, through `coordinator start --resume`'s rules) takes up the tasks in flight."""
     run_dir = tmp_path / "run"
-    common = ["--rounds", "5", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
-              "--set", "data.clients=6", "--set", "data.train_limit=600", "--set", "round.mode=async",
-              "--set", "algorithm.name=fedavg", "--set", "asynchronous.buffer=2",
-              "--set", "asynchronous.concurrency=3", "--set", "run.export_onnx=false", "--quiet"]
-    monkeypatch.setenv("FEDGE_CRASH_AT", "checkpoint:3")
-    assert finished(procs.coordinator(*common, "--run-dir", str(run_dir), name="crashed"), 240) == 70, \
-        procs.output("crashed")
-    monkeypatch.delenv("FEDGE_CRASH_AT")
+    common = ["run.rounds=5", "model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=6",
+              "data.train_limit=600", "round.mode=async", "algorithm.name=fedavg", "asynchronous.buffer=2",
+              "asynchronous.concurrency=3", "run.export_onnx=false"]
+    crashed = crashing(procs, monkeypatch, "checkpoint:3", common, run_dir, "crashed")
+    assert finished(crashed, 240) == 70, procs.output("crashed")
     from fedge.plumbing import load_arrays
 
     _, meta = load_arrays(run_dir / "checkpoint.npz")
     restored = [task for task, *_ in meta["asynchronous"]["in_flight"]]
     assert meta["round"] == 3 and restored, meta["asynchronous"]
-    assert finished(procs.coordinator("--resume", str(run_dir), "--quiet", name="resumed"), 240) == 0, \
-        procs.output("resumed")
-    log = (run_dir / "coordinator.log").read_text()
+    caplog.set_level(logging.INFO)
+    assert resume_here(run_dir)["status"] == "done"
+    log = "\n".join(caplog.messages)  # what coordinator.log holds of the resumed run
     for task in restored:  # the restarted fleet's devices said hello without them: not awaited until a deadline
         assert f"task {task} of client" in log and "said hello without it" in log, task
     rows = metrics(run_dir)
@@ -149,7 +182,9 @@ def test_a_simulated_async_session_resumes_after_a_crash_at_a_versions_checkpoin
     assert all(c["staleness"] <= 10 for c in clients) and any(c["staleness"] > 0 for c in clients)
 
 
-def test_real_agents_two_of_them_slowed_never_hold_the_others_back(procs: Processes, tmp_path: Path) -> None:
+def test_real_agents_two_of_them_slowed_never_hold_the_others_back(procs: Processes, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   replay_logging: None) -> None:
     """6 agents, 2 of them 0.4 s a step slower: versions of 3 updates go on without them."""
     data, run_dir = shards(tmp_path, 6), tmp_path / "run"
     coordinator = procs.coordinator(
@@ -176,11 +211,15 @@ def test_real_agents_two_of_them_slowed_never_hold_the_others_back(procs: Proces
     assert sum(fast) >= 20 and max(slowed, default=0) < min(fast), by_device  # the fast devices did the work
     late = [row["staleness"] for row in clients if row["client_index"] in slow_indices]
     assert all(s >= 1 for s in late), late  # a slowed device's update arrives versions after its base
-    # the run's dispatch journal, played again through the simulated fleet: the same final model, bit for bit
+    # the run's dispatch journal, played again through the simulated fleet (`coordinator replay`, in this process):
+    # the same final model, bit for bit
+    from fedge.runtime.cli import main
+
     given = [f"--data=dev-{i}={data / f'client-{i:03d}.npz'}" for i in range(6)]
-    replay = procs.start(["fedge.runtime.cli", "replay", str(run_dir), *given], name="replay")
-    assert finished(replay, 240) == 0, procs.output("replay")
-    assert "the final model is the run's, bit for bit" in procs.output("replay")
+    capsys.readouterr()
+    code, said = main(["replay", str(run_dir), *given]), capsys.readouterr()
+    assert code == 0, said.out + said.err
+    assert "the final model is the run's, bit for bit" in said.out
     journal = run_rows(run_dir, "dispatches.jsonl")
     replayed = run_rows(run_dir / "replay", "dispatches.jsonl")
     assert [{k: v for k, v in e.items() if k != "t"} for e in replayed] == \
@@ -249,54 +288,49 @@ def test_what_crosses_the_sessions_goodbye_is_dropped_without_a_refusal() -> Non
 TIMINGS = ("wall_s", "train_s_max", "eval_s", "checkpoint_s", "receive_s", "fold_s", "downlink_s", "close_s", "tail_s")
 
 
-def test_a_session_on_the_simulated_clock_is_the_same_bit_for_bit_on_every_backend(procs: Processes,
-                                                                                   tmp_path: Path) -> None:
-    common = ["--rounds", "5", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.clock=simulated",
-              "--set", "fleet.workers=2", "--set", "data.clients=8", "--set", "data.train_limit=300",
-              "--set", "round.mode=async", "--set", "algorithm.name=fedavg", "--set", "asynchronous.buffer=2",
-              "--set", "asynchronous.concurrency=4", "--set", "run.export_onnx=false", "--quiet"]
+def test_a_session_on_the_simulated_clock_is_the_same_bit_for_bit_on_every_backend(sessions: InProcessSessions) -> None:
+    """The session played in this process on the inline backend and on worker processes (the local backend)."""
+    common = ["run.rounds=5", "model.name=mlp", "fleet.mode=simulated", "fleet.clock=simulated", "fleet.workers=2",
+              "data.clients=8", "data.train_limit=300", "round.mode=async", "algorithm.name=fedavg",
+              "asynchronous.buffer=2", "asynchronous.concurrency=4", "run.export_onnx=false"]
     runs = {}
     for backend in ("inline", "local"):
-        run_dir = tmp_path / backend
-        assert finished(procs.coordinator(*common, "--set", f"fleet.backend={backend}", "--run-dir", str(run_dir),
-                                          name=backend), 240) == 0, procs.output(backend)
-        runs[backend] = [{k: v for k, v in row.items() if k not in TIMINGS} for row in metrics(run_dir)]
+        sessions.run([*common, f"fleet.backend={backend}"], name=backend)
+        runs[backend] = [{k: v for k, v in row.items() if k not in TIMINGS} for row in metrics(sessions.root / backend)]
     assert runs["inline"] == runs["local"]
     times = [row["sim_time_s"] for row in runs["inline"]]
     assert times == sorted(times) and times[0] > 0 and len(times) == 5
-    with np.load(tmp_path / "inline" / "model.npz") as a, np.load(tmp_path / "local" / "model.npz") as b:
+    with np.load(sessions.root / "inline" / "model.npz") as a, np.load(sessions.root / "local" / "model.npz") as b:
         assert a.files == b.files and all(np.array_equal(a[name], b[name]) for name in a.files)
 
 
-def test_on_the_simulated_clock_tasks_longer_than_the_liveness_lose_no_device(procs: Processes,
-                                                                                tmp_path: Path) -> None:
+def test_on_the_simulated_clock_tasks_longer_than_the_liveness_lose_no_device(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The clock jumps past fleet.liveness_s (20 s) while a task trains: the devices' heartbeats of the new time are
     heard before the update that moved it, so no live device's task is dropped."""
     run_dir = tmp_path / "run"
-    assert finished(simulated_async(procs, run_dir, 4, "fleet.step_s=20", "data.clients=8", "data.train_limit=300",
-                                    "algorithm.name=fedavg", "asynchronous.buffer=2", "asynchronous.concurrency=4",
-                                    name="slow"), 240) == 0, procs.output("slow")
+    caplog.set_level(logging.INFO)
+    simulated_async(run_dir, 4, "fleet.step_s=20", "data.clients=8", "data.train_limit=300", "algorithm.name=fedavg",
+                    "asynchronous.buffer=2", "asynchronous.concurrency=4")
     rows = metrics(run_dir)
     assert len(rows) == 4 and rows[0]["sim_time_s"] > 20
-    log = (run_dir / "coordinator.log").read_text()
+    log = "\n".join(caplog.messages)  # what coordinator.log holds
     assert re.search(r"task \d+ of client|rejected a message|not in flight", log) is None, log[-2000:]
 
 
 def test_a_synchronous_round_on_the_simulated_clock_closes_at_its_deadline_and_a_resume_keeps_the_time(
         procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tasks of 4-16 simulated seconds against a 30 s deadline: a round closes at its deadline (no update after it is
-    taken, no time lost to the cancelled jobs), and a run resumed after a crash goes on from the checkpoint's time."""
+    taken, no time lost to the cancelled jobs), and a run resumed after a crash (the coordinator's process, its fleet
+    inline; resumed in this process through `coordinator start --resume`'s rules) goes on from the checkpoint's
+    time."""
     run_dir = tmp_path / "run"
-    common = ["--rounds", "4", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.backend=inline",
-              "--set", "fleet.clock=simulated", "--set", "fleet.step_s=4", "--set", "round.deadline_s=30",
-              "--set", "data.clients=8", "--set", "data.train_limit=600", "--set", "round.fraction=0.5",
-              "--set", "algorithm.name=fedavg", "--set", "run.export_onnx=false", "--quiet"]
-    monkeypatch.setenv("FEDGE_CRASH_AT", "committed:2")
-    assert finished(procs.coordinator(*common, "--run-dir", str(run_dir), name="first"), 240) == 70, \
+    common = ["run.rounds=4", "model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline",
+              "fleet.clock=simulated", "fleet.step_s=4", "round.deadline_s=30", "data.clients=8",
+              "data.train_limit=600", "round.fraction=0.5", "algorithm.name=fedavg", "run.export_onnx=false"]
+    assert finished(crashing(procs, monkeypatch, "committed:2", common, run_dir, "first"), 240) == 70, \
         procs.output("first")
-    monkeypatch.delenv("FEDGE_CRASH_AT")
-    assert finished(procs.coordinator("--resume", str(run_dir), "--quiet", name="resumed"), 240) == 0, \
-        procs.output("resumed")
+    assert resume_here(run_dir)["status"] == "done"
     rows = metrics(run_dir)
     times = [row["sim_time_s"] for row in rows]
     assert [row["round"] for row in rows] == [1, 2, 3, 4] and times == sorted(times), times
@@ -321,34 +355,65 @@ def test_a_device_that_declines_with_its_task_still_in_flight_keeps_its_index_fo
     assert 0 in record.bytes_down and p.registry.by_index(0).client_id == "a" and gone.round == 1
 
 
+def joined_session(run_dir: Path, algorithm: str) -> tuple[Any, Any]:
+    """A session (``coordinator.session.Session``) of four simulated devices, built as ``coordinator start`` builds
+    it (``runtime.launch``), the fourth away until 100 s (a trace): the three there said hello and were welcomed
+    over the fleet (``Session.wait_for_agents``). Its versions (``coordinator.asynchronous.start``) and the fleet."""
+    from fedge.coordinator import asynchronous
+    from fedge.coordinator.config import load_config
+    from fedge.coordinator.rundir import RunDir
+    from fedge.coordinator.session import Session
+    from fedge.runtime.launch import prepare_local_fleet, simulated_fleet
+    from fedge.runtime.plan import plan_session
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "trace.csv").write_text("client,speed,from_s,until_s\n3,,100,\n")
+    plan = plan_session(load_config(None, [*ASYNC, f"algorithm.name={algorithm}", "data.clients=4",
+                                           "data.train_limit=20", "asynchronous.buffer=3", "robust.quarantine_after=1",
+                                           f"fleet.trace={run_dir / 'trace.csv'}"]))
+    files = RunDir(run_dir)
+    agents = prepare_local_fleet(plan, files)
+    fleet = simulated_fleet(plan, agents)
+    session = Session(plan.config, files, fleet, plan.spec, len(agents), None, run_id="run-1",
+                      reserved_ids=[a.client_id for a in agents], clock=fleet.clock)
+    assert session.wait_for_agents(3, 30) and session.registry.live_indices(session.clock()) == [0, 1, 2]
+    return session, asynchronous.start(session, None)
+
+
 def test_a_quarantined_device_gets_no_task_even_if_it_comes_back_during_the_version(tmp_path: Path) -> None:
-    from types import SimpleNamespace
+    import dataclasses
 
     from fedge.coordinator.asynchronous import quarantined
-    from fedge.coordinator.rundir import RunDir
-    from fedge.coordinator.sections import RobustSection
-    from fedge.coordinator.trust import SessionTrust
-    from fedge.protocol.registry import AgentRegistry
+    from fedge.protocol.influence import Bounded
 
-    registry = AgentRegistry(4, 5.0)
-    registry.reserve(["a", "b", "c", "d"])
-    for name in "abc":  # d is not connected at the version's start
-        agent = registry.agents[name]
-        agent.connected, agent.joined, agent.last_seen = True, True, 0.0
-    trust = SessionTrust(RobustSection(quarantine_after=1), 0, RunDir(tmp_path))
-    trust.quarantine.quarantined["d"] = {"round": 1, "reason": "clipped"}
-    session = SimpleNamespace(registry=registry, trust=trust,
-                              config=SimpleNamespace(round=SimpleNamespace(min_clients=1)))
-    stateless = VersionRounds(AsyncRounds(AsyncSettings(buffer=3)), registry, {}, lambda _task: {}, 60.0, 0.0)
-    stateful = VersionRounds(AsyncRounds(AsyncSettings(buffer=3)), registry, {}, lambda _task: {}, 60.0, 0.0,
-                             device_state=True)
-    assert quarantined(session, stateless, 1.0) == {registry.agents["d"].index}  # held out whether live or not
-    trust.quarantine.quarantined["a"] = {"round": 1, "reason": "clipped"}
-    assert quarantined(session, stateless, 1.0) == {0, 3}
-    # devices that keep state give one update a version: holding a out would leave 2 for a buffer of 3
-    assert quarantined(session, stateful, 1.0) == set()
-    session.config.round.min_clients = 3
-    assert quarantined(session, stateless, 1.0) == set()  # waived: it would leave fewer live devices than min_clients
+    def clipped(session: Any, version: int, index: int) -> None:  # quarantined (after 1) by its clipped update
+        client_id = session.registry.by_index(index).client_id
+        session.trust.note_round(version, [Bounded(client_id, index, 10, 10, {"delta": 3.0}, {"delta": 0.5})],
+                                 unit="version")
+        assert client_id in session.trust.quarantine.quarantined
+
+    opened: list[Any] = []
+    try:
+        for name in ("fedavg", "ef-fedavg"):
+            opened.append(joined_session(tmp_path / name, name))
+        (stateless, stateless_versions), (stateful, stateful_versions) = opened
+        assert not stateless_versions.device_state and stateful_versions.device_state
+        for session in (stateless, stateful):  # d (index 3) is not there at the version's start
+            clipped(session, 1, 3)
+        now = stateless.clock()
+        assert quarantined(stateless, stateless_versions, now) == {3}  # held out whether live or not
+        for session in (stateless, stateful):
+            clipped(session, 2, 0)
+        assert quarantined(stateless, stateless_versions, now) == {0, 3}
+        # devices that keep state give one update a version: holding a out would leave 2 for a buffer of 3
+        assert quarantined(stateful, stateful_versions, stateful.clock()) == set()
+        config = stateless.config
+        stateless.config = dataclasses.replace(config, round=dataclasses.replace(config.round, min_clients=3))
+        # waived: it would leave fewer live devices than min_clients
+        assert quarantined(stateless, stateless_versions, now) == set()
+    finally:
+        for session, _ in opened:
+            session.transport.close()
 
 
 def test_the_trusts_warnings_name_a_version_in_an_asynchronous_session(tmp_path: Path,
@@ -368,16 +433,15 @@ def test_the_trusts_warnings_name_a_version_in_an_asynchronous_session(tmp_path:
 
 
 def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_the_runs(
-        procs: Processes, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], replay_logging: None) -> None:
     import argparse
 
     from fedge.coordinator.config import ConfigError
     from fedge.runtime.replay import command_replay
 
     run_dir = tmp_path / "run"
-    assert finished(simulated_async(procs, run_dir, 3, "data.clients=4", "data.train_limit=200",
-                                    "algorithm.name=fedavg", "asynchronous.buffer=2", "asynchronous.concurrency=3",
-                                    name="run"), 240) == 0, procs.output("run")
+    simulated_async(run_dir, 3, "data.clients=4", "data.train_limit=200", "algorithm.name=fedavg",
+                    "asynchronous.buffer=2", "asynchronous.concurrency=3")
     given = [f"agent-{i:02d}={run_dir / 'data' / f'client-{i:03d}.npz'}" for i in range(4)]
 
     def replay(*data: str, out: str | None = None) -> tuple[int, str]:
@@ -418,44 +482,44 @@ def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_th
 
 
 def test_a_simulated_clock_session_resumed_after_a_crash_is_the_uninterrupted_one_bit_for_bit(
-        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """The checkpoint at a flush holds the fleet's jobs out (their finish times, numbers and Task packets) and the
     trace's moves made: the resumed run, on worker processes, makes every choice the uninterrupted one, inline,
-    made (devices coming and going by a trace, budgets in simulated seconds, both packets on the link)."""
+    made (devices coming and going by a trace, budgets in simulated seconds, both packets on the link). The crash
+    ends the coordinator's process; the uninterrupted run and the resume are played in this process (the resume
+    through `coordinator start --resume`'s rules)."""
     trace = tmp_path / "trace.csv"
     trace.write_text("client,speed,from_s,until_s\n1,,0,0.5\n1,,0.9,\n2,,0.3,\n5,,0,1.5\n")
-    common = ["--rounds", "6", "--model", "mlp", "--set", "fleet.mode=simulated", "--set", "fleet.clock=simulated",
-              "--set", "data.clients=8", "--set", "data.train_limit=300", "--set", "round.mode=async",
-              "--set", "algorithm.name=ef-fedprox", "--set", "asynchronous.buffer=2", "--set", "asynchronous.concurrency=4",
-              "--set", f"fleet.trace={trace}", "--set", "fleet.max_seconds=0.3", "--set", "fleet.bandwidth_bps=2e7",
-              "--set", "run.export_onnx=false", "--quiet"]
+    common = ["run.rounds=6", "model.name=mlp", "fleet.mode=simulated", "fleet.clock=simulated", "data.clients=8",
+              "data.train_limit=300", "round.mode=async", "algorithm.name=ef-fedprox", "asynchronous.buffer=2",
+              "asynchronous.concurrency=4", f"fleet.trace={trace}", "fleet.max_seconds=0.3", "fleet.bandwidth_bps=2e7",
+              "run.export_onnx=false"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    assert finished(procs.coordinator(*common, "--set", "fleet.backend=inline", "--run-dir", str(whole),
-                                      name="whole"), 240) == 0, procs.output("whole")
-    monkeypatch.setenv("FEDGE_CRASH_AT", "checkpoint:3")
-    assert finished(procs.coordinator(*common, "--set", "fleet.backend=local", "--set", "fleet.workers=2",
-                                      "--run-dir", str(cut), name="cut"), 240) == 70, procs.output("cut")
-    monkeypatch.delenv("FEDGE_CRASH_AT")
+    crashed = crashing(procs, monkeypatch, "checkpoint:3", [*common, "fleet.backend=local", "fleet.workers=2"], cut,
+                       "cut")
+    run_here([*common, "fleet.backend=inline"], whole)  # meanwhile, the uninterrupted run
+    assert finished(crashed, 240) == 70, procs.output("cut")
     from fedge.plumbing import load_arrays
 
     _, meta = load_arrays(cut / "checkpoint.npz")
     assert meta["round"] == 3 and meta["fleet"]["due"], meta["fleet"]  # jobs were out when it crashed
-    assert finished(procs.coordinator("--resume", str(cut), "--quiet", name="resumed"), 240) == 0, \
-        procs.output("resumed")
+    caplog.set_level(logging.INFO)
+    assert resume_here(cut)["status"] == "done"
     for name in ("metrics.jsonl", "clients.jsonl"):
         rows = [[{k: v for k, v in row.items() if k not in (*TIMINGS, "train_s")} for row in run_rows(d, name)]
                 for d in (whole, cut)]
         assert rows[0] == rows[1] and len(rows[0]) >= 6, name
     with np.load(whole / "model.npz") as a, np.load(cut / "model.npz") as b:
         assert a.files == b.files and all(np.array_equal(a[name], b[name]) for name in a.files)
-    assert "said hello without it" not in (cut / "coordinator.log").read_text()  # every task out was taken up
+    said = (cut / "coordinator.log").read_text() + "\n".join(caplog.messages)  # the crashed run's, the resumed one's
+    assert "said hello without it" not in said  # every task out was taken up
     journal = run_rows(cut, "dispatches.jsonl")
     assert [e["event"] for e in journal].count("resumed") == 1
     assert any(e["event"] == "lost" and "left" in e["why"] for e in journal)  # the trace's moves played
 
 
 def test_a_device_trace_a_budget_in_simulated_seconds_and_a_link_shape_who_trains_and_for_how_long(
-        procs: Processes, tmp_path: Path) -> None:
+        tmp_path: Path) -> None:
     """Clients 0 and 1 come at 5 s, client 2 goes at 3 s and comes back at 20 s (fleet.trace); each device trains
     at most 1 simulated second a task (fleet.max_seconds); Task and Update bytes take their time (bandwidth_bps)."""
     from fedge.coordinator.config import load_config
@@ -464,10 +528,9 @@ def test_a_device_trace_a_budget_in_simulated_seconds_and_a_link_shape_who_train
     trace = tmp_path / "trace.csv"
     trace.write_text("client,speed,from_s,until_s\n0,,5,\n1,,5,\n2,,0,3\n2,,20,\n")
     run_dir, bandwidth = tmp_path / "run", 8e6
-    assert finished(simulated_async(procs, run_dir, 8, "fleet.step_s=0.5", "fleet.max_seconds=1.0",
-                                    f"fleet.trace={trace}", f"fleet.bandwidth_bps={bandwidth}", "data.clients=8",
-                                    "data.train_limit=300", "algorithm.name=fedavg", "asynchronous.buffer=2",
-                                    "asynchronous.concurrency=7", name="traced"), 240) == 0, procs.output("traced")
+    simulated_async(run_dir, 8, "fleet.step_s=0.5", "fleet.max_seconds=1.0", f"fleet.trace={trace}",
+                    f"fleet.bandwidth_bps={bandwidth}", "data.clients=8", "data.train_limit=300", "algorithm.name=fedavg",
+                    "asynchronous.buffer=2", "asynchronous.concurrency=7")
     journal = run_rows(run_dir, "dispatches.jsonl")
     tasks = {e["task"]: e for e in journal if e["event"] == "task"}
     assert all(e["t"] >= 5 for e in tasks.values() if e["client"] in (0, 1))
@@ -492,14 +555,14 @@ def test_a_device_trace_a_budget_in_simulated_seconds_and_a_link_shape_who_train
 
 
 def test_ef_runs_asynchronously_a_device_holding_at_most_one_uncommitted_task_and_its_replica_in_step(
-        procs: Processes, tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """ef-fedprox in versions: stale sparse updates folded under their discount, each device given its next task
     only once its last is committed (its residual and replica are device state), so no replica drifts (no dense
     resync), and every Task a sparse catch-up, not the model."""
     run_dir = tmp_path / "run"
-    assert finished(simulated_async(procs, run_dir, 10, "data.clients=10", "data.train_limit=300",
-                                    "algorithm.name=ef-fedprox", "algorithm.keyframe_rounds=3", "asynchronous.buffer=3",
-                                    "asynchronous.concurrency=6", name="ef"), 240) == 0, procs.output("ef")
+    caplog.set_level(logging.INFO)
+    simulated_async(run_dir, 10, "data.clients=10", "data.train_limit=300", "algorithm.name=ef-fedprox",
+                    "algorithm.keyframe_rounds=3", "asynchronous.buffer=3", "asynchronous.concurrency=6")
     rows = metrics(run_dir)
     assert len(rows) == 10 and all(r["ef_dense_resyncs"] == 0 and r["ef_stale_updates"] == 0 for r in rows)
     assert sum(r["ef_keyframe"] for r in rows) >= 3  # keyframes every 3 versions: devices catch up through them
@@ -513,8 +576,8 @@ def test_ef_runs_asynchronously_a_device_holding_at_most_one_uncommitted_task_an
             uncommitted.clear()
         elif entry["event"] == "task":
             assert entry["client"] not in uncommitted, entry
-    log = (run_dir / "coordinator.log").read_text()
-    assert "failed" not in log and "no pending state" not in log  # no replica refused a task
+    log = "\n".join(caplog.messages)  # what coordinator.log holds
+    assert log and "failed" not in log and "no pending state" not in log  # no replica refused a task
     with np.load(run_dir / "model.npz") as model:
         dense = sum(model[name].nbytes for name in model.files)
     tasks = sum(1 for e in journal if e["event"] == "task")
@@ -528,22 +591,21 @@ def test_a_stateful_fleet_too_small_for_its_buffer_is_named_and_ends_the_session
     trace = tmp_path / "trace.csv"
     trace.write_text("client,speed,from_s,until_s\n0,,0,0.3\n1,,0,0.3\n")
     run_dir = tmp_path / "run"
-    coordinator = simulated_async(procs, run_dir, 20, f"fleet.trace={trace}", "fleet.join_timeout_s=30",
-                                  "data.clients=4", "data.train_limit=200", "algorithm.name=ef-fedavg",
-                                  "asynchronous.buffer=3", "asynchronous.concurrency=4", name="small")
-    assert finished(coordinator, 120) != 0
+    coordinator = procs.cli([*ASYNC, "run.rounds=20", f"fleet.trace={trace}", "fleet.join_timeout_s=30",
+                             "data.clients=4", "data.train_limit=200", "algorithm.name=ef-fedavg",
+                             "asynchronous.buffer=3", "asynchronous.concurrency=4"], run_dir)
+    assert finished(coordinator, 120) != 0  # (`coordinator start`, whose exit status says the session failed)
     assert json.loads((run_dir / "report.json").read_text())["status"] == "no-agents"
     log = (run_dir / "coordinator.log").read_text()
     assert "none of the 2 live agents can take one (2 hold an update that waits for version" in log, log[-2000:]
 
 
-def test_on_the_simulated_clock_a_task_is_given_up_exactly_at_its_deadline(procs: Processes, tmp_path: Path) -> None:
+def test_on_the_simulated_clock_a_task_is_given_up_exactly_at_its_deadline(tmp_path: Path) -> None:
     """The clock stops at the oldest task's deadline (sent + deadline_s), and the task is late there: it is given
     up at that very time (a strict comparison of a difference left the clock stopped and the session turning)."""
     run_dir = tmp_path / "run"
-    assert finished(simulated_async(procs, run_dir, 4, "data.clients=6", "data.train_limit=300",
-                                    "algorithm.name=fedavg", "asynchronous.buffer=3", "asynchronous.concurrency=3",
-                                    "round.deadline_s=0.25", name="deadline"), 60) == 0, procs.output("deadline")
+    simulated_async(run_dir, 4, "data.clients=6", "data.train_limit=300", "algorithm.name=fedavg",
+                    "asynchronous.buffer=3", "asynchronous.concurrency=3", "round.deadline_s=0.25")
     journal = run_rows(run_dir, "dispatches.jsonl")
     sent = {e["task"]: e["t"] for e in journal if e["event"] == "task"}
     late = [e for e in journal if e["event"] == "lost" and e["why"] == "it passed its deadline"]

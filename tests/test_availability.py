@@ -11,9 +11,9 @@ import pytest
 from fedge import codec
 from fedge.edge_agent.availability import Readings, Rules, in_window, read_readings, why_not
 from fedge.edge_agent.config import load_settings
-from tests.test_protocol_agent import joined, kinds, task
-from tests.test_protocol_coordinator import frame, protocol
-from tests.test_protocol_coordinator import joined as joined_coordinator
+from tests.agent_frames import joined, kinds, task
+from tests.coordinator_frames import frame, protocol
+from tests.coordinator_frames import joined as joined_coordinator
 
 IDLE = Readings(load_per_core=0.1, on_mains=True, temp_c=45.0, minute_of_day=23 * 60)
 

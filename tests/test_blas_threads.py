@@ -46,10 +46,12 @@ def test_a_bad_count_is_one_line() -> None:
     assert result.returncode != 0 and "FEDGE_BLAS_THREADS='lots': expected a whole number" in result.stderr
 
 
-def test_coordinator_start_refuses_a_bad_count_in_one_line_before_making_its_run_directory(tmp_path: Path) -> None:
-    env = {**os.environ, "FEDGE_BLAS_THREADS": "lots"}
-    result = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--rounds", "1", "--run-dir",
-                             str(tmp_path / "run")], capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+def test_coordinator_start_refuses_a_bad_count_in_one_line_before_making_its_run_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedge.runtime.cli import main
+
+    monkeypatch.setenv("FEDGE_BLAS_THREADS", "lots")
+    assert main(["start", "--rounds", "1", "--run-dir", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         "coordinator: error: FEDGE_BLAS_THREADS='lots': expected a whole number (0: the library's own)"]
     assert not (tmp_path / "run").exists()

@@ -4,8 +4,6 @@ no test set, predictions with the committed plugin model; model.init; coordinato
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +21,8 @@ from fedge.edge_agent.config import AgentSettings
 from fedge.fldata import ClientShard, normalize, write_shard
 from fedge.models import ModelSpec, arrays_to_state, build, state_to_arrays
 from fedge.runtime.plan import plan_session
+from tests.byom import PLUGIN, ROOT, welcome
 from tests.plugin_models import sensor_windows
-from tests.test_byom_sessions import PLUGIN, welcome
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_refreshing_callable_is_called_each_task_and_the_agent_evaluates_for_a_dataless_coordinator(
@@ -92,7 +88,12 @@ def test_model_init_starts_from_saved_weights_checked_against_the_layout(tmp_pat
         plan_session(from_dict({**base, "model": {**base["model"], "init": str(tmp_path / "missing.npz")}}))
 
 
-def test_coordinator_partition_reads_float_shards_and_regression_targets(tmp_path: Path) -> None:
+def test_coordinator_partition_reads_float_shards_and_regression_targets(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``coordinator partition`` through its ``main`` in this process (the command as a process: tests/e2e.py's
+    ``shards``)."""
+    from fedge.runtime.cli import main
+
     rng = np.random.default_rng(0)
     x = rng.standard_normal((400, 3, 16)).astype(np.float32)
     y = np.stack([x[:, 0].mean(1), x[:, 1].mean(1)], 1).astype(np.float32)
@@ -101,11 +102,11 @@ def test_coordinator_partition_reads_float_shards_and_regression_targets(tmp_pat
     write_shard(source / "whole.npz", ClientShard(index=0, train_x=x[:300], train_y=y[:300], test_x=x[300:],
                                                  test_y=y[300:], num_classes=2, mean=(0.0,) * 3, std=(1.0,) * 3,
                                                  dataset="sensor", partition="none", seed=0))
-    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "partition", "--dataset", "npz",
-                          "--data-dir", str(source), "--partition", "dirichlet", "--clients", "4", "--json",
-                          "--out", str(tmp_path / "shards")], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    summary = json.loads(out.stdout)
+    code = main(["partition", "--dataset", "npz", "--data-dir", str(source), "--partition", "dirichlet",
+                 "--clients", "4", "--json", "--out", str(tmp_path / "shards")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    summary = json.loads(out.out)
     assert sum(c["train_size"] for c in summary["clients"]) == 300
     from fedge.fldata import read_shard
 

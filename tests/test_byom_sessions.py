@@ -1,5 +1,7 @@
-"""Bring your own model and data as real processes: the worked example, a bound session whose coordinator has no
-data, agents reading a data callable, the refusals of the no-remote-code rule, and every one-line error."""
+"""Bring your own model and data: the worked example (in this process, on a simulated fleet) and how a local fleet
+hands its plugins to agent processes, a bound session whose coordinator has no data with agent processes reading a
+data callable, the refusals of the no-remote-code rule, and every one-line error (one of them from the command as a
+process)."""
 
 from __future__ import annotations
 
@@ -8,33 +10,32 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from fedge import api, codec
+from fedge import api
 from fedge.coordinator.config import ConfigError
-from fedge.edge_agent.agent import Agent, Refused
-from fedge.edge_agent.config import AgentSettings
-from fedge.fldata import ClientShard, write_shard
+from fedge.edge_agent.agent import Refused
+from tests.byom import EXAMPLE, FAST, PLUGIN, ROOT, agent, sensor_shard, toml_sets, welcome
 from tests.e2e import Processes, finished, metrics, wait_for
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "tabular"
-PLUGIN = "tests.plugin_models:sensor_cnn"
-FAST = ["--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=6.0", "--set", "run.export_onnx=false", "--quiet"]
+from tests.simfleet import InProcessSessions
 
 
-def test_the_worked_example_runs_as_the_readme_says(tmp_path: Path) -> None:
+def test_the_worked_example_runs_as_the_readme_says(sessions: InProcessSessions, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``coordinator start --config examples/tabular/session.toml`` with the example package importable, played in
+    this process on a simulated fleet (bit for bit the fleet of agent processes, tests/test_simulated_fleet.py; the
+    local fleet's own wiring of a user's plugins: the test after this one)."""
     pytest.importorskip("sklearn", reason="the examples extra (scikit-learn) is part of the dev install")
+    monkeypatch.syspath_prepend(str(EXAMPLE))  # as PYTHONPATH=examples/tabular
+    from fedge.coordinator.config import load_config
+
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE), str(ROOT)]), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--config",
-                          str(EXAMPLE / "session.toml"), "--set", f"run.run_dir={run_dir}", "--quiet"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout + out.stderr
-    report = json.loads((run_dir / "report.json").read_text())
+    readme = toml_sets(EXAMPLE / "session.toml")
+    assert load_config(None, readme) == load_config(EXAMPLE / "session.toml")  # the file's session, key for key
+    report = sessions.run([*readme, f"run.run_dir={json.dumps(str(run_dir))}", "fleet.mode=simulated",
+                           "fleet.backend=inline"])
     rows = metrics(run_dir)
     assert report["status"] == "done" and len(rows) == 3 and report["files"]["onnx"] == "model.onnx"
     assert all(r["eval_source"] == "coordinator" and 0 <= r["test_f1_macro"] <= 1 and r["test_mse"] is None
@@ -42,18 +43,37 @@ def test_the_worked_example_runs_as_the_readme_says(tmp_path: Path) -> None:
     assert rows[-1]["test_accuracy"] > 0.8, rows[-1]
     clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
     assert len(clients) == 9 and all("test_accuracy" in c for c in clients)
+    from acme_tabular.model import tabular_net
+
     from tests.plugin_models import tabular_mlp  # a different architecture: load_model must refuse it
 
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        from acme_tabular.model import tabular_net
+    net = api.load_model(run_dir, tabular_net((30,), 2, {"hidden": 32}))
+    assert not net.training
+    with pytest.raises(ValueError, match="does not fit this module"):
+        api.load_model(run_dir, tabular_mlp((30,), 2, {}))
 
-        net = api.load_model(run_dir, tabular_net((30,), 2, {"hidden": 32}))
-        assert not net.training
-        with pytest.raises(ValueError, match="does not fit this module"):
-            api.load_model(run_dir, tabular_mlp((30,), 2, {}))
-    finally:
-        sys.path.remove(str(EXAMPLE))
+
+def test_a_local_fleets_agents_allow_the_sessions_plugins_and_import_them_as_the_coordinator_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's command runs the example in agent processes: each is told to allow the session's own plugins
+    and gets the coordinator's working directory and ``sys.path``, so that ``acme_tabular`` imports there as here."""
+    pytest.importorskip("sklearn", reason="the examples extra (scikit-learn) is part of the dev install")
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    monkeypatch.chdir(tmp_path)
+    from fedge.coordinator.config import load_config
+    from fedge.runtime.localfleet import AgentSpec, LocalFleet
+    from fedge.runtime.plan import plan_session
+
+    plan = plan_session(load_config(EXAMPLE / "session.toml"))
+    fleet = LocalFleet("tcp://127.0.0.1:9", [], allow_plugins=[ref.name for ref in plan.plugins.values()])
+    command = fleet.command(AgentSpec("agent-00", tmp_path / "shard.npz", tmp_path / "state"))
+    allowed = {command[i + 1] for i, word in enumerate(command) if word == "--allow-plugin"}
+    assert allowed == {"acme_tabular.model:tabular_net", "acme_tabular.data:breast_cancer"}
+    path = fleet.environment()["PYTHONPATH"].split(os.pathsep)
+    assert path[0] == str(tmp_path) and str(EXAMPLE) in path
+    probe = subprocess.run([sys.executable, "-c", "import acme_tabular.data"],
+                           env=fleet.environment(), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
 
 
 def test_a_bound_session_whose_coordinator_has_no_data(procs: Processes, tmp_path: Path,
@@ -83,36 +103,6 @@ def test_a_bound_session_whose_coordinator_has_no_data(procs: Processes, tmp_pat
     assert not (run_dir / "data").exists(), "the coordinator wrote no data of its own"
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "done" and report["files"]["model"] == "model.npz"
-
-
-def sensor_shard(path: Path, classes: int = 3) -> Path:
-    from tests.plugin_models import sensor_windows
-
-    arrays = sensor_windows(count=60, classes=classes)
-    write_shard(path, ClientShard(index=0, train_x=arrays["train_x"], train_y=arrays["train_y"],
-                                  test_x=arrays["test_x"], test_y=arrays["test_y"], num_classes=classes,
-                                  mean=(3.0,) * 3, std=(1.5,) * 3, dataset="sensor", partition="iid", seed=0))
-    return path
-
-
-def welcome(model: str = PLUGIN, plugins: dict[str, Any] | None = None, loss: str = "cross_entropy",
-            num_classes: int = 3, normalization: dict[str, list[float]] | None = None) -> codec.Welcome:
-    from fedge.models import ModelSpec, definition_hash
-
-    spec = ModelSpec(name=model, input_shape=(3, 32), num_classes=num_classes)
-    described = {"model": spec.plugin().as_dict()} if plugins is None and not spec.builtin else (plugins or {})
-    return codec.Welcome(run_id="r1", round=0, sender="coordinator", client_index=0, num_clients=1, seed=0,
-                         model=spec.as_dict(), model_hash=definition_hash(spec) if model == PLUGIN else "x",
-                         algorithm="fedavg", algorithm_options={},
-                         train={"epochs": 1, "batch_size": 16, "lr": 0.01, "optimizer": "adam", "momentum": 0.0,
-                                "weight_decay": 0.0, "loss": loss, "class_weights": []},
-                         heartbeat_s=1.0, liveness_s=5.0, plugins=described, normalization=normalization or {})
-
-
-def agent(tmp_path: Path, **settings: Any) -> Agent:
-    base = AgentSettings(coordinator="tcp://127.0.0.1:9", client_id="pi", data=str(sensor_shard(tmp_path / "s.npz")),
-                         state_dir=str(tmp_path / "state"))
-    return Agent(AgentSettings(**{**base.__dict__, **settings}))
 
 
 def test_an_agent_imports_only_what_its_own_toml_allows(tmp_path: Path) -> None:
@@ -157,13 +147,23 @@ def test_data_that_does_not_fit_the_session_is_refused(tmp_path: Path) -> None:
         a.join(welcome(loss="mse"))
 
 
-def no_run_dir(tmp_path: Path, *args: str, code: int = 2) -> str:
+def no_run_dir(tmp_path: Path, *args: str, code: int = 2, capsys: pytest.CaptureFixture[str] | None = None) -> str:
+    """``coordinator start --run-dir NEVER --quiet ARGS``, which must exit ``code`` with one line on stderr and no
+    run directory: as a process, or through the CLI's ``main`` in this process given ``capsys``."""
     run_dir = tmp_path / "never"
-    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir),
-                          "--quiet", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == code and not run_dir.exists(), out.stdout + out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1, out.stderr
+    argv = ["start", "--run-dir", str(run_dir), "--quiet", *args]
+    if capsys is None:
+        out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", *argv], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+        returncode, stdout, stderr = out.returncode, out.stdout, out.stderr
+    else:
+        from fedge.runtime.cli import main
+
+        returncode = main(argv)
+        stdout, stderr = capsys.readouterr()
+    assert returncode == code and not run_dir.exists(), stdout + stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
     return lines[0]
 
 
@@ -196,17 +196,18 @@ def test_bad_plugins_and_misfits_are_one_line(overrides: list[str], message: str
 
 
 def test_the_cli_writes_nothing_before_the_plan_passes(tmp_path: Path) -> None:
+    """The command as a user runs it (its exit status and stderr); the other one-line errors go through its ``main``."""
     assert "cannot import tests.no_module" in no_run_dir(tmp_path, "--set", "fleet.local_agents=2", "--model",
                                                          "tests.no_module:f")
 
 
-def test_shards_that_disagree_are_one_line(tmp_path: Path) -> None:
+def test_shards_that_disagree_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     shards = tmp_path / "shards"
     shards.mkdir()
     sensor_shard(shards / "a.npz")
     sensor_shard(shards / "b.npz", classes=4)
     line = no_run_dir(tmp_path, "--set", "fleet.local_agents=2", "--model", PLUGIN, "--set", "data.dataset=\"npz\"",
-                      "--set", f"data.path=\"{shards}\"", code=3)  # a data error
+                      "--set", f"data.path=\"{shards}\"", code=3, capsys=capsys)  # a data error
     assert "the shards of one data set must agree" in line
 
 

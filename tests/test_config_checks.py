@@ -1,9 +1,9 @@
 """The whole configuration is checked when it is read: typed algorithm options and [train], one line, nothing
-written (the CLI case runs a process; the rest run the same plan in process)."""
+written. ``coordinator start``'s refusals run its ``main`` in this process (they come before it sets up logging or
+plays anything); the agent's, which sets up logging first, run in a process of their own."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedge.coordinator.config import ConfigError, load_config
+from fedge.runtime.cli import main as coordinator
 from fedge.runtime.plan import plan_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,23 +81,23 @@ def test_an_integer_is_a_valid_float_option() -> None:
     assert plan.config.algorithm["keep"] == 1
 
 
-def test_the_cli_refuses_a_typed_option_before_writing(tmp_path: Path) -> None:
+def test_the_cli_refuses_a_typed_option_before_writing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir),
-                          "--set", "algorithm.keep=abc", "--quiet"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 2 and not run_dir.exists()
-    assert out.stderr.strip() == "coordinator: error: [algorithm] ef-fedprox: algorithm.keep must be a number, got 'abc'"
+    code = coordinator(["start", "--run-dir", str(run_dir), "--set", "algorithm.keep=abc", "--quiet"])
+    said = capsys.readouterr()
+    assert code == 2 and not run_dir.exists() and said.out == ""
+    assert said.err.strip() == "coordinator: error: [algorithm] ef-fedprox: algorithm.keep must be a number, got 'abc'"
 
 
-def test_exit_codes_say_configuration_or_data(tmp_path: Path) -> None:
+def test_exit_codes_say_configuration_or_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
-    data = run("fedge.runtime.cli", "start", "--run-dir", str(tmp_path / "r"), "--set", "data.dataset=npz",
-               "--set", f"data.path={tmp_path / 'none'}", "--quiet")
-    assert data.returncode == 3 and data.stderr.startswith("coordinator: data error: ") and \
-        data.stderr.count("\n") == 1, data.stderr
+    code = coordinator(["start", "--run-dir", str(tmp_path / "r"), "--set", "data.dataset=npz",
+                        "--set", f"data.path={tmp_path / 'none'}", "--quiet"])
+    said = capsys.readouterr().err
+    assert code == 3 and said.startswith("coordinator: data error: ") and said.count("\n") == 1, said
+    assert not (tmp_path / "r").exists()
     (tmp_path / "bad.npz").write_bytes(b"not a shard")
     agent = run("fedge.edge_agent", "run", "--coordinator", "tcp://127.0.0.1:9", "--client-id", "pi", "--data",
                 str(tmp_path / "bad.npz"), "--state-dir", str(tmp_path / "state"))
@@ -127,16 +128,15 @@ def test_a_simulated_fleet_holds_more_clients_than_agents() -> None:
     assert len(plan.shards) == 40
 
 
-def test_the_ray_backend_without_ray_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    hide = tmp_path / "noray"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None\n")
+def test_the_ray_backend_without_ray_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # Ray cannot be imported here
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--set", "fleet.mode=simulated",
-                          "--set", "fleet.backend=ray", "--run-dir", str(run_dir)], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(hide)})
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert "needs Ray on this machine" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    code = coordinator(["start", "--set", "fleet.mode=simulated", "--set", "fleet.backend=ray", "--run-dir",
+                        str(run_dir)])
+    said = capsys.readouterr()
+    assert code == 2, said
+    assert "needs Ray on this machine" in said.err and len(said.err.strip().splitlines()) == 1
     assert not run_dir.exists()
 
 

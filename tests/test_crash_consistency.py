@@ -1,5 +1,10 @@
 """A coordinator that crashes at any point of a round's finish resumes to the uninterrupted run: the run directory's
-records agree with the checkpoint, no round is counted twice, and the final model is the same bit for bit."""
+records agree with the checkpoint, no round is counted twice, and the final model is the same bit for bit.
+
+The crash is the subject, so each crash ends a real coordinator process (``FEDGE_CRASH_AT``: ``os._exit(70)``,
+no cleanup: what a power cut leaves on disk); the agents are not, so the fleet is simulated inline in that
+process. The resume and the uninterrupted reference (shared by every crash point) are played in this
+process."""
 
 from __future__ import annotations
 
@@ -9,22 +14,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.e2e import FAST, Processes, finished, metrics
+from tests.e2e import Processes, metrics
+from tests.simfleet import resume_here, run_here
 
-COMMON = ["--rounds", "3", "--local-fleet", "2", "--seed", "7", *FAST]
+SETS = ["run.rounds=3", "fleet.local_agents=2", "run.seed=7", "model.name=mlp", "data.train_limit=300",
+        "fleet.heartbeat_s=0.5", "fleet.liveness_s=6.0", "run.export_onnx=false", "fleet.mode=simulated",
+        "fleet.backend=inline"]
+
+pytestmark = pytest.mark.xdist_group("crash_consistency")  # one worker plays the shared reference
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.e2e import Processes as Started
-
-    work = tmp_path_factory.mktemp("reference")
-    started = Started(work)
-    try:
-        assert finished(started.coordinator(*COMMON, "--run-dir", str(work / "run"), name="ref"), 240) == 0
-    finally:
-        started.cleanup()
-    return work / "run"
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    run_here(SETS, run_dir)
+    return run_dir
 
 
 @pytest.mark.parametrize("point", ["aggregated", "clients", "metrics", "checkpoint", "committed"])
@@ -33,11 +37,10 @@ def test_a_crash_anywhere_in_finish_round_resumes_to_the_same_run(procs: Process
                                                                   point: str) -> None:
     run_dir = tmp_path / "run"
     monkeypatch.setenv("FEDGE_CRASH_AT", f"{point}:2")
-    crashed = procs.coordinator(*COMMON, "--run-dir", str(run_dir), name="crashed")
-    assert finished(crashed, 240) == 70, procs.output("crashed")
+    crashed = procs.cli(SETS, run_dir, name="crashed")
+    assert crashed.wait(timeout=240) == 70, procs.output("crashed")
     monkeypatch.delenv("FEDGE_CRASH_AT")
-    resumed = procs.coordinator("--resume", str(run_dir), "--quiet", name="resumed")
-    assert finished(resumed, 240) == 0, procs.output("resumed")
+    assert resume_here(run_dir)["status"] == "done"
     assert [r["round"] for r in metrics(run_dir)] == [1, 2, 3]
     clients = [json.loads(line)["round"] for line in (run_dir / "clients.jsonl").read_text().splitlines()]
     assert clients == [1, 1, 2, 2, 3, 3]

@@ -3,17 +3,14 @@ given, so nothing is downloaded): the page shows a real run's id, charts with on
 metrics.jsonl, one table row per agent and no console error; rows appended to a copied run appear within 2 s, a
 partial line waits for its end, a resume's rewritten file is reloaded; two runs side by side; a live simulated-fleet
 coordinator followed to its end. One browser session serves the module; the dashboard and the coordinator are real
-processes on 127.0.0.1, killed by pid at the end. CI installs the browser (.ci/run); elsewhere the module is
-skipped, with its reason, when the browser is missing."""
+processes on 127.0.0.1 (tests/e2e.py), killed by pid at the end. CI installs the browser (.ci/run); a missing one
+fails these tests under CI and skips them, with its reason, elsewhere (tests/tools.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,14 +18,9 @@ from typing import Any
 
 import pytest
 
+from tests import tools
+from tests.e2e import Processes
 from tests.simfleet import run_here
-
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-if not (CHROMIUM and DRIVER):
-    message = "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
-    if os.environ.get("CI"):
-        raise RuntimeError(message)  # CI installs them: their absence there is a failure, not a skip
-    pytest.skip(message, allow_module_level=True)
 
 SHORT_RUN = ["model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=4",
              "data.train_limit=120", "run.rounds=5", "run.export_onnx=false", "algorithm.name=fedavg"]
@@ -58,36 +50,35 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def dashboard(runs_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("dashboard") / "out.txt"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "fedge.runtime.cli", "dashboard", str(runs_root),
-                                    "--listen", "127.0.0.1:0"], stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    """``coordinator dashboard RUNS --listen 127.0.0.1:0``, a real process for the module; its address."""
+    processes = Processes(tmp_path_factory.mktemp("dashboard"))
     try:
+        process = processes.start(["fedge.runtime.cli", "dashboard", str(runs_root), "--listen", "127.0.0.1:0"],
+                                  "dashboard")
         until = time.monotonic() + 30
-        while not log.read_text().strip() and time.monotonic() < until and process.poll() is None:
+        while not processes.output("dashboard").strip() and time.monotonic() < until and process.poll() is None:
             time.sleep(0.05)
-        url = log.read_text().splitlines()[0]
-        assert url.startswith("http://127.0.0.1:") and url.endswith("/"), log.read_text()
+        url = processes.output("dashboard").splitlines()[0]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/"), processes.output("dashboard")
         yield url
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
+        processes.cleanup()
 
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    chromium, driver_path = tools.command("chromium"), tools.command("chromedriver")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
+    options.binary_location = chromium
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1600",
                  f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(DRIVER)))
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
     driver.set_page_load_timeout(30)
     try:
         yield driver
@@ -207,29 +198,19 @@ def test_two_runs_side_by_side_and_the_run_list(browser: Any, dashboard: str, so
 
 
 def test_a_running_simulated_fleet_coordinator_is_followed_to_its_end(browser: Any, dashboard: str,
-                                                                       runs_root: Path, tmp_path: Path) -> None:
+                                                                       runs_root: Path, procs: Processes) -> None:
     run = runs_root / "running"
-    sets = [f"--set={s}" for s in SHORT_RUN if not s.startswith("run.rounds")]
-    with open(tmp_path / "coordinator.out", "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "fedge.runtime.cli", "start", "--rounds", "12",
-                                    "--run-dir", str(run), "--quiet", *sets], stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        wait_until(lambda: (run / "provenance.json").exists(), 60, "the run to start")
-        open_runs(browser, dashboard, "running")
-        seen = wait_until(lambda: page_rows(browser, "running") > 0 and page_rows(browser, "running"), 60,
-                          "a first row")
-        assert process.wait(180) == 0, (tmp_path / "coordinator.out").read_text()
-        assert seen < 12  # the page showed the run before it ended
-        wait_until(lambda: page_rows(browser, "running") == 12, 10, "the last row")
-        wait_until(lambda: "done" in browser.find_element("css selector", ".run .run-state").text, 10,
-                   "the done state")
-        assert len(browser.find_elements("css selector", ".run table.agents tbody tr")) == 4
-        assert console_errors(browser) == []
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+    sets = [s for s in SHORT_RUN if not s.startswith("run.rounds")]
+    process = procs.cli(sets, run, "--rounds", "12")
+    wait_until(lambda: (run / "provenance.json").exists(), 60, "the run to start")
+    open_runs(browser, dashboard, "running")
+    seen = wait_until(lambda: page_rows(browser, "running") > 0 and page_rows(browser, "running"), 60, "a first row")
+    procs.finish(process, "running", 180)
+    assert seen < 12  # the page showed the run before it ended
+    wait_until(lambda: page_rows(browser, "running") == 12, 10, "the last row")
+    wait_until(lambda: "done" in browser.find_element("css selector", ".run .run-state").text, 10, "the done state")
+    assert len(browser.find_elements("css selector", ".run table.agents tbody tr")) == 4
+    assert console_errors(browser) == []
 
 
 def test_a_private_runs_epsilon_is_charted_against_rounds(browser: Any, dashboard: str, runs_root: Path) -> None:

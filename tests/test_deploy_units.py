@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -13,6 +12,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests import tools
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMD = ROOT / "deploy" / "systemd"
@@ -302,8 +303,8 @@ def test_coordinator_has_no_devices(units: dict[str, Unit]) -> None:
     assert values(coordinator, "Service", "SupplementaryGroups") == []
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_systemd_analyze_verify_accepts_both_units(tmp_path: Path) -> None:
+    analyze = tools.command("systemd-analyze")
     prefix = tmp_path / "venv"
     (prefix / "bin").mkdir(parents=True)
     for script in ("edge-agent", "coordinator"):
@@ -319,7 +320,7 @@ def test_systemd_analyze_verify_accepts_both_units(tmp_path: Path) -> None:
     (out / "fedge-agent-sensors.service").write_text(sensors)
     result = subprocess.run(
         [
-            "systemd-analyze",
+            analyze,
             "verify",
             "--man=no",
             "--generators=no",

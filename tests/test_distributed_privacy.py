@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 
 from fedge.coordinator.config import ConfigError, load_config
 from fedge.coordinator.skellam import SkellamRound, epsilon_of, total_rdp
+from fedge.runtime.cli import main as coordinator
 from fedge.secagg.distributed import NoisyGrid
 from tests.simfleet import overrides, read_jsonl, run_here
 
@@ -23,42 +23,60 @@ DISTRIBUTED = ("algorithm.name=fedavg", "secagg.enabled=true", "privacy.mode=\"d
                "privacy.noise_multiplier=0.5", "privacy.clip=1.0")
 
 
-def test_the_model_moves_by_the_clipped_mean_plus_every_devices_noise(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+@dataclass
+class Recorded:
+    """A 3-round session of 6 devices with distributed noise, played once for the module, and what it drew:
+    each device's clipped change and its grid, and each round's folded (noisy, unmasked) mean."""
+
+    run_dir: Path
+    changes: list[np.ndarray] = field(default_factory=list)
+    grids: list[NoisyGrid] = field(default_factory=list)
+    folded: list[np.ndarray] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     from fedge.protocol.server_half import Aggregation
 
-    changes: list[np.ndarray] = []
-    grids: list[NoisyGrid] = []
-    folded: list[np.ndarray] = []
+    seen = Recorded(tmp_path_factory.mktemp("distributed") / "run")
     integers, fold = NoisyGrid.integers, Aggregation.fold_secure_mean
 
     def recording_integers(self: NoisyGrid, change: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         norm = float(np.linalg.norm(change))
-        changes.append(change * min(1.0, self.clip / norm) if norm else change)
-        grids.append(self)
+        seen.changes.append(change * min(1.0, self.clip / norm) if norm else change)
+        seen.grids.append(self)
         return integers(self, change, rng)
 
     def recording_fold(self: Aggregation, groups: dict, contributor: tuple[str, int], contributors: list[int]) -> None:
         (group,) = groups.values()
-        folded.append(np.concatenate([np.asarray(v).ravel() for v in group.dense.values()]))
+        seen.folded.append(np.concatenate([np.asarray(v).ravel() for v in group.dense.values()]))
         fold(self, groups, contributor, contributors)
 
-    monkeypatch.setattr(NoisyGrid, "integers", recording_integers)
-    monkeypatch.setattr(Aggregation, "fold_secure_mean", recording_fold)
-    run_here(overrides("fedavg", 1.0, "simulated", "inline", (*DISTRIBUTED, "run.rounds=2")), tmp_path / "run")
-    assert len(changes) == 12 and len(folded) == 2
-    lines = read_jsonl(tmp_path / "run" / "privacy.jsonl")
-    for number in range(2):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(NoisyGrid, "integers", recording_integers)
+        patch.setattr(Aggregation, "fold_secure_mean", recording_fold)
+        run_here(overrides("fedavg", 1.0, "simulated", "inline", (*DISTRIBUTED, "run.rounds=3")),
+                 seen.run_dir)
+    return seen
+
+
+@pytest.mark.xdist_group("distributed_privacy")
+def test_the_model_moves_by_the_clipped_mean_plus_every_devices_noise(recorded: Recorded) -> None:
+    changes, grids, folded = recorded.changes, recorded.grids, recorded.folded
+    assert len(changes) == 18 and len(folded) == 3
+    lines = read_jsonl(recorded.run_dir / "privacy.jsonl")
+    for number in range(3):
         grid, release = grids[6 * number], int(lines[number]["release"])
         assert math.isclose(grid.noise * release, (grid.scale * 0.5 * 1.0) ** 2)  # each device: sigma^2 / release
         error = folded[number] - np.mean(changes[6 * number:6 * number + 6], axis=0)
         expected = math.sqrt(6 * grid.noise) / grid.scale / 6  # all six devices' noise, on the mean
         assert 0.95 < float(error.std()) / expected < 1.05, number
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    rows = read_jsonl(recorded.run_dir / "metrics.jsonl")
     recomputed = epsilon_of(total_rdp([SkellamRound(r["l2"], r["l1"], r["variance"]) for r in lines]), 1e-5)
-    report = json.loads((tmp_path / "run" / "report.json").read_text())["privacy"]
+    report = json.loads((recorded.run_dir / "report.json").read_text())["privacy"]
     assert [r["epsilon"] for r in rows] == [line["epsilon"] for line in lines]
-    assert rows[0]["epsilon"] < rows[1]["epsilon"] == report["epsilon"] == pytest.approx(recomputed)
+    assert rows[0]["epsilon"] < rows[1]["epsilon"] < rows[2]["epsilon"] == report["epsilon"] == \
+        pytest.approx(recomputed)
     assert report["mode"] == "distributed" and report["delta"] == 1e-5 and rows[0]["noise_std"] == 0.5
 
 
@@ -76,26 +94,24 @@ def test_a_round_with_fewer_inputs_than_the_noise_shares_assume_is_not_released(
     assert rows[0]["test_accuracy"] == rows[1]["test_accuracy"]  # the model never moved
 
 
-def test_a_run_stops_before_a_round_would_take_epsilon_past_max_epsilon(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("distributed_privacy")
+def test_a_run_stops_before_a_round_would_take_epsilon_past_max_epsilon(
+        recorded: Recorded, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Each round's accounting depends on its grid alone, so the round that would cross ``privacy.max_epsilon`` is
     known when it opens: it is never opened, the run ends as spent with its last released model, and epsilon stays
-    within the budget."""
-    from fedge.coordinator.rundir import RunDir
-    from fedge.runtime.launch import play
-    from fedge.runtime.plan import plan_session
-
-    run_here(overrides("fedavg", 1.0, "simulated", "inline", (*DISTRIBUTED, "run.rounds=3")), tmp_path / "free")
-    epsilons = [line["epsilon"] for line in read_jsonl(tmp_path / "free" / "privacy.jsonl")]
+    within the budget (the budget set between the 3-round run's second and third epsilon)."""
+    epsilons = [line["epsilon"] for line in read_jsonl(recorded.run_dir / "privacy.jsonl")]
     limit = (epsilons[1] + epsilons[2]) / 2  # two rounds fit, the third would not
     sets = overrides("fedavg", 1.0, "simulated", "inline", (*DISTRIBUTED, "run.rounds=3",
                                                              f"privacy.max_epsilon={limit}"))
-    report = play(plan_session(load_config(None, sets)), RunDir(tmp_path / "spent"), resuming=False)
+    report = run_here(sets, tmp_path / "spent", status="budget")
     assert report["status"] == "budget" and report["rounds_completed"] == 2
     assert report["privacy"]["epsilon"] == pytest.approx(epsilons[1]) and report["privacy"]["max_epsilon"] == limit
     assert len(read_jsonl(tmp_path / "spent" / "privacy.jsonl")) == 2  # the third round was never accounted
     assert (tmp_path / "spent" / "model.npz").exists()
-    shown = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "status", str(tmp_path / "spent")],
-                           capture_output=True, text=True, timeout=60, check=True).stdout  # what an operator sees
+    capsys.readouterr()
+    assert coordinator(["status", str(tmp_path / "spent")]) == 0  # what an operator sees
+    shown = capsys.readouterr().out
     assert f"privacy: epsilon {report['privacy']['epsilon']:.4g} at delta 1e-05 after 2 accounted round(s) " \
            f"(rdp (Skellam), no sampling; stops before {limit})" in shown
 

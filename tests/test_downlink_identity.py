@@ -1,6 +1,7 @@
 """With CurveZMQ on, frames for a client id go only to a connection authenticated with that id's key, whatever
-routing id a peer chooses; a device that comes back on a new connection takes its place. Real sockets on 127.0.0.1:
-the transports in process, then real coordinator and agent processes."""
+routing id a peer chooses; a device that comes back on a new connection takes its place; an agent whose key is in no
+allow-list, or that claims another device's id, is refused. Real sockets on 127.0.0.1: the transports in process,
+then real coordinator and agent processes."""
 
 from __future__ import annotations
 
@@ -152,25 +153,32 @@ def reporters(run_dir: Path) -> list[set[str]]:
 
 def test_an_impostor_before_the_device_or_after_round_one_takes_no_task_and_stops_no_device(
         procs: Processes, tmp_path: Path) -> None:
-    """Two honest devices in a bound CurveZMQ session; a third device, its own key allowed as agent-02, connects
-    as agent-00 twice (as the stock agent, and as a bare DEALER with the routing id ``agent-00`` that says
-    nothing), once before the honest agent-00 and once more after round 1. The session is stopped (SIGTERM: it
-    checkpoints and exits 0) two rounds later: both honest devices reported in every round, and no frame reached
-    an impostor."""
+    """Two honest devices in a bound CurveZMQ session, their keys allowed while it runs (no restart needed); a
+    third device, its own key allowed as agent-02, connects as agent-00 twice (as the stock agent, and as a bare
+    DEALER with the routing id ``agent-00`` that says nothing), once before the honest agent-00 and once more after
+    round 1; an intruder, whose key is in no allow-list, tries too. The session is stopped (SIGTERM: it checkpoints
+    and exits 0) two rounds later: both honest devices reported in every round, no frame reached an impostor, and
+    the refused agents, still retrying, stop on SIGTERM with exit 0."""
     data, run_dir = shards(tmp_path, 2), tmp_path / "run"
     coordinator = procs.coordinator(
         "--bind", "tcp://127.0.0.1:0", "--expect", "2", "--rounds", "100", "--run-dir", str(run_dir),
         "--set", "security.curve=on", "--set", "data.clients=2", "--set", "round.min_clients=2",
         "--set", "round.deadline_s=10", *FAST)
     address = endpoint(run_dir)
+    assert json.loads((run_dir / "provenance.json").read_text())["curve"] is True
     keys, coordinator_key = run_dir / "keys", run_dir / "keys" / f"{COORDINATOR_KEY}.key"
     thief = device_keys(keys, "thief", "agent-02")  # the third device: its own key, allowed as agent-02
+    stranger = tmp_path / "intruder-keys"
+    generate_keys(stranger, AGENT_KEY)  # a key in no allow-list
+
+    started: dict[str, subprocess.Popen[bytes]] = {}
 
     def agent(name: str, client_id: str, shard: int, device_keys_dir: Path) -> None:
-        procs.agent("--coordinator", address, "--client-id", client_id, "--data",
-                    str(data / f"client-{shard:03d}.npz"), "--state-dir", str(tmp_path / f"{name}-state"),
-                    "--curve", "on", "--keys-dir", str(device_keys_dir), "--after-session", "exit",
-                    "--coordinator-key", str(coordinator_key), name=name)
+        started[name] = procs.agent("--coordinator", address, "--client-id", client_id, "--data",
+                                    str(data / f"client-{shard:03d}.npz"), "--state-dir",
+                                    str(tmp_path / f"{name}-state"), "--curve", "on", "--keys-dir",
+                                    str(device_keys_dir), "--after-session", "exit", "--coordinator-key",
+                                    str(coordinator_key), name=name)
 
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     bare: list[zmq.Socket[bytes]] = []
@@ -182,7 +190,9 @@ def test_an_impostor_before_the_device_or_after_round_one_takes_no_task_and_stop
         wait_for(lambda: "identity-mismatch" in procs.output(name), 60, f"{name}'s refusal")
 
     try:
+        agent("intruder", "intruder", 1, stranger)
         impostors("impostor-first")
+        wait_for(lambda: "refused" in procs.output("intruder"), 60, "the intruder to be told it is refused")
         for i in range(2):
             agent(f"agent-0{i}", f"agent-0{i}", i, device_keys(keys, f"agent-0{i}-keys", f"agent-0{i}"))
         wait_for(lambda: len(metrics(run_dir)) >= 1, 60, "round 1")
@@ -199,7 +209,15 @@ def test_an_impostor_before_the_device_or_after_round_one_takes_no_task_and_stop
     rows = metrics(run_dir)
     assert [r["reported"] for r in rows] == [2] * len(rows), rows
     assert reporters(run_dir) == [{"agent-00", "agent-01"}] * len(rows)
-    for name in ("impostor-first", "impostor-after"):
+    for name in ("impostor-first", "impostor-after", "intruder"):
         impostor = procs.output(name)
         assert "task" not in impostor and "joined run" not in impostor, impostor
-    assert "allowed as client 'agent-02', not as 'agent-00'" in (run_dir / "coordinator.log").read_text()
+    log = (run_dir / "coordinator.log").read_text()
+    assert "allowed as client 'agent-02', not as 'agent-00'" in log
+    assert "not in the allow-list" in log
+    assert "intruder" not in (run_dir / "clients.jsonl").read_text()
+    for name in ("impostor-first", "impostor-after", "intruder"):  # refused, they go on trying until stopped
+        process = started[name]
+        assert process.poll() is None, procs.output(name)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0, procs.output(name)

@@ -7,7 +7,6 @@ same supports."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from fedge.algorithms.base import ClientUpdate, LocalStats, ModelLayout, Payload
 from fedge.algorithms.ef_meta import EfUpdate
 from fedge.models import state_to_arrays
 from fedge.simulation.inprocess import through_codec
-from tests.simfleet import overrides, read_jsonl, run_here
+from tests.simfleet import InProcessSessions, overrides, read_jsonl
 
 OPTIONS = {"keep": 0.1, "value_dtype": "f32", "dense_rounds": 0}
 
@@ -142,13 +141,14 @@ def test_a_resumed_coordinator_publishes_the_same_supports() -> None:
     assert not np.array_equal(server.support(4), server.support(3))
 
 
-def test_a_session_moves_a_tenth_of_fedavgs_bytes_with_its_supports_counted(tmp_path: Path) -> None:
+def test_a_session_moves_a_tenth_of_fedavgs_bytes_with_its_supports_counted(
+        sessions: InProcessSessions) -> None:
     rows = {}
     for name in ("fedavg", "ef-shared-fedprox"):
-        run_here(overrides(name, 1.0, "simulated", "inline", ("run.rounds=4", "algorithm.value_dtype=\"f16\"",
-                                                              "algorithm.dense_rounds=0")
-                           if name != "fedavg" else ("run.rounds=4",)), tmp_path / name)
-        rows[name] = read_jsonl(tmp_path / name / "metrics.jsonl")
+        extra = ("run.rounds=4", "algorithm.value_dtype=\"f16\"", "algorithm.dense_rounds=0") \
+            if name != "fedavg" else ("run.rounds=4",)
+        sessions.run(overrides(name, 1.0, "simulated", "inline", extra), name=name)
+        rows[name] = read_jsonl(sessions.root / name / "metrics.jsonl")
     shared = rows["ef-shared-fedprox"]
     assert all(r["ef_support"] == shared[0]["ef_support"] > 0 for r in shared)
     for key in ("bytes_down", "bytes_up_tensors"):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ else:  # pragma: no cover - Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 SHORT_RUN = ["model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "fleet.local_agents=3",
              "data.train_limit=50", "run.rounds=3", "run.export_onnx=false"]
+
+pytestmark = pytest.mark.xdist_group("export")  # one worker plays the module's run
 
 
 @pytest.fixture(scope="module")
@@ -188,29 +190,45 @@ def test_a_directory_that_is_not_a_run_is_refused_in_one_line(tmp_path: Path) ->
     assert not (tmp_path / "tb").exists()
 
 
-def coordinator(*args: str, hide: str = "") -> subprocess.CompletedProcess[str]:
-    """``coordinator ARGS`` in a new process (``hide``: a library made unimportable there first)."""
-    code = (f"import runpy, sys; sys.modules.update({{{hide!r}: None}} if {hide!r} else {{}}); "
-            f"sys.argv = ['coordinator', *{list(args)!r}]; runpy.run_module('fedge.runtime.cli', run_name='__main__')")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"})
+@dataclass
+class Said:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def coordinator(capsys: pytest.CaptureFixture[str], *args: str) -> Said:
+    """``coordinator ARGS``, its ``main`` called here: its exit code and what it printed."""
+    from fedge.runtime.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return Said(code, out, err)
 
 
 def test_the_command_needs_a_destination_and_prints_one_line_per_destination(
-        run_dir: Path, tmp_path: Path, mlflow_store: str) -> None:
-    refused = coordinator("export", str(run_dir))
+        run_dir: Path, tmp_path: Path, mlflow_store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    refused = coordinator(capsys, "export", str(run_dir))
     assert refused.returncode == 2 and "needs a destination" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
     tensorboard = tmp_path / "tb"
-    done = coordinator("export", str(run_dir), "--tensorboard", str(tensorboard), "--mlflow", mlflow_store)
+    done = coordinator(capsys, "export", str(run_dir), "--tensorboard", str(tensorboard),
+                       "--mlflow", mlflow_store)
     printed = done.stdout.splitlines()
     assert done.returncode == 0 and len(printed) == 2, done.stderr
     assert str(tensorboard / run_dir.name) in printed[0] and mlflow_store in printed[1]
 
 
-def test_a_missing_library_is_named_with_its_extra(run_dir: Path, tmp_path: Path) -> None:
+def test_a_missing_library_is_named_with_its_extra(run_dir: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Each library made unimportable here (``None`` in ``sys.modules``: the exporter imports the top-level
+    package first, so its submodules already loaded here do not hide the absence)."""
     for library in ("tensorboard", "mlflow"):
-        said = coordinator("export", str(run_dir), f"--{library}", str(tmp_path / library), hide=library)
+        with monkeypatch.context() as hidden:
+            hidden.setitem(sys.modules, library, None)
+            said = coordinator(capsys, "export", str(run_dir), f"--{library}", str(tmp_path / library))
         assert said.returncode == 2 and f"pip install 'fedge[{library}]'" in said.stderr, said.stderr
         assert len(said.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "tensorboard").exists()

@@ -15,7 +15,10 @@ tests/hostile_matrix.py's; this file runs a selection of the matrix (``CORE``, `
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+from threadpoolctl import threadpool_limits
 
 from fedge import codec
 from fedge.coordinator.config import ConfigError
@@ -37,31 +40,44 @@ from tests.hostile_rounds import Mode
 CORE = ("missing-group", "extra-tensor", "out-of-range-index", "int32", "nan", "zero-samples", "previous-round",
         "replay-earlier", "truncated")
 FULL = ("fedavg", "ef-fedprox", "dssa-fedavg", "fedavg+multi-krum", "fedavg+central-dp", "ef-fedavg+async")
-CELLS = [(m, u) for m in MODES for u in MUTATIONS if m.name in FULL or u.name in CORE]
+
+
+def cell(mode: Mode, *values: object, name: str) -> object:
+    """One cell's parameters, in the xdist group of the mode's honest recording: under pytest-xdist a mode's cells
+    run in one worker, which records the mode and replays its expected rounds once."""
+    group = pytest.mark.xdist_group(mode.records or mode.name)
+    return pytest.param(mode, *values, id=f"{mode.name}-{name}", marks=group)
+
+
+CELLS = [cell(m, u, name=u.name) for m in MODES for u in MUTATIONS if m.name in FULL or u.name in CORE]
+STAGES = [cell(m, s, name=s.name) for m in SECURE_MODES for s in STAGE_MUTATIONS]
+MASKED = [cell(m, name, name=name) for m in SECURE_MODES for name in SECURE_PLAIN]
 
 
 @pytest.fixture(scope="module")
-def recorded() -> Recorded:
-    return Recorded()
+def recorded() -> Iterator[Recorded]:
+    """The honest recordings and expected rounds, kept for the module; numpy's BLAS on one thread, as in the
+    coordinator's process (``runtime.launch.play``: idle OpenBLAS threads spin, and the norm of every update
+    waits on them)."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield Recorded()
 
 
-@pytest.mark.parametrize(("mode", "mutation"), CELLS, ids=[f"{m.name}-{u.name}" for m, u in CELLS])
+@pytest.mark.parametrize(("mode", "mutation"), CELLS)
 def test_hostile_update(recorded: Recorded, mode: Mode, mutation: Mutation) -> None:
     closed, expected, expect = recorded.cell(mode, mutation)
     problem = verdict(closed, expected, expect)
     assert not problem, f"{mode.name} x {mutation.name}: {problem}"
 
 
-@pytest.mark.parametrize("stage", STAGE_MUTATIONS, ids=lambda m: m.name)
-@pytest.mark.parametrize("mode", SECURE_MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize(("mode", "stage"), STAGES)
 def test_hostile_stage(recorded: Recorded, mode: Mode, stage: StageMutation) -> None:
     closed = recorded.live(mode, stage.kind, stage_frames(stage, "agent-01"))
     problem = verdict(closed, recorded.live_expected(mode, stage.kind, stage.expect), stage.expect)
     assert not problem, f"{mode.name} x {stage.name}: {problem}"
 
 
-@pytest.mark.parametrize("name", SECURE_PLAIN)
-@pytest.mark.parametrize("mode", SECURE_MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize(("mode", "name"), MASKED)
 def test_hostile_masked_update(recorded: Recorded, mode: Mode, name: str) -> None:
     plain = mutation(name)
     assert isinstance(plain.expect, str)

@@ -9,7 +9,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fedge.algorithms import fedavg
 from fedge.algorithms.base import ClientUpdate, ModelLayout, Payload, ServerContext
 from fedge.codec import SparseSection, TensorGroup
 from fedge.models import build, state_to_arrays
@@ -17,29 +16,7 @@ from fedge.protocol.influence import Influence, InfluenceLimits, change_norm
 from fedge.protocol.server_half import aggregate_round
 from fedge.simulation.inprocess import global_arrays, make_fleet, run_round
 from tests.algo_helpers import SGD, TINY_MLP, client_data, same_arrays
-
-
-def server_and_uploads(honest: int = 5, seed: int = 0) -> tuple[fedavg.Server, dict[str, np.ndarray],
-                                                              list[ClientUpdate]]:
-    model = build(TINY_MLP, seed=seed)
-    initial = state_to_arrays(model)
-    server = fedavg.Server(fedavg.Config(), initial, ServerContext(num_clients=honest + 1,
-                                                                  layout=ModelLayout.of(model)))
-    rng = np.random.default_rng(seed)
-    updates = []
-    for i in range(honest):
-        moved = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in initial.items()}
-        updates.append(ClientUpdate(f"c{i}", i, 100 + 10 * i, Payload(groups={"model": TensorGroup(dense=moved)})))
-    return server, initial, updates
-
-
-def attacker(initial: dict[str, np.ndarray], index: int) -> ClientUpdate:
-    flipped = {k: (-20 * v).astype(np.float32) for k, v in initial.items()}
-    return ClientUpdate("evil", index, 10**9, Payload(groups={"model": TensorGroup(dense=flipped)}))
-
-
-def distance(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
-    return float(np.sqrt(sum(np.sum((a[k].astype(np.float64) - b[k]) ** 2) for k in a)))
+from tests.influence_cases import attacker, distance, ef_update, server_and_uploads
 
 
 def test_one_inflated_flipped_update_is_capped_and_clipped_and_the_model_stays_near_the_honest_mean() -> None:
@@ -184,18 +161,6 @@ def test_a_robust_rule_combines_dssa_sparse_rounds_on_their_shared_support() -> 
         assert metrics["dssa_sparse"] == 1 and metrics["robust_aggregator"] == name
         models[name] = global_arrays(fleet)
     assert not same_arrays(models["mean"], models["median"])
-
-
-def ef_update(server: object, index: int, base: int, rng: np.random.Generator, scale: float) -> ClientUpdate:
-    """An ef update of the tiny MLP: the device's own top 30 % of coordinates, values of ``scale``."""
-    from fedge.algorithms.ef_meta import EfUpdate
-
-    layout = server.layout  # type: ignore[attr-defined]
-    chosen = np.sort(rng.choice(layout.size, size=int(0.3 * layout.size), replace=False))
-    values = (scale * rng.standard_normal(chosen.size)).astype(np.float32)
-    section = SparseSection.with_indices(layout.names, layout.shapes, chosen, values)
-    return ClientUpdate(f"c{index}", index, 100, Payload(groups={"update": TensorGroup(sparse=section)},
-                                                         meta=EfUpdate(base=base, keyframe=0).to_meta()))
 
 
 def test_multi_krum_combines_ef_updates_on_every_coordinate_and_keeps_what_each_device_holds() -> None:

@@ -4,11 +4,14 @@ coordinator exits 4 (with the tail) rather than waiting silently when none can b
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.e2e import FAST, Processes, finished, metrics, wait_for
 
@@ -62,7 +65,20 @@ def test_a_broken_agent_install_ends_the_session_with_code_4_and_the_tail(tmp_pa
     assert log.count("restarting local agent agent-00") == 3
 
 
-def test_a_fleet_without_local_agents_is_never_lost(tmp_path: Path) -> None:
-    from fedge.runtime.localfleet import LocalFleet
+def test_a_fleet_without_local_agents_is_never_lost(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A session bound for real devices has no local agents: however long it runs, watching its empty fleet
+    restarts nothing, logs nothing and never ends it as lost (FleetLost), though it is below ``min_agents``; a
+    fleet of one local agent that needs two is lost at once."""
+    from fedge.runtime.localfleet import AgentSpec, FleetLost, LocalFleet
 
-    LocalFleet("tcp://127.0.0.1:1", [], min_agents=2).watch(0.0)  # a session bound for real devices
+    caplog.set_level(logging.DEBUG, logger="fedge.runtime.localfleet")
+    bound = LocalFleet("tcp://127.0.0.1:1", [], min_agents=2)
+    for now in (0.0, 1.0, 3600.0):
+        bound.watch(now)
+    assert (bound.processes, bound.restarts, bound.restart_at) == ({}, {}, {})
+    assert caplog.records == []
+    local = LocalFleet("tcp://127.0.0.1:1", [AgentSpec("agent-00", tmp_path / "shard.npz", tmp_path / "agent-00")],
+                       min_agents=2)
+    with pytest.raises(FleetLost, match=r"only 1 of 1 local agents are left \(the session needs 2\)"):
+        local.watch(0.0)
+    assert local.processes == {}  # nothing was started by watching

@@ -32,14 +32,19 @@ def test_a_held_directory_is_refused_naming_the_holder_and_free_again_after(tmp_
     hold_directory(tmp_path / "state", "agent").close()  # the lock died with its process
 
 
-def test_a_second_coordinator_and_a_second_agent_are_refused_in_one_line(tmp_path: Path) -> None:
+def test_a_second_coordinator_and_a_second_agent_are_refused_in_one_line(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The coordinator's ``main`` runs in this process (it is refused before it sets up logging or writes
+    anything); the agent, which sets up logging first, in a process of its own."""
+    from fedge.runtime.cli import main as coordinator
+
     run_dir = tmp_path / "run"
     process = holder(run_dir)
     try:
-        out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir),
-                              "--rounds", "1", "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-        assert f"in use by another coordinator (pid {process.pid})" in out.stderr
+        code = coordinator(["start", "--run-dir", str(run_dir), "--rounds", "1", "--quiet"])
+        said = capsys.readouterr().err
+        assert code == 2 and said.count("\n") == 1, said
+        assert f"in use by another coordinator (pid {process.pid})" in said
         assert not (run_dir / "config.toml").exists()
         agent = subprocess.run([sys.executable, "-m", "fedge.edge_agent", "run", "--coordinator", "tcp://127.0.0.1:9",
                                 "--client-id", "pi", "--data", "tests.plugin_models:device_windows",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import math
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,10 +25,10 @@ from fedge.models.shuffle import (
     shuffle_permutation,
 )
 from fedge.simulation.inprocess import through_codec
+from tests.benchmark_scripts import run_script
 
 AMPLITUDES = (0.01, 0.05, 0.1, 0.25, 0.5)
 SEEDS = (0, 1, 2)
-BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "pan_shuffle.py"
 
 
 @pytest.fixture(autouse=True)
@@ -224,11 +222,9 @@ def test_the_encoding_multiplies_the_post_batch_norm_activation() -> None:
         assert not torch.allclose(output, by_hand(after_norm=False), atol=1e-3)
 
 
-def test_the_shuffle_command(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, str(BENCHMARK), "--out", str(tmp_path), "--seeds", "1", "--amplitudes",
-                          "0,0.1"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    printed = out.stdout
+def test_the_shuffle_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_script("pan_shuffle", "--out", str(tmp_path), "--seeds", "1", "--amplitudes", "0,0.1") == 0
+    printed = capsys.readouterr().out
     assert "PAN+" in printed and "PAN∘" in printed
     assert (tmp_path / "pan_shuffle.png").stat().st_size > 1000
     assert (tmp_path / "pan_shuffle.json").exists()

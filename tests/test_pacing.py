@@ -8,8 +8,8 @@ from pathlib import Path
 
 from fedge import codec
 from fedge.protocol.pacing import UploadPacer
-from tests.simfleet import differences, overrides, records, run_here
-from tests.test_protocol_coordinator import hello, protocol, update
+from tests.coordinator_frames import hello, protocol, update
+from tests.simfleet import InProcessSessions, differences, overrides, records
 
 
 def grants(events: list) -> list[bytes]:
@@ -54,9 +54,10 @@ def test_the_pacer_frees_slots_of_agents_no_longer_awaited() -> None:
     assert pacer.next_grants({3}, lambda i: True) == [3]  # 0 and 2 reported
 
 
-def test_a_paced_session_gives_the_same_records_as_an_unpaced_one(tmp_path: Path) -> None:
+def test_a_paced_session_gives_the_same_records_as_an_unpaced_one(sessions: InProcessSessions,
+                                                                  tmp_path: Path) -> None:
     base = overrides("scaffold", 1.0, "simulated", "inline", ("round.deadline_s=30",))
-    run_here(base, tmp_path / "free")
-    run_here([*base, "fleet.max_uploads=1"], tmp_path / "paced")
+    sessions.run(base, name="free")
+    sessions.run([*base, "fleet.max_uploads=1"], name="paced")
     assert differences(records(tmp_path / "free"), records(tmp_path / "paced")) == []
     assert records(tmp_path / "paced")["metrics"][-1]["reported"] == 6

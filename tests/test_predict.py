@@ -1,6 +1,9 @@
-"""On-device inference: after a real local-fleet session, ``edge-agent predict`` runs each device's committed model
-with onnxruntime in a process where torch cannot be imported, and gives the classes torch gives on that device's
-test split; a device without its own ONNX file uses the coordinator's; what pFedLA keeps is its trained model."""
+"""On-device inference: after a session of real agent processes, ``edge-agent predict`` runs each device's committed
+model with onnxruntime in a process where torch cannot be imported, and gives the classes torch gives on that
+device's test split; a device without its own ONNX file uses the coordinator's; what pFedLA keeps is its trained
+model. The agents are processes (their driver commits what ``predict`` reads beside the weights: the model spec and
+hash, the normalisation, the algorithm; a simulated fleet's clients keep the weights alone); the coordinator plays
+the session in this process."""
 
 from __future__ import annotations
 
@@ -15,13 +18,13 @@ import torch
 from fedge.client.state import DeviceState
 from fedge.fldata import normalize, read_shard
 from fedge.models import ModelSpec, arrays_to_state, build
-from tests.e2e import Processes, finished
+from tests.simfleet import InProcessSessions
 
 NO_TORCH = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['edge-agent', *sys.argv[1:]]; "
             "runpy.run_module('fedge.edge_agent', run_name='__main__')")
 NO_EXPORT_EXTRA = NO_TORCH.replace("sys.modules['torch']", "sys.modules['onnxscript']")  # torch, but no onnxscript
-SMALL = ["--set", "data.train_limit=200", "--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=6.0",
-         "--quiet"]
+SMALL = ["run.rounds=2", "fleet.local_agents=2", "run.seed=3", "data.train_limit=200", "fleet.heartbeat_s=0.5",
+         "fleet.liveness_s=6.0"]
 
 
 def predict_without_torch(*args: str) -> subprocess.CompletedProcess[str]:
@@ -38,15 +41,14 @@ def torch_classes(state_dir: Path, samples: np.ndarray, mean: list[float], std: 
         return model.eval()(torch.from_numpy(normalize(samples, mean, std))).argmax(dim=1).numpy()
 
 
-def session(procs: Processes, run_dir: Path, *args: str) -> None:
-    coordinator = procs.coordinator("--rounds", "2", "--local-fleet", "2", "--run-dir", str(run_dir), "--seed", "3",
-                                    *args, *SMALL)
-    assert finished(coordinator, 240) == 0, procs.output("coordinator")
+def session(sessions: InProcessSessions, *sets: str) -> Path:
+    """A session of two agent processes and two rounds (exported to model.onnx at its end); its run directory."""
+    sessions.run([*SMALL, *sets])
+    return sessions.root / "run"
 
 
-def test_predict_runs_the_committed_model_without_torch(procs: Processes, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    session(procs, run_dir, "--model", "cnn-bn", "--algorithm", "fedavg")
+def test_predict_runs_the_committed_model_without_torch(sessions: InProcessSessions, tmp_path: Path) -> None:
+    run_dir = session(sessions, "model.name=cnn-bn", "algorithm.name=fedavg")
     report = json.loads((run_dir / "report.json").read_text())
     assert report["onnx_max_abs_difference"] is not None and report["onnx_max_abs_difference"] <= 1e-4
     for index, state_dir in enumerate(sorted((run_dir / "agents").iterdir())):
@@ -85,9 +87,8 @@ def test_predict_runs_the_committed_model_without_torch(procs: Processes, tmp_pa
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a state directory" in bad.stderr
 
 
-def test_pfedla_devices_predict_with_their_trained_model(procs: Processes, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    session(procs, run_dir, "--model", "mlp", "--algorithm", "pfedla")
+def test_pfedla_devices_predict_with_their_trained_model(sessions: InProcessSessions, tmp_path: Path) -> None:
+    run_dir = session(sessions, "model.name=mlp", "algorithm.name=pfedla")
     for state_dir in sorted((run_dir / "agents").iterdir()):
         stored = DeviceState(state_dir).committed_model()
         assert stored is not None and stored.round == 2

@@ -9,9 +9,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ import pytest
 from fedge.coordinator.config import ConfigError
 from fedge.coordinator.rundir import RunDir
 from fedge.runtime.launch import play, resolve_run
+from tests.e2e import Processes
 
 # A private simulated fleet, small: 12 logical clients trained inline.
 PRIVATE = ["model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=12",
@@ -55,17 +53,19 @@ def composed(lines: list[dict[str, Any]]) -> float:
     return float(accountant.get_epsilon(lines[0]["delta"]))
 
 
-def test_a_resume_extending_a_calibrated_run_spends_no_more_than_its_budget(tmp_path: Path) -> None:
+def test_a_resume_extending_a_calibrated_run_spends_no_more_than_its_budget(
+        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run calibrated to epsilon 4 over 3 rounds crashes after round 2 and is resumed with --rounds 8: every
     line's epsilon equals the composition of lines 1..k, never decreases, and the run ends within max_epsilon
     (before the ledger, the resume re-accounted the 2 released rounds at the new plan's noise: epsilon went down,
-    and the true total passed 4). A run that has spent its whole budget cannot be extended."""
+    and the true total passed 4). A run that has spent its whole budget cannot be extended. The crash ends a
+    real coordinator process (its fleet simulated inline); the resumes are played here."""
     run_dir = tmp_path / "run"
     sets = [*PRIVATE, "run.rounds=3", "privacy.target_epsilon=4", "privacy.max_epsilon=4"]
-    crashed = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir),
-                              "--quiet", *[arg for item in sets for arg in ("--set", item)]], capture_output=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1", "FEDGE_CRASH_AT": "committed:2"}, timeout=120)
-    assert crashed.returncode == 70, crashed.stderr.decode()[-2000:]
+    monkeypatch.setenv("FEDGE_CRASH_AT", "committed:2")
+    crashed = procs.cli(sets, run_dir, name="crashed")
+    assert crashed.wait(timeout=240) == 70, procs.output("crashed")[-2000:]
+    monkeypatch.delenv("FEDGE_CRASH_AT")
     report = start([], run_dir, resume=True, rounds=8)
     lines = ledger(run_dir)
     assert report["status"] in ("done", "budget") and len(lines) == report["rounds_completed"] >= 6

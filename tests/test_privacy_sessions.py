@@ -1,13 +1,12 @@
 """Differential privacy in real sessions: epsilon recomputed from report.json alone, the budget that stops a run,
 crashes that never release twice unaccounted, the population a bound fleet is sampled from, and every combination
-the guarantee cannot hold with refused in one line with nothing written."""
+the guarantee cannot hold with refused in one line with nothing written. Sessions are played in this process
+(a simulated fleet, inline), but for the crash (a coordinator process that exits at a named point) and the
+bound fleet (agent processes that join over TCP, with the devices that never do)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,22 +14,17 @@ import dp_accounting as dp
 import pytest
 
 from fedge.coordinator.config import ConfigError, load_config
-from fedge.coordinator.rundir import RunDir
 from fedge.meter.report import write_report
-from fedge.runtime.launch import play
+from fedge.runtime.cli import main as coordinator
 from fedge.runtime.plan import plan_session
 from tests.e2e import FAST, Processes, endpoint, finished, shards
-from tests.simfleet import read_jsonl
+from tests.simfleet import InProcessSessions, read_jsonl
 
 # A private simulated fleet, small: 12 logical clients trained inline, 3 rounds, a tenth of a second a task.
 PRIVATE = ["model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=12",
            "data.train_limit=120", "run.rounds=3", "round.fraction=0.5", "fleet.heartbeat_s=0.5",
            "run.export_onnx=false", "privacy.mode=central", "algorithm.name=fedavg", "train.optimizer=sgd",
            "train.lr=0.1"]
-
-
-def run(sets: list[str], run_dir: Path) -> dict[str, Any]:
-    return play(plan_session(load_config(None, sets)), RunDir(run_dir), resuming=False)
 
 
 def epsilon_from_records(privacy: dict[str, Any]) -> float:
@@ -61,8 +55,9 @@ def epsilon_from_records(privacy: dict[str, Any]) -> float:
     ["privacy.noise_multiplier=0.9", "privacy.accountant=pld"],
     ["privacy.target_epsilon=6", "privacy.adaptive_clip=true", "privacy.clip=0.05", "privacy.clip_bits_noise=3"],
 ], ids=["poisson-rdp", "fixed-size-rdp", "poisson-pld", "poisson-rdp-adaptive-calibrated"])
-def test_epsilon_is_recomputed_from_report_json_alone(tmp_path: Path, extra: list[str]) -> None:
-    report = run([*PRIVATE, *extra], tmp_path / "run")
+def test_epsilon_is_recomputed_from_report_json_alone(sessions: InProcessSessions, tmp_path: Path,
+                                                       extra: list[str]) -> None:
+    report = sessions.run([*PRIVATE, *extra])
     privacy = report["privacy"]
     assert report["status"] == "done" and privacy["population"] == 12 and privacy["rounds"] == 3
     assert privacy["epsilon"] == pytest.approx(epsilon_from_records(privacy), rel=1e-6, abs=1e-6)
@@ -74,18 +69,20 @@ def test_epsilon_is_recomputed_from_report_json_alone(tmp_path: Path, extra: lis
     assert oct((tmp_path / "run" / "checkpoint.npz").stat().st_mode & 0o777) == "0o600"
 
 
-def test_a_run_stops_before_a_release_would_exceed_max_epsilon(tmp_path: Path) -> None:
+def test_a_run_stops_before_a_release_would_exceed_max_epsilon(sessions: InProcessSessions, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     sets = [*PRIVATE, "privacy.noise_multiplier=1.0", "run.rounds=10"]
     plan = plan_session(load_config(None, sets)).privacy
     limit = (plan.epsilon(2) + plan.epsilon(3)) / 2  # two rounds fit, the third would not
     run_dir = tmp_path / "run"
-    report = run([*sets, f"privacy.max_epsilon={limit}"], run_dir)
+    report = sessions.run([*sets, f"privacy.max_epsilon={limit}"], status="budget")
     assert report["status"] == "budget" and report["rounds_completed"] == 2
     assert report["privacy"]["epsilon"] <= limit < plan.epsilon(3)
     assert (run_dir / "model.npz").exists()  # the last released model is the run's result
     # what an operator sees: `coordinator status`, the Prometheus gauge, and `coordinator report`'s plot
-    shown = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "status", str(run_dir)], capture_output=True,
-                           text=True, timeout=60, check=True).stdout
+    capsys.readouterr()
+    assert coordinator(["status", str(run_dir)]) == 0
+    shown = capsys.readouterr().out
     assert f"privacy: epsilon {report['privacy']['epsilon']:.4g} at delta 1e-05 after 2 accounted" in shown
     assert "fedge_privacy_epsilon" in (run_dir / "fedge.prom").read_text()
     write_report(run_dir)
@@ -93,26 +90,23 @@ def test_a_run_stops_before_a_release_would_exceed_max_epsilon(tmp_path: Path) -
     assert "meter-privacy.png" in (run_dir / "meter-report.md").read_text()
 
 
-def crash_run(sets: list[str], run_dir: Path, crash_at: str = "") -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **({"FEDGE_CRASH_AT": crash_at} if crash_at else {})}
-    args = [arg for item in sets for arg in ("--set", item)]
-    command = ["start", "--resume", str(run_dir)] if run_dir.exists() and not crash_at else \
-        ["start", *args, "--run-dir", str(run_dir)]
-    return subprocess.run([sys.executable, "-m", "fedge.runtime.cli", *command, "--quiet"], env=env,
-                          capture_output=True, timeout=120)
-
-
-def test_a_round_released_before_a_crash_stays_accounted_and_is_redone(tmp_path: Path) -> None:
+def test_a_round_released_before_a_crash_stays_accounted_and_is_redone(
+        procs: Processes, sessions: InProcessSessions, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Crash after round 2's release (its clients.jsonl written, its checkpoint not): on resume, round 2 is redone
     and accounted again, so epsilon counts 4 rounds for 3 released, and never decreases. Every draw is fresh OS
     entropy, so the redo cannot replay the first attempt's noise (tests/test_privacy_ledger.py tries to regenerate
-    a round's noise from the files)."""
+    a round's noise from the files). The crash ends a real coordinator process (the simulated fleet inline in
+    it); the resume is played here, through the resume rules."""
     sets = [*PRIVATE, "privacy.noise_multiplier=1.0"]
     run_dir = tmp_path / "run"
-    assert crash_run(sets, run_dir, "clients:2").returncode == 70
+    monkeypatch.setenv("FEDGE_CRASH_AT", "clients:2")
+    crashed = procs.cli(sets, run_dir, name="crashed")
+    assert crashed.wait(timeout=240) == 70, procs.output("crashed")
+    monkeypatch.delenv("FEDGE_CRASH_AT")
     before = read_jsonl(run_dir / "privacy.jsonl")
     assert [line["round"] for line in before] == [1, 2]
-    assert crash_run(sets, run_dir).returncode == 0
+    assert sessions.resume()["status"] == "done"
     lines = read_jsonl(run_dir / "privacy.jsonl")
     assert [line["round"] for line in lines] == [1, 2, 2, 3]
     assert [line["accounted"] for line in lines] == [1, 2, 3, 4]
@@ -181,10 +175,11 @@ def test_each_combination_dp_cannot_hold_with_is_refused_in_one_line(extra: list
     assert reason in message and "\n" not in message, message
 
 
-def test_a_refused_private_session_writes_nothing(tmp_path: Path) -> None:
+def test_a_refused_private_session_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``coordinator start`` (its ``main``, here; a refusal from a real process: tests/test_e2e_run.py)."""
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir),
-                           *[a for s in [*PRIVATE, "privacy.noise_multiplier=1", "algorithm.weighting=\"samples\""]
-                             for a in ("--set", s)]], capture_output=True, timeout=60, text=True)
-    assert done.returncode == 2 and not run_dir.exists()
-    assert done.stderr.strip().count("\n") == 0 and "weights are uniform under DP" in done.stderr
+    sets = [*PRIVATE, "privacy.noise_multiplier=1", "algorithm.weighting=\"samples\""]
+    code = coordinator(["start", "--run-dir", str(run_dir), *[a for s in sets for a in ("--set", s)]])
+    stderr = capsys.readouterr().err
+    assert code == 2 and not run_dir.exists()
+    assert stderr.strip().count("\n") == 0 and "weights are uniform under DP" in stderr

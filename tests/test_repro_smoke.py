@@ -3,49 +3,26 @@ tables, and its numbers lie in their valid ranges (accuracies in [0, 1], pFedLA'
 
     python -m pytest tests/test_repro_smoke.py
 
-The three commands start together as subprocesses (each uses one torch thread), so the file takes about as long as
-the slowest one, some 20-40 s on two cores. The measured results themselves are in docs/reproductions.md.
+Each test plays its command in this process, as ``python benchmarks/repro_X.py --quick --out DIR`` would
+(tests/benchmark_scripts.py), a few seconds each. The measured results themselves are in docs/reproductions.md.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.benchmark_scripts import run_script
 
-ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ("fedbn", "pfedla", "pan_divergence")
-LIMIT_S = 180
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Run every command with --quick at once; the folder each one wrote."""
-    base = tmp_path_factory.mktemp("repro")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    started: dict[str, tuple[subprocess.Popen[str], Path]] = {}
-    for name in COMMANDS:
-        out = base / name
-        command = [sys.executable, str(ROOT / "benchmarks" / f"repro_{name}.py"), "--quick", "--out", str(out)]
-        started[name] = (subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True), out)
-    try:
-        for name, (process, _) in started.items():
-            log, _ = process.communicate(timeout=LIMIT_S)
-            assert process.returncode == 0, f"repro_{name}.py --quick failed:\n{log[-3000:]}"
-    finally:
-        for process, _ in started.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    return {name: out for name, (_, out) in started.items()}
+def repro(name: str, out: Path) -> Path:
+    """``python benchmarks/repro_NAME.py --quick --out OUT``, played here: it must exit 0; the folder it wrote."""
+    assert run_script(f"repro_{name}", "--quick", "--out", str(out)) == 0
+    return out
 
 
 def load(path: Path) -> Any:
@@ -73,8 +50,8 @@ def check_files(out: Path, stem: str, tables: tuple[str, ...]) -> None:
         assert len(lines) >= 2, f"{table} has no rows"
 
 
-def test_fedbn_outputs(outputs: dict[str, Path]) -> None:
-    out = outputs["fedbn"]
+def test_fedbn_outputs(tmp_path: Path) -> None:
+    out = repro("fedbn", tmp_path / "fedbn")
     check_files(out, "fedbn", ("fedbn_summary.csv", "fedbn_rounds.csv"))
     summary = load(out / "fedbn.json")
     assert set(summary["accuracy"]) == {"fedavg", "fedbn"}
@@ -86,8 +63,8 @@ def test_fedbn_outputs(outputs: dict[str, Path]) -> None:
         assert summary["best_mean"][name] >= summary["final_mean"][name]
 
 
-def test_pfedla_outputs(outputs: dict[str, Path]) -> None:
-    out = outputs["pfedla"]
+def test_pfedla_outputs(tmp_path: Path) -> None:
+    out = repro("pfedla", tmp_path / "pfedla")
     check_files(out, "pfedla", ("pfedla_alpha.csv", "pfedla_runs.csv", "pfedla_rounds.csv"))
     summary = load(out / "pfedla.json")
     matrix = summary["alpha_mean_over_layers"]
@@ -109,8 +86,8 @@ def test_pfedla_outputs(outputs: dict[str, Path]) -> None:
     assert "VERDICT" in (out / "pfedla.md").read_text()
 
 
-def test_pan_divergence_outputs(outputs: dict[str, Path]) -> None:
-    out = outputs["pan_divergence"]
+def test_pan_divergence_outputs(tmp_path: Path) -> None:
+    out = repro("pan_divergence", tmp_path / "pan_divergence")
     check_files(out, "pan_divergence", ("pan_divergence_summary.csv", "pan_divergence_rounds.csv"))
     summary = load(out / "pan_divergence.json")
     assert set(summary["runs"]) == {"off", "mul"}

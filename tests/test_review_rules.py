@@ -61,7 +61,7 @@ def test_an_unreadable_power_supply_attribute_is_no_reading_not_a_crash(tmp_path
 
 
 def test_a_declined_agent_is_not_sent_its_task_again_on_a_re_hello() -> None:
-    from tests.test_protocol_coordinator import frame, hello, joined, protocol, sent
+    from tests.coordinator_frames import frame, hello, joined, protocol, sent
 
     p = protocol()
     joined(p, "a")
@@ -81,7 +81,7 @@ def test_edge_agent_check_with_an_address_libzmq_refuses_is_one_line(tmp_path: P
 
 def test_a_model_factory_that_fails_is_a_refusal_not_a_crash(tmp_path: Path) -> None:
     from fedge.client.joining import Refused
-    from tests.test_byom_sessions import agent, welcome
+    from tests.byom import agent, welcome
 
     broken = welcome(model="tests.plugin_models:raises")  # its factory raises RuntimeError
     with pytest.raises(Refused) as info:

@@ -50,11 +50,9 @@ def test_one_compromised_device_of_ten_cannot_take_over_the_model(tmp_path: Path
 
 
 def test_a_device_clipped_rounds_in_a_row_is_quarantined_across_a_resume_until_an_operator_lets_it_back(
-        tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from fedge.coordinator.quarantine import read_quarantine
+    from fedge.runtime.cli import main as coordinator
 
     config = session_config(run={"rounds": 3, "seed": 1, "export_onnx": False},
                             data={"dataset": "fmnist-demo", "partition": "dirichlet", "alpha": 0.3, "clients": 4,
@@ -84,13 +82,19 @@ def test_a_device_clipped_rounds_in_a_row_is_quarantined_across_a_resume_until_a
     assert 'fedge_agent_quarantined{run="' in (run / "fedge.prom").read_text()
     resume_to(4)  # the quarantine survives the resume
     assert rounds_of("agent-00") == [1, 2]
-    cli = [sys.executable, "-m", "fedge.runtime.cli", "quarantine", str(run)]
-    listed = subprocess.run([*cli, "--list"], capture_output=True, text=True, timeout=60)
-    assert listed.returncode == 0 and "agent-00" in listed.stdout and "since round 2" in listed.stdout, listed
-    cleared = subprocess.run([*cli, "--clear", "agent-00"], capture_output=True, text=True, timeout=60)
-    assert cleared.returncode == 0, cleared.stderr
-    bad = subprocess.run([*cli, "--clear", "../x"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode != 0 and "is not a client id" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    def quarantine(*args: str) -> tuple[int, str, str]:
+        """``coordinator quarantine RUN ARGS``: its exit status, stdout and stderr."""
+        capsys.readouterr()
+        code = coordinator(["quarantine", str(run), *args])
+        said = capsys.readouterr()
+        return code, said.out, said.err
+
+    code, out, err = quarantine("--list")
+    assert code == 0 and "agent-00" in out and "since round 2" in out, (out, err)
+    code, out, err = quarantine("--clear", "agent-00")
+    assert code == 0, err
+    code, out, err = quarantine("--clear", "../x")
+    assert code != 0 and "is not a client id" in err and len(err.strip().splitlines()) == 1
     resume_to(5)  # let back at the next round start
     assert rounds_of("agent-00") == [1, 2, 5] and "agent-00" not in read_quarantine(run)["quarantined"]
     # agents.json's running totals survive the resumes: each equals what clients.jsonl recorded of that agent

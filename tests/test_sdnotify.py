@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fedge.plumbing import sdnotify
+from tests.e2e import FAST, Processes
 
 
 class FakeSystemd:
@@ -268,11 +269,9 @@ def test_log_files_rotate_and_keep_a_bounded_number_of_older_files(tmp_path: Pat
     assert last["msg"].startswith("line 399")
 
 
-def test_the_services_status_lines_say_what_they_do(systemd: FakeSystemd, tmp_path: Path) -> None:
+def test_the_services_status_lines_say_what_they_do(systemd: FakeSystemd, procs: Processes, tmp_path: Path) -> None:
     """A coordinator run as a service, and its local agents, tell systemd their state in the STATUS line."""
     import threading
-
-    from tests.e2e import FAST, Processes, finished
 
     received: list[list[str]] = []
     done = threading.Event()
@@ -283,13 +282,11 @@ def test_the_services_status_lines_say_what_they_do(systemd: FakeSystemd, tmp_pa
 
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()
-    procs = Processes(tmp_path)
     try:
         coordinator = procs.coordinator("--service", "--rounds", "2", "--local-fleet", "2", "--run-dir",
                                         str(tmp_path / "run"), *FAST)
-        assert finished(coordinator, 240) == 0, procs.output("coordinator")
+        procs.finish(coordinator, "coordinator", 240)
     finally:
-        procs.cleanup()
         done.set()
         listener.join(5)
     statuses = [state[len("STATUS="):] for datagram in received for state in datagram if state.startswith("STATUS=")]

@@ -16,7 +16,7 @@ from fedge.protocol.agent import AgentProtocol, DeviceFacts
 from fedge.protocol.events import Accepted, Send, SendFrame, Train
 from fedge.protocol.secure_round import SecureRound
 from fedge.secagg.encoding import grid_for, setup_of, task_settings
-from tests.test_protocol_coordinator import joined, protocol, update, welcome_fields
+from tests.coordinator_frames import joined, protocol, update, welcome_fields
 
 NAMES = ["a", "b", "c", "d"]
 

@@ -6,20 +6,23 @@ redoes the round with devices that refuse to mask a second input of it."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from fedge import codec
+from fedge.coordinator import crashpoints
 from fedge.coordinator.config import ConfigError, load_config
 from fedge.protocol.agent import AgentProtocol, DeviceFacts
 from fedge.protocol.events import Send
 from fedge.secagg import field
 from fedge.secagg.encoding import Grid, grid_for, task_settings
-from tests.simfleet import differences, finish_cli, overrides, read_jsonl, records, run_here, start_cli
+from tests.e2e import Processes, finished
+from tests.simfleet import differences, overrides, read_jsonl, records, resume_here, run_here
 
 SECURE = ("algorithm.name=fedavg", "secagg.enabled=true")
 
@@ -76,27 +79,47 @@ def test_the_model_moves_by_exactly_the_survivors_quantised_mean(algorithm: str,
         assert [r["ef_keyframe"] for r in rows] == [1, 1]  # a full round: the mean counts every device it sums
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "dssa-fedprox"])
-def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(algorithm: str, tmp_path: Path) -> None:
-    """FedAvg, and DSSA with one warm-up round (rounds 2 and 3 mask its sparse uplink)."""
-    sets = (*SECURE, f"algorithm.name={algorithm}", *(("algorithm.warmup_rounds=1",) if "dssa" in algorithm else ()))
-    process = start_cli(overrides(algorithm, 1.0, "process", extra=sets), tmp_path / "process")
-    try:
-        run_here(overrides(algorithm, 1.0, "simulated", "inline", sets), tmp_path / "simulated")
-    finally:
-        finish_cli(process, tmp_path / "process")
-    expected = records(tmp_path / "process")
+def check_secure_records(expected: dict[str, Any], run_dir: Path, fleet: str, dssa: bool) -> None:
+    """A full-participation secure session's records: every device summed each round, and what is computed from a
+    device's data or its change stays on the device."""
     assert [row["reported"] for row in expected["metrics"]] == [6, 6, 6]
-    assert differences(expected, records(tmp_path / "simulated")) == []
-    clients = read_jsonl(tmp_path / "process" / "clients.jsonl")
-    # what is computed from a device's data or its change stays on the device
-    assert all(row["train_loss"] is None and row["params_updated"] is None and row["flops_opt_updated"] is None
-               for row in clients)
+    clients = read_jsonl(run_dir / "clients.jsonl")
+    assert all(row.get("train_loss") is None and row.get("params_updated") is None
+               and row.get("flops_opt_updated") is None for row in clients)
+    if fleet == "process":  # (an agent's rows name them; a simulated device's meter has none to name)
+        assert all({"train_loss", "params_updated", "flops_opt_updated"} <= row.keys() for row in clients)
     assert all(row["train_loss"] is None for row in expected["metrics"])
-    rows = read_jsonl(tmp_path / "process" / "metrics.jsonl")
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["secagg_summed"] for r in rows] == [6, 6, 6]
-    if "dssa" in algorithm:
+    if dssa:
         assert [r["dssa_sparse"] for r in rows] == [0, 1, 1]
+
+
+def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(tmp_path: Path, procs: Processes) -> None:
+    """Secure aggregation's one real fleet (`coordinator start`, six agent processes): DSSA with one warm-up round,
+    so round 1 masks a dense update (every dense algorithm's path, FedAvg's) and rounds 2 and 3 its sparse
+    uplink; the inline fleet plays the same session in this process meanwhile."""
+    sets = (*SECURE, "algorithm.name=dssa-fedprox", "algorithm.warmup_rounds=1")
+    process = procs.cli(overrides("dssa-fedprox", 1.0, "process", extra=sets), tmp_path / "process")
+    try:
+        run_here(overrides("dssa-fedprox", 1.0, "simulated", "inline", sets), tmp_path / "simulated")
+    finally:
+        procs.finish(process, "process")
+    expected = records(tmp_path / "process")
+    assert differences(expected, records(tmp_path / "simulated")) == []
+    check_secure_records(expected, tmp_path / "process", "process", dssa=True)
+
+
+def test_a_secure_fedavg_session_is_the_same_bit_for_bit_on_worker_processes(tmp_path: Path) -> None:
+    """FedAvg's secure session on the inline fleet and on worker processes (the local backend): the same records,
+    bit for bit (the dense masked round against agent processes: the test above)."""
+    sets = SECURE
+    run_here(overrides("fedavg", 1.0, "simulated", "inline", sets), tmp_path / "inline")
+    run_here(overrides("fedavg", 1.0, "simulated", "local", sets), tmp_path / "local")
+    expected = records(tmp_path / "inline")
+    assert differences(expected, records(tmp_path / "local")) == []
+    for run in ("inline", "local"):
+        check_secure_records(records(tmp_path / run), tmp_path / run, "simulated", dssa=False)
 
 
 @pytest.mark.parametrize(("sets", "says"), [
@@ -140,13 +163,16 @@ def test_a_secure_session_is_set_to_deltas_uniform_weights_and_no_bounds() -> No
     assert (config.robust.norm_factor, config.robust.max_samples, config.round.min_clients) == (0.0, 0, 3)
 
 
-def test_the_cli_refuses_a_model_with_integer_buffers_before_it_writes_anything(tmp_path: Path) -> None:
+def test_the_cli_refuses_a_model_with_integer_buffers_before_it_writes_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedge.runtime.cli import main
+
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--run-dir", str(run_dir),
-                          "--set", "model.name=\"cnn-bn\"", *[a for s in SECURE for a in ("--set", s)]],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "integer buffers" in out.stderr, out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1 and not run_dir.exists()
+    code = main(["start", "--run-dir", str(run_dir), "--set", "model.name=\"cnn-bn\"",
+                 *[a for s in SECURE for a in ("--set", s)]])  # `coordinator start`, as its exit status
+    said = capsys.readouterr()
+    assert code == 2 and "integer buffers" in said.err, said.err
+    assert len(said.err.strip().splitlines()) == 1 and not run_dir.exists()
 
 
 def secure_task(round_number: int, attempt: int) -> codec.Task:
@@ -187,50 +213,61 @@ def test_a_device_that_masked_an_input_of_a_round_before_it_restarted_masks_no_o
 
 
 SMALL_SECURE = ("model.name=\"mlp\"", "data.train_limit=200", "fleet.local_agents=3", "run.rounds=3",
-                "run.export_onnx=false", "fleet.heartbeat_s=0.5", "secagg.stage_timeout_s=20", *SECURE)
+                "run.export_onnx=false", "fleet.heartbeat_s=0.5", "secagg.stage_timeout_s=20",
+                "fleet.mode=\"simulated\"", "fleet.backend=\"inline\"", *SECURE)
 
 
-def crash_and_resume(run_dir: Path, point: str) -> None:
-    sets = [a for s in SMALL_SECURE for a in ("--set", s)]
-    command = [sys.executable, "-m", "fedge.runtime.cli", "start", "--quiet"]
-    crashed = subprocess.run([*command, *sets, "--run-dir", str(run_dir)], capture_output=True, timeout=180,
-                             env={**_env(), "FEDGE_CRASH_AT": f"{point}:2"})
-    assert crashed.returncode == 70, crashed.stderr[-2000:]
+def crash(procs: Processes, run_dir: Path, point: str, monkeypatch: pytest.MonkeyPatch) -> subprocess.Popen[bytes]:
+    """`coordinator start` (its fleet inline, in its process) that ends at ``point`` of round 2 (FEDGE_CRASH_AT);
+    ``crashed`` waits for it."""
+    assert crashpoints.CRASH_AT == ""  # (read at import: this process never crashes)
+    monkeypatch.setenv("FEDGE_CRASH_AT", f"{point}:2")
+    process = procs.cli(SMALL_SECURE, run_dir, name="crashed")
+    monkeypatch.delenv("FEDGE_CRASH_AT")
+    return process
+
+
+def crashed_and_resumed(procs: Processes, process: subprocess.Popen[bytes], run_dir: Path) -> None:
+    """The crashed coordinator exited 70 with round 2's secure stage kept; the run is resumed (in this process,
+    through the resume rules of `coordinator start --resume`) to its end."""
+    assert finished(process, 180) == 70, procs.output("crashed")[-2000:]
     assert json.loads((run_dir / "secagg.json").read_text()) == {"round": 2, "attempt": 0}
-    resumed = subprocess.run([*command, "--resume", str(run_dir)], capture_output=True, timeout=180, env=_env())
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resume_here(run_dir)["status"] == "done"
     assert not (run_dir / "secagg-sum.npz").exists()
 
 
 def test_a_coordinator_that_crashed_while_unmasking_redoes_the_round_and_its_devices_refuse_to_mask_again(
-        tmp_path: Path) -> None:
+        tmp_path: Path, procs: Processes, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Crash right after round 2's sum was unmasked, before it was kept (crash point ``unmasked``): the resumed
-    coordinator opens round 2's next attempt; the three devices each masked an input of round 2 already, so each
-    reports the round failed, the round fails with its reason and the model stays as it was, and round 3 is summed
-    as usual."""
+    coordinator opens round 2's next attempt; the three devices (rebuilt from their files, as after a restart) each
+    masked an input of round 2 already, so each says so and reports the round failed, the round fails with its
+    reason and the model stays as it was, and round 3 is summed as usual."""
     run_dir = tmp_path / "run"
-    crash_and_resume(run_dir, "unmasked")
+    caplog.set_level(logging.INFO)
+    crashed_and_resumed(procs, crash(procs, run_dir, "unmasked", monkeypatch), run_dir)
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [(r["round"], r["secagg_attempt"], r["secagg_summed"]) for r in rows] == [(1, 0, 3), (2, 1, 0), (3, 0, 3)]
     assert rows[1]["secagg_failed"] and rows[1]["reported"] == 0
     assert rows[1]["test_accuracy"] == rows[0]["test_accuracy"]  # the model stayed as it was
-    logs = "".join((path / "agent.log").read_text() for path in (run_dir / "agents").iterdir())
-    assert logs.count("masked an input of round 2 already") == 3
+    devices = sorted(path.name for path in (run_dir / "agents").iterdir())
+    said = [m for m in caplog.messages if "masked an input of round 2 already" in m]
+    assert len(devices) == 3 and len(said) == 6, said
+    for device in devices:  # the device's own note, and its report as the coordinator heard it
+        assert sum(m.startswith(f"client {device}: round 2: secure aggregation: this device masked") for m in said) \
+            == 1, said
+        assert sum(m.startswith(f"agent {device} reports round-failed: ") for m in said) == 1, said
 
 
 def test_a_coordinator_that_crashed_after_unmasking_applies_the_kept_sum_and_ends_as_the_uninterrupted_run(
-        tmp_path: Path) -> None:
+        tmp_path: Path, procs: Processes, monkeypatch: pytest.MonkeyPatch) -> None:
     """Crash after round 2's sum was kept and folded, before its checkpoint (crash point ``aggregated``): the
     resumed coordinator does not redo round 2 (a redo would train from the same model, and a second sum of nearly
     the same inputs over other devices would give one device's update away); it applies the kept sum, and the run
     ends with the uninterrupted run's model, bit for bit."""
-    reference = tmp_path / "reference"
-    done = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--quiet",
-                           *[a for s in SMALL_SECURE for a in ("--set", s)], "--run-dir", str(reference)],
-                          capture_output=True, timeout=180, env=_env())
-    assert done.returncode == 0, done.stderr[-2000:]
-    run_dir = tmp_path / "run"
-    crash_and_resume(run_dir, "aggregated")
+    run_dir, reference = tmp_path / "run", tmp_path / "reference"
+    process = crash(procs, run_dir, "aggregated", monkeypatch)
+    run_here(SMALL_SECURE, reference)  # meanwhile, the uninterrupted run
+    crashed_and_resumed(procs, process, run_dir)
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [(r["round"], r["secagg_attempt"], r["secagg_summed"]) for r in rows] == [(1, 0, 3), (2, 0, 3), (3, 0, 3)]
     assert [r["secagg_recovered"] for r in rows] == [None, True, None]
@@ -272,25 +309,15 @@ def test_a_kept_sum_applies_only_to_its_run_its_round_and_its_layout(tmp_path: P
     assert "\n" not in str(refused.value)
 
 
-def _env() -> dict[str, str]:
-    import os
-
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
 def test_a_fleet_of_agent_processes_under_curvezmq_sums_the_first_three_and_rebuilds_the_straggler_s_masks(
-        tmp_path: Path) -> None:
+        tmp_path: Path, procs: Processes) -> None:
     """Four agent processes, CurveZMQ on, over-selection (``round.target = 3``): each round closes on three masked
     inputs; the fourth device, which shared its keys, is cancelled (or its late input refused), so its pairwise
     masks are rebuilt from its neighbours' shares. A wrong rebuild would leave masks on the sum: uniform noise on
     the field, which no model learns from."""
     run_dir = tmp_path / "run"
-    sets = [a for s in ("model.name=\"mlp\"", "data.train_limit=300", "fleet.local_agents=4", "run.rounds=3",
-                        "run.export_onnx=false", "security.curve=on", "round.target=3", *SECURE)
-            for a in ("--set", s)]
-    done = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--quiet", *sets, "--run-dir",
-                           str(run_dir)], capture_output=True, text=True, timeout=180, env=_env())
-    assert done.returncode == 0, done.stderr[-2000:]
+    procs.run_cli(["model.name=\"mlp\"", "data.train_limit=300", "fleet.local_agents=4", "run.rounds=3",
+                   "run.export_onnx=false", "security.curve=on", "round.target=3", *SECURE], run_dir)
     assert json.loads((run_dir / "provenance.json").read_text())["curve"] is True
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [(r["reported"], r["dropped"], r["secagg_summed"], r["secagg_failed"]) for r in rows] == [(3, 1, 3, "")] * 3

@@ -1,10 +1,16 @@
 """A simulated fleet (inline, local workers, Ray actors) gives the same models and records as a fleet of agent
 processes, bit for bit, at full and partial participation; and across SIGTERM and --resume. One local Ray cluster
-for the whole module (bound to 127.0.0.1, usage statistics off)."""
+for the whole module (bound to 127.0.0.1, usage statistics off).
+
+One real fleet of agent processes per algorithm family, at one participation each (``REAL_FLEETS``); each
+family's other participation compares the simulated backends with its inline session, played once in this process
+(``InlineRuns``, module-scoped, also what the Ray actors replay)."""
 
 from __future__ import annotations
 
-import os
+import dataclasses
+import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,19 +22,20 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.simfleet import (
-    cli_args,
-    differences,
-    finish_cli,
-    overrides,
-    read_jsonl,
-    records,
-    run_here,
-    start_cli,
-)
+from tests.e2e import Processes, wait_for
+from tests.simfleet import differences, overrides, read_jsonl, records, run_here
 
-ALGORITHMS = ("fedavg", "scaffold", "dssa-fedprox", "ef-fedprox", "fedbn")
-CASES = [(name, fraction) for name in ALGORITHMS for fraction in (0.5, 1.0)]
+pytestmark = pytest.mark.xdist_group("simulated_fleet")  # one Ray cluster, one set of pools, one cache of runs
+
+# The algorithm families, each with the participation its real fleet of agent processes plays: a stateless dense
+# update (FedAvg and its kin: fedprox, a server step), with every device at once; control variates kept as device
+# state across the rounds a device sits out (scaffold); the server's pruning mask, sparse Tasks and complement-only
+# uplinks (dssa); error feedback, a residual and a replica as device state, sparse catch-up Tasks (ef); BatchNorm
+# tensors kept as device state, never sent (fedbn).
+REAL_FLEETS = {"fedavg": 1.0, "scaffold": 0.5, "dssa-fedprox": 0.5, "ef-fedprox": 0.5, "fedbn": 0.5}
+OTHER = {0.5: 1.0, 1.0: 0.5}
+SIMULATED_CELLS = [(name, OTHER[fraction]) for name, fraction in REAL_FLEETS.items()]  # each family's other one
+BACKENDS = ("inline", "local", "ray")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +57,7 @@ def pools(ray_cluster: Any) -> Iterator[dict[str, Any]]:
     from fedge.simulation.backends import LocalBackend
     from fedge.simulation.ray_backend import RayBackend
 
-    kept = {"local": LocalBackend(2), "ray": RayBackend(2)}
+    kept: dict[str, Any] = {"local": LocalBackend(2), "ray": RayBackend(2)}
     try:
         yield kept
     finally:
@@ -58,44 +65,115 @@ def pools(ray_cluster: Any) -> Iterator[dict[str, Any]]:
             backend.close()
 
 
-@pytest.mark.parametrize(("algorithm", "fraction"), CASES)
-def test_every_backend_matches_a_fleet_of_agent_processes(algorithm: str, fraction: float, tmp_path: Path,
-                                                         pools: dict[str, Any]) -> None:
-    process = start_cli(overrides(algorithm, fraction, "process"), tmp_path / "process")  # meanwhile, the others
+class Recording:
+    """A backend that keeps, for every job, a copy of the client's state directory as the job found it."""
+
+    def __init__(self, inner: Any, snapshots: Path) -> None:
+        self.inner, self.workers, self.snapshots = inner, inner.workers, snapshots
+        self.jobs: list[Any] = []
+        self.frames: dict[tuple[str, int], bytes | None] = {}
+
+    def submit(self, job: Any) -> None:
+        copy = self.snapshots / f"{job.client.client_id}-{len(self.jobs)}"
+        shutil.copytree(job.client.state_dir, copy) if Path(job.client.state_dir).exists() else copy.mkdir()
+        self.jobs.append(dataclasses.replace(job, client=dataclasses.replace(job.client, state_dir=str(copy))))
+        self.inner.submit(job)
+
+    def results(self, timeout_s: float) -> list[Any]:
+        outcomes = self.inner.results(timeout_s)
+        self.frames.update({(o.client_id, o.round): o.frame for o in outcomes})
+        return outcomes
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class InlineRuns:
+    """Each cell's session on the inline backend, played once in this process and recorded (``Recording``): the
+    reference its other backends are compared with, and the tasks a Ray actor replays."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.recorded: dict[tuple[str, float], Recording] = {}
+
+    def run(self, algorithm: str, fraction: float) -> Path:
+        run_dir = self.root / f"{algorithm}-{fraction}"
+        if (algorithm, fraction) not in self.recorded:
+            from fedge.simulation.backends import InlineBackend
+
+            recording = Recording(InlineBackend(), self.root / f"{algorithm}-{fraction}-snapshots")
+            recording.snapshots.mkdir()
+            run_here(overrides(algorithm, fraction, "simulated", "inline"), run_dir, recording)
+            self.recorded[(algorithm, fraction)] = recording
+        return run_dir
+
+    def recording(self, algorithm: str, fraction: float) -> Recording:
+        self.run(algorithm, fraction)
+        return self.recorded[(algorithm, fraction)]
+
+
+@pytest.fixture(scope="module")
+def inline_runs(tmp_path_factory: pytest.TempPathFactory) -> InlineRuns:
+    return InlineRuns(tmp_path_factory.mktemp("inline"))
+
+
+def simulated(algorithm: str, fraction: float, root: Path, pools: dict[str, Any], inline_runs: InlineRuns
+              ) -> dict[str, Path]:
+    """The cell's session on every simulated backend: the inline one shared, the local and Ray ones on the
+    module's pools."""
+    runs = {"inline": inline_runs.run(algorithm, fraction)}
+    for backend in ("local", "ray"):
+        runs[backend] = root / backend
+        run_here(overrides(algorithm, fraction, "simulated", backend), runs[backend], pools[backend])
+    return runs
+
+
+@pytest.mark.parametrize("algorithm", list(REAL_FLEETS))
+def test_every_backend_matches_a_fleet_of_agent_processes(algorithm: str, tmp_path: Path, procs: Processes,
+                                                         pools: dict[str, Any], inline_runs: InlineRuns) -> None:
+    """`coordinator start` with `fleet.mode = "process"` (six agent processes over loopback TCP), the family's
+    participation; meanwhile the simulated backends play the same session in this process."""
+    fraction = REAL_FLEETS[algorithm]
+    process = procs.cli(overrides(algorithm, fraction, "process"), tmp_path / "process")
     try:
-        for backend in ("inline", "local", "ray"):
-            run_here(overrides(algorithm, fraction, "simulated", backend), tmp_path / backend, pools.get(backend))
+        runs = simulated(algorithm, fraction, tmp_path, pools, inline_runs)
     finally:
-        finish_cli(process, tmp_path / "process")
+        procs.finish(process, "process")
     expected = records(tmp_path / "process")
     assert [row["reported"] for row in expected["metrics"]] == [3 if fraction == 0.5 else 6] * 3
-    for backend in ("inline", "local", "ray"):
-        assert differences(expected, records(tmp_path / backend)) == [], backend
+    for backend in BACKENDS:
+        assert differences(expected, records(runs[backend])) == [], backend
 
 
-def test_a_simulated_run_stopped_by_sigterm_resumes_to_the_uninterrupted_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("algorithm", "fraction"), SIMULATED_CELLS)
+def test_every_backend_plays_the_inline_session_bit_for_bit(algorithm: str, fraction: float, tmp_path: Path,
+                                                            pools: dict[str, Any], inline_runs: InlineRuns) -> None:
+    """The family's other participation: worker processes and Ray actors give the inline session's records (the
+    inline backend's equality with agent processes: the test above)."""
+    runs = simulated(algorithm, fraction, tmp_path, pools, inline_runs)
+    expected = records(runs["inline"])
+    assert [row["reported"] for row in expected["metrics"]] == [3 if fraction == 0.5 else 6] * 3
+    for backend in ("local", "ray"):
+        assert differences(expected, records(runs[backend])) == [], backend
+
+
+def test_a_simulated_run_stopped_by_sigterm_resumes_to_the_uninterrupted_run(tmp_path: Path,
+                                                                            procs: Processes) -> None:
+    """`coordinator start` of a simulated fleet on worker processes, sent SIGTERM after its first round, and
+    `coordinator start --resume`: the records of the uninterrupted inline run, bit for bit."""
     slow = ("run.rounds=6", "train.epochs=4")
-    sets = overrides("ef-fedprox", 0.5, "simulated", "local", slow)
-    run_here(overrides("ef-fedprox", 0.5, "simulated", "inline", slow), tmp_path / "whole")
     run_dir = tmp_path / "stopped"
-    process = subprocess.Popen([sys.executable, "-m", "fedge.runtime.cli", "start", *cli_args(sets), "--run-dir",
-                                str(run_dir), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
-    try:
-        until = time.monotonic() + 120
-        while time.monotonic() < until and not (run_dir / "metrics.jsonl").exists():
-            time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    process = procs.cli(overrides("ef-fedprox", 0.5, "simulated", "local", slow), run_dir)
+    wait_for(lambda: (run_dir / "metrics.jsonl").exists() or process.poll() is not None, 120, "the first round")
+    process.send_signal(signal.SIGTERM)
+    procs.finish(process, "stopped", 60)
     done = len(read_jsonl(run_dir / "metrics.jsonl"))
-    assert process.returncode == 0 and 1 <= done < 6, output.decode(errors="replace")[-2000:]
-    resumed = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--resume", str(run_dir),
-                              "--quiet"], capture_output=True, text=True, timeout=180)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert 1 <= done < 6, procs.output("stopped")[-2000:]
+    resumed = procs.coordinator("--resume", str(run_dir), "--quiet", name="resumed")
+    try:  # meanwhile, the uninterrupted run
+        run_here(overrides("ef-fedprox", 0.5, "simulated", "inline", slow), tmp_path / "whole")
+    finally:
+        procs.finish(resumed, "resumed")
     assert differences(records(tmp_path / "whole"), records(run_dir)) == []
 
 
@@ -120,42 +198,13 @@ def test_importing_the_coordinator_does_not_import_ray(tmp_path: Path) -> None:
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
 
 
-class Recording:
-    """A backend that keeps, for every job, a copy of the client's state directory as the job found it."""
-
-    def __init__(self, inner: Any, snapshots: Path) -> None:
-        self.inner, self.workers, self.snapshots = inner, inner.workers, snapshots
-        self.jobs: list[Any] = []
-        self.frames: dict[tuple[str, int], bytes | None] = {}
-
-    def submit(self, job: Any) -> None:
-        import dataclasses
-        import shutil
-
-        copy = self.snapshots / f"{job.client.client_id}-{len(self.jobs)}"
-        shutil.copytree(job.client.state_dir, copy) if Path(job.client.state_dir).exists() else copy.mkdir()
-        self.jobs.append(dataclasses.replace(job, client=dataclasses.replace(job.client, state_dir=str(copy))))
-        self.inner.submit(job)
-
-    def results(self, timeout_s: float) -> list[Any]:
-        outcomes = self.inner.results(timeout_s)
-        self.frames.update({(o.client_id, o.round): o.frame for o in outcomes})
-        return outcomes
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def test_a_client_rebuilt_from_its_files_on_a_ray_actor_trains_as_it_did_here(tmp_path: Path,
-                                                                             pools: dict[str, Any]) -> None:
+def test_a_client_rebuilt_from_its_files_on_a_ray_actor_trains_as_it_did_here(pools: dict[str, Any],
+                                                                             inline_runs: InlineRuns) -> None:
     """Every task of an inline SCAFFOLD run (device state and all) replayed on a Ray actor from a copy of the
     client's files as the task found them: the same update, byte for byte in its tensor section."""
     from fedge import codec
-    from fedge.simulation.backends import InlineBackend
 
-    recording = Recording(InlineBackend(), tmp_path / "snapshots")
-    recording.snapshots.mkdir()
-    run_here(overrides("scaffold", 0.5, "simulated", "inline"), tmp_path / "run", recording)
+    recording = inline_runs.recording("scaffold", 0.5)
     assert len(recording.jobs) == 9 and all(recording.frames.values())
     ray_pool = pools["ray"]
     for job in recording.jobs:
@@ -173,20 +222,20 @@ def test_a_client_rebuilt_from_its_files_on_a_ray_actor_trains_as_it_did_here(tm
     assert all(body(replayed[key]) == body(recording.frames[key]) for key in recording.frames)
 
 
-def test_status_lists_the_100_agents_heard_from_last_and_agents_json_lists_all(tmp_path: Path) -> None:
+def test_status_lists_the_100_agents_heard_from_last_and_agents_json_lists_all(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedge.runtime.cli import main
+
     run_dir = tmp_path / "run"
     run_here(["model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=120",
               "data.partition=iid", "data.train_limit=20", "round.count=4", "run.rounds=1", "run.export_onnx=false"],
              run_dir)
-    import json
-
     status = json.loads((run_dir / "status.json").read_text())
     assert len(status["agents"]) == 100 and status["agents_total"] == 120
     everyone = json.loads((run_dir / "agents.json").read_text())["agents"]
     assert sorted(a["index"] for a in everyone) == list(range(120))
-    shown = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "status", str(run_dir), "--agents"],
-                           capture_output=True, text=True, timeout=60)
-    assert shown.returncode == 0 and sum("agent-" in line for line in shown.stdout.splitlines()) == 120
-    short = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "status", str(run_dir)],
-                           capture_output=True, text=True, timeout=60)
-    assert "the 100 heard from last (all: --agents)" in short.stdout
+    capsys.readouterr()
+    assert main(["status", str(run_dir), "--agents"]) == 0  # `coordinator status RUN --agents`
+    assert sum("agent-" in line for line in capsys.readouterr().out.splitlines()) == 120
+    assert main(["status", str(run_dir)]) == 0
+    assert "the 100 heard from last (all: --agents)" in capsys.readouterr().out

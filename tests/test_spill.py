@@ -20,7 +20,8 @@ from fedge.models import build, state_to_arrays
 from fedge.protocol.influence import Influence, InfluenceLimits
 from fedge.protocol.server_half import Aggregation
 from tests.algo_helpers import TINY_MLP, same_arrays
-from tests.test_influence import attacker, ef_update, server_and_uploads
+from tests.influence_cases import attacker, ef_update, server_and_uploads
+from tests.simfleet import InProcessSessions
 
 
 def fedavg_round(keep: Spill | None) -> tuple[dict[str, np.ndarray], Aggregation]:
@@ -87,18 +88,19 @@ def test_a_session_removes_what_an_interrupted_round_left_on_disk(tmp_path: Path
 
 
 def test_a_session_whose_round_1_spills_ends_as_one_that_kept_it_in_memory(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        sessions: InProcessSessions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """A simulated session played here with the memory budget at 0 (every held update of round 1 waits on disk)
     gives the records and model of the same session with the default budget, and leaves no spill behind."""
     from fedge.coordinator import spill
-    from tests.simfleet import overrides, records, run_here
+    from tests.simfleet import overrides, records
 
-    sets = overrides("fedavg", 1.0, "simulated", extra=("run.rounds=2",))
+    sets = overrides("fedavg", 1.0, "simulated", "inline", ("run.rounds=2",))
     caplog.set_level(logging.INFO, logger="fedge.coordinator")
-    run_here(sets, tmp_path / "kept")
+    sessions.run(sets, name="kept")
     assert "waited on disk" not in caplog.text
     monkeypatch.setattr(spill, "HELD_IN_MEMORY_BYTES", 0)
-    run_here(sets, tmp_path / "spilled")
+    sessions.run(sets, name="spilled")
     assert "round 1: 6 held update(s)" in caplog.text and "waited on disk" in caplog.text
     kept, spilled = records(tmp_path / "kept"), records(tmp_path / "spilled")
     assert kept["metrics"] == spilled["metrics"] and kept["clients"] == spilled["clients"]

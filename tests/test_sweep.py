@@ -1,14 +1,23 @@
-"""The reproduction harness: a tiny grid runs real sessions, tabulates them, skips finished runs and resumes
+"""The reproduction harness: a tiny grid runs its sessions, tabulates them, skips finished runs and resumes
 unfinished ones; the same table one cell at a time, two at a time and as Ray tasks; shards; claimed cells are left to
-their holder; a failing cell is retried, recorded and does not end the sweep."""
+their holder; a failing cell is retried, recorded and does not end the sweep. Every cell is a ``coordinator start``
+process of its own, as a sweep runs it, whose fleet is simulated in that process (the fleet is not what a sweep is
+about). The sweep command itself runs in this process (``coordinator``'s ``main``), but for Ray's, which starts and
+stops a Ray cluster of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
+import pytest
+
+from fedge.runtime.cli import main as coordinator
 from fedge.sweep.grid import expand
 
 GRID = """
@@ -17,7 +26,7 @@ seeds = [0]
 baseline = "fedavg"
 [base]
 run = { rounds = 2, export_onnx = false }
-fleet = { local_agents = 2, heartbeat_s = 0.5 }
+fleet = { local_agents = 2, mode = "simulated", backend = "inline" }
 data = { dataset = "fmnist-demo", partition = "iid", train_limit = 100 }
 model = { name = "mlp" }
 [[method]]
@@ -29,26 +38,22 @@ algorithm = { name = "ef-fedavg", keep = 0.1 }
 """
 
 
-def sweep(grid: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "sweep", "--grid", str(grid), "--out",
-                           str(out), *extra], capture_output=True, text=True, timeout=400)
+class Swept(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-# Uplink packets carry the meter's record (CPU seconds, joules, ...), a few bytes longer or shorter from run to run:
-# the byte columns agree to 0.1 %, everything else exactly.
-PACKET_BYTES = ("bytes_up", "bytes_total", "byte_reduction")
+def sweep(grid: Path, out: Path, *extra: str) -> Swept:
+    """``coordinator sweep --grid GRID --out OUT ...`` in this process: its exit status and what it printed."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = coordinator(["sweep", "--grid", str(grid), "--out", str(out), *extra])
+    return Swept(code, stdout.getvalue(), stderr.getvalue())
 
 
 def table(out: Path) -> list[dict[str, str]]:
     return sorted(csv.DictReader((out / "summary.csv").open()), key=lambda row: row["method"])
-
-
-def same_table(a: list[dict[str, str]], b: list[dict[str, str]]) -> bool:
-    exact = [{k: v for k, v in row.items() if k not in PACKET_BYTES} for row in a] == \
-        [{k: v for k, v in row.items() if k not in PACKET_BYTES} for row in b]
-    close = all(abs(float(x[k]) - float(y[k])) <= 1e-3 * abs(float(x[k])) for x, y in zip(a, b, strict=True)
-                for k in PACKET_BYTES if x[k])
-    return exact and close
 
 
 def test_grid_expands_seed_major_with_axes() -> None:
@@ -62,25 +67,49 @@ def test_grid_expands_seed_major_with_axes() -> None:
     assert cells[1].key == "fedavg_alpha1.0_seed0" and cells[1].raw["data"]["alpha"] == 1.0
 
 
-def test_a_sweep_runs_tabulates_skips_and_resumes(tmp_path: Path) -> None:
-    grid, out = tmp_path / "grid.toml", tmp_path / "out"
-    grid.write_text(GRID)
-    first = sweep(grid, out)
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The grid swept once, cell after cell: its output directory (beside the grid file)."""
+    root = tmp_path_factory.mktemp("sweep")
+    (root / "grid.toml").write_text(GRID)
+    first = sweep(root / "grid.toml", root / "out")
     assert first.returncode == 0, first.stdout + first.stderr
-    rows = list(csv.DictReader((out / "summary.csv").open()))
+    return root / "out"
+
+
+@pytest.mark.xdist_group("sweep")
+def test_a_sweep_runs_and_tabulates(swept: Path) -> None:
+    rows = list(csv.DictReader((swept / "summary.csv").open()))
     assert {r["method"] for r in rows} == {"fedavg", "ef"}
     ef = next(r for r in rows if r["method"] == "ef")
     assert float(ef["byte_reduction"]) > 0.5 and 0 <= float(ef["final_accuracy_mean"]) <= 1
-    assert (out / "summary.md").read_text().count("|") > 10 and (out / "accuracy_vs_bytes.png").stat().st_size
-    for name, extra in (("jobs", ("--jobs", "2")), ("ray", ("--backend", "ray"))):
-        again = sweep(grid, tmp_path / name, *extra)
-        assert again.returncode == 0, again.stdout + again.stderr
-        assert same_table(table(tmp_path / name), table(out)), (name, table(tmp_path / name), table(out))
-    (out / "runs" / "ef_seed0" / "report.json").unlink()  # as if the sweep had been killed during this run
-    second = sweep(grid, out)
+    assert (swept / "summary.md").read_text().count("|") > 10 and (swept / "accuracy_vs_bytes.png").stat().st_size
+
+
+@pytest.mark.xdist_group("sweep")
+def test_two_cells_at_a_time_give_the_same_table(swept: Path, tmp_path: Path) -> None:
+    again = sweep(swept.parent / "grid.toml", tmp_path / "jobs", "--jobs", "2")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert table(tmp_path / "jobs") == table(swept)  # to the last byte: a simulated fleet meters nothing
+
+
+@pytest.mark.xdist_group("sweep")
+def test_cells_as_ray_tasks_give_the_same_table(swept: Path, tmp_path: Path) -> None:
+    """In a process of its own: the sweep starts and stops a private Ray cluster."""
+    again = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "sweep", "--grid", str(swept.parent / "grid.toml"),
+                            "--out", str(tmp_path / "ray"), "--backend", "ray"], capture_output=True, text=True,
+                           timeout=400)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert table(tmp_path / "ray") == table(swept)
+
+
+@pytest.mark.xdist_group("sweep")
+def test_a_sweep_again_skips_finished_runs_and_resumes_the_unfinished(swept: Path) -> None:
+    (swept / "runs" / "ef_seed0" / "report.json").unlink()  # as if the sweep had been killed during this run
+    second = sweep(swept.parent / "grid.toml", swept)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "fedavg_seed0: skipped (done)" in second.stdout and "ef_seed0: ran" in second.stdout
-    assert (out / "runs" / "ef_seed0" / "report.json").exists()
+    assert (swept / "runs" / "ef_seed0" / "report.json").exists()
 
 
 def test_shards_split_the_grid_and_a_bad_shard_is_refused(tmp_path: Path) -> None:
