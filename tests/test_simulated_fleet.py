@@ -2,8 +2,8 @@
 processes, bit for bit, at full and partial participation; and across SIGTERM and --resume. One local Ray cluster
 for the whole module (bound to 127.0.0.1, usage statistics off).
 
-One real fleet of agent processes per algorithm family, at one participation each (``REAL_FLEETS``); each
-family's other participation compares the simulated backends with its inline session, played once in this process
+One real fleet of agent processes per algorithm family, at one participation (``REAL_FLEETS``); every other cell
+(algorithm, participation) compares the simulated backends with its inline session, played once in this process
 (``InlineRuns``, module-scoped, also what the Ray actors replay)."""
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ from tests.simfleet import differences, overrides, read_jsonl, records, run_here
 
 pytestmark = pytest.mark.xdist_group("simulated_fleet")  # one Ray cluster, one set of pools, one cache of runs
 
-# The algorithm families, each with the participation its real fleet of agent processes plays: a stateless dense
-# update (FedAvg and its kin: fedprox, a server step), with every device at once; control variates kept as device
-# state across the rounds a device sits out (scaffold); the server's pruning mask, sparse Tasks and complement-only
-# uplinks (dssa); error feedback, a residual and a replica as device state, sparse catch-up Tasks (ef); BatchNorm
-# tensors kept as device state, never sent (fedbn).
-REAL_FLEETS = {"fedavg": 1.0, "scaffold": 0.5, "dssa-fedprox": 0.5, "ef-fedprox": 0.5, "fedbn": 0.5}
-OTHER = {0.5: 1.0, 1.0: 0.5}
-SIMULATED_CELLS = [(name, OTHER[fraction]) for name, fraction in REAL_FLEETS.items()]  # each family's other one
+# One real fleet per algorithm family, at the participation it plays: a stateless device and a dense update (FedAvg
+# and its kin), with every device at once; control variates kept as device state across the rounds a device sits out
+# (scaffold); the server's pruning mask, sparse Tasks and complement-only uplinks (dssa); error feedback, a residual
+# and a replica as device state, sparse catch-up Tasks (ef). FedBN is FedAvg's family here: on the MLP these
+# sessions train (no BatchNorm) it keeps no tensor on the device, and no personal model is evaluated.
+ALGORITHMS = ("fedavg", "scaffold", "dssa-fedprox", "ef-fedprox", "fedbn")
+REAL_FLEETS = {"fedavg": 1.0, "scaffold": 0.5, "dssa-fedprox": 0.5, "ef-fedprox": 0.5}
+SIMULATED_CELLS = [(name, fraction) for name in ALGORITHMS for fraction in (0.5, 1.0)
+                   if REAL_FLEETS.get(name) != fraction]  # the simulated backends against the inline session
 BACKENDS = ("inline", "local", "ray")
 
 
@@ -148,8 +149,8 @@ def test_every_backend_matches_a_fleet_of_agent_processes(algorithm: str, tmp_pa
 @pytest.mark.parametrize(("algorithm", "fraction"), SIMULATED_CELLS)
 def test_every_backend_plays_the_inline_session_bit_for_bit(algorithm: str, fraction: float, tmp_path: Path,
                                                             pools: dict[str, Any], inline_runs: InlineRuns) -> None:
-    """The family's other participation: worker processes and Ray actors give the inline session's records (the
-    inline backend's equality with agent processes: the test above)."""
+    """Every other cell: worker processes and Ray actors give the inline session's records (the inline backend's
+    equality with agent processes, family by family: the test above)."""
     runs = simulated(algorithm, fraction, tmp_path, pools, inline_runs)
     expected = records(runs["inline"])
     assert [row["reported"] for row in expected["metrics"]] == [3 if fraction == 0.5 else 6] * 3
