@@ -32,28 +32,32 @@ class Processes:
         self.workdir = workdir
         self.started: list[subprocess.Popen[bytes]] = []
 
-    def start(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
+    def start(self, args: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """``python -m ARGS`` in its own session, output in ``NAME.out``; ``env`` is added to the child's
+        environment only (this process's is never changed)."""
         log = open(self.workdir / f"{name}.out", "ab")  # noqa: SIM115 - closed by the child's exit
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         process = subprocess.Popen([sys.executable, "-m", *args], cwd=self.workdir, stdout=log, stderr=log,
                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         log.close()
         self.started.append(process)
         return process
 
-    def coordinator(self, *args: str, name: str = "coordinator") -> subprocess.Popen[bytes]:
-        return self.start(["fedge.runtime.cli", "start", *args], name)
+    def coordinator(self, *args: str, name: str = "coordinator",
+                    env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        return self.start(["fedge.runtime.cli", "start", *args], name, env)
 
     def agent(self, *args: str, name: str) -> subprocess.Popen[bytes]:
         return self.start(["fedge.edge_agent", "run", *args], name)
 
     def cli(self, sets: list[str] | tuple[str, ...], run_dir: Path, *extra: str,
-            name: str | None = None) -> subprocess.Popen[bytes]:
+            name: str | None = None, crash_at: str = "") -> subprocess.Popen[bytes]:
         """``coordinator start --set ... --run-dir RUN --quiet`` as a user types it (output in ``NAME.out``, by
-        default the run directory's name); ``finish`` waits for it."""
+        default the run directory's name); ``finish`` waits for it. ``crash_at`` (``POINT:ROUND``) is the child's
+        FEDGE_CRASH_AT: it exits 70 there."""
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         return self.coordinator(*cli_args(sets), *extra, "--run-dir", str(run_dir), "--quiet",
-                                name=name or run_dir.name)
+                                name=name or run_dir.name, env={"FEDGE_CRASH_AT": crash_at} if crash_at else None)
 
     def finish(self, process: subprocess.Popen[bytes], name: str, timeout_s: float = 180) -> None:
         """Wait for a started process (killing its process group if it overruns); it must have exited 0."""

@@ -62,6 +62,10 @@ class InProcessSessions:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        # multiprocessing's resource tracker lives as long as this process: started before the count, never killed
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         self.before = {child.pid for child in psutil.Process().children(recursive=True)}
 
     def run(self, sets: list[str] | tuple[str, ...], name: str = "run", backend: Any = None,

@@ -142,25 +142,22 @@ def replay_logging() -> Iterator[None]:
         root.setLevel(level)
 
 
-def crashing(procs: Processes, monkeypatch: pytest.MonkeyPatch, at: str, sets: list[str], run_dir: Path,
+def crashing(procs: Processes, at: str, sets: list[str], run_dir: Path,
              name: str) -> subprocess.Popen[bytes]:
     """`coordinator start --set ... --run-dir RUN` that exits (70) at ``at`` (FEDGE_CRASH_AT=POINT:ROUND)."""
     assert crashpoints.CRASH_AT == ""  # (read at import: this process never crashes)
-    monkeypatch.setenv("FEDGE_CRASH_AT", at)
-    process = procs.cli(sets, run_dir, name=name)
-    monkeypatch.delenv("FEDGE_CRASH_AT")
-    return process
+    return procs.cli(sets, run_dir, name=name, crash_at=at)
 
 
 def test_a_simulated_async_session_resumes_after_a_crash_at_a_versions_checkpoint(
-        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        procs: Processes, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The coordinator's process (its fleet inline) ends at version 3's checkpoint; the run resumed (in this
     process, through `coordinator start --resume`'s rules) takes up the tasks in flight."""
     run_dir = tmp_path / "run"
     common = ["run.rounds=5", "model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=6",
               "data.train_limit=600", "round.mode=async", "algorithm.name=fedavg", "asynchronous.buffer=2",
               "asynchronous.concurrency=3", "run.export_onnx=false"]
-    crashed = crashing(procs, monkeypatch, "checkpoint:3", common, run_dir, "crashed")
+    crashed = crashing(procs, "checkpoint:3", common, run_dir, "crashed")
     assert finished(crashed, 240) == 70, procs.output("crashed")
     from fedge.plumbing import load_arrays
 
@@ -319,7 +316,7 @@ def test_on_the_simulated_clock_tasks_longer_than_the_liveness_lose_no_device(
 
 
 def test_a_synchronous_round_on_the_simulated_clock_closes_at_its_deadline_and_a_resume_keeps_the_time(
-        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        procs: Processes, tmp_path: Path) -> None:
     """Tasks of 4-16 simulated seconds against a 30 s deadline: a round closes at its deadline (no update after it is
     taken, no time lost to the cancelled jobs), and a run resumed after a crash (the coordinator's process, its fleet
     inline; resumed in this process through `coordinator start --resume`'s rules) goes on from the checkpoint's
@@ -328,7 +325,7 @@ def test_a_synchronous_round_on_the_simulated_clock_closes_at_its_deadline_and_a
     common = ["run.rounds=4", "model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline",
               "fleet.clock=simulated", "fleet.step_s=4", "round.deadline_s=30", "data.clients=8",
               "data.train_limit=600", "round.fraction=0.5", "algorithm.name=fedavg", "run.export_onnx=false"]
-    assert finished(crashing(procs, monkeypatch, "committed:2", common, run_dir, "first"), 240) == 70, \
+    assert finished(crashing(procs, "committed:2", common, run_dir, "first"), 240) == 70, \
         procs.output("first")
     assert resume_here(run_dir)["status"] == "done"
     rows = metrics(run_dir)
@@ -482,7 +479,7 @@ def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_th
 
 
 def test_a_simulated_clock_session_resumed_after_a_crash_is_the_uninterrupted_one_bit_for_bit(
-        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        procs: Processes, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The checkpoint at a flush holds the fleet's jobs out (their finish times, numbers and Task packets) and the
     trace's moves made: the resumed run, on worker processes, makes every choice the uninterrupted one, inline,
     made (devices coming and going by a trace, budgets in simulated seconds, both packets on the link). The crash
@@ -495,7 +492,7 @@ def test_a_simulated_clock_session_resumed_after_a_crash_is_the_uninterrupted_on
               "asynchronous.concurrency=4", f"fleet.trace={trace}", "fleet.max_seconds=0.3", "fleet.bandwidth_bps=2e7",
               "run.export_onnx=false"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    crashed = crashing(procs, monkeypatch, "checkpoint:3", [*common, "fleet.backend=local", "fleet.workers=2"], cut,
+    crashed = crashing(procs, "checkpoint:3", [*common, "fleet.backend=local", "fleet.workers=2"], cut,
                        "cut")
     run_here([*common, "fleet.backend=inline"], whole)  # meanwhile, the uninterrupted run
     assert finished(crashed, 240) == 70, procs.output("cut")

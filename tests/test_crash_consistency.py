@@ -32,14 +32,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("point", ["aggregated", "clients", "metrics", "checkpoint", "committed"])
-def test_a_crash_anywhere_in_finish_round_resumes_to_the_same_run(procs: Processes, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch, reference: Path,
+def test_a_crash_anywhere_in_finish_round_resumes_to_the_same_run(procs: Processes, tmp_path: Path, reference: Path,
                                                                   point: str) -> None:
     run_dir = tmp_path / "run"
-    monkeypatch.setenv("FEDGE_CRASH_AT", f"{point}:2")
-    crashed = procs.cli(SETS, run_dir, name="crashed")
+    crashed = procs.cli(SETS, run_dir, name="crashed", crash_at=f"{point}:2")
     assert crashed.wait(timeout=240) == 70, procs.output("crashed")
-    monkeypatch.delenv("FEDGE_CRASH_AT")
     assert resume_here(run_dir)["status"] == "done"
     assert [r["round"] for r in metrics(run_dir)] == [1, 2, 3]
     clients = [json.loads(line)["round"] for line in (run_dir / "clients.jsonl").read_text().splitlines()]

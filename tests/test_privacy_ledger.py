@@ -54,7 +54,7 @@ def composed(lines: list[dict[str, Any]]) -> float:
 
 
 def test_a_resume_extending_a_calibrated_run_spends_no_more_than_its_budget(
-        procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        procs: Processes, tmp_path: Path) -> None:
     """A run calibrated to epsilon 4 over 3 rounds crashes after round 2 and is resumed with --rounds 8: every
     line's epsilon equals the composition of lines 1..k, never decreases, and the run ends within max_epsilon
     (before the ledger, the resume re-accounted the 2 released rounds at the new plan's noise: epsilon went down,
@@ -62,10 +62,8 @@ def test_a_resume_extending_a_calibrated_run_spends_no_more_than_its_budget(
     real coordinator process (its fleet simulated inline); the resumes are played here."""
     run_dir = tmp_path / "run"
     sets = [*PRIVATE, "run.rounds=3", "privacy.target_epsilon=4", "privacy.max_epsilon=4"]
-    monkeypatch.setenv("FEDGE_CRASH_AT", "committed:2")
-    crashed = procs.cli(sets, run_dir, name="crashed")
+    crashed = procs.cli(sets, run_dir, name="crashed", crash_at="committed:2")
     assert crashed.wait(timeout=240) == 70, procs.output("crashed")[-2000:]
-    monkeypatch.delenv("FEDGE_CRASH_AT")
     report = start([], run_dir, resume=True, rounds=8)
     lines = ledger(run_dir)
     assert report["status"] in ("done", "budget") and len(lines) == report["rounds_completed"] >= 6

@@ -91,8 +91,7 @@ def test_a_run_stops_before_a_release_would_exceed_max_epsilon(sessions: InProce
 
 
 def test_a_round_released_before_a_crash_stays_accounted_and_is_redone(
-        procs: Processes, sessions: InProcessSessions, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        procs: Processes, sessions: InProcessSessions, tmp_path: Path) -> None:
     """Crash after round 2's release (its clients.jsonl written, its checkpoint not): on resume, round 2 is redone
     and accounted again, so epsilon counts 4 rounds for 3 released, and never decreases. Every draw is fresh OS
     entropy, so the redo cannot replay the first attempt's noise (tests/test_privacy_ledger.py tries to regenerate
@@ -100,10 +99,8 @@ def test_a_round_released_before_a_crash_stays_accounted_and_is_redone(
     it); the resume is played here, through the resume rules."""
     sets = [*PRIVATE, "privacy.noise_multiplier=1.0"]
     run_dir = tmp_path / "run"
-    monkeypatch.setenv("FEDGE_CRASH_AT", "clients:2")
-    crashed = procs.cli(sets, run_dir, name="crashed")
+    crashed = procs.cli(sets, run_dir, name="crashed", crash_at="clients:2")
     assert crashed.wait(timeout=240) == 70, procs.output("crashed")
-    monkeypatch.delenv("FEDGE_CRASH_AT")
     before = read_jsonl(run_dir / "privacy.jsonl")
     assert [line["round"] for line in before] == [1, 2]
     assert sessions.resume()["status"] == "done"

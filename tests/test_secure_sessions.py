@@ -217,14 +217,11 @@ SMALL_SECURE = ("model.name=\"mlp\"", "data.train_limit=200", "fleet.local_agent
                 "fleet.mode=\"simulated\"", "fleet.backend=\"inline\"", *SECURE)
 
 
-def crash(procs: Processes, run_dir: Path, point: str, monkeypatch: pytest.MonkeyPatch) -> subprocess.Popen[bytes]:
+def crash(procs: Processes, run_dir: Path, point: str) -> subprocess.Popen[bytes]:
     """`coordinator start` (its fleet inline, in its process) that ends at ``point`` of round 2 (FEDGE_CRASH_AT);
     ``crashed`` waits for it."""
     assert crashpoints.CRASH_AT == ""  # (read at import: this process never crashes)
-    monkeypatch.setenv("FEDGE_CRASH_AT", f"{point}:2")
-    process = procs.cli(SMALL_SECURE, run_dir, name="crashed")
-    monkeypatch.delenv("FEDGE_CRASH_AT")
-    return process
+    return procs.cli(SMALL_SECURE, run_dir, name="crashed", crash_at=f"{point}:2")
 
 
 def crashed_and_resumed(procs: Processes, process: subprocess.Popen[bytes], run_dir: Path) -> None:
@@ -237,14 +234,14 @@ def crashed_and_resumed(procs: Processes, process: subprocess.Popen[bytes], run_
 
 
 def test_a_coordinator_that_crashed_while_unmasking_redoes_the_round_and_its_devices_refuse_to_mask_again(
-        tmp_path: Path, procs: Processes, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, procs: Processes, caplog: pytest.LogCaptureFixture) -> None:
     """Crash right after round 2's sum was unmasked, before it was kept (crash point ``unmasked``): the resumed
     coordinator opens round 2's next attempt; the three devices (rebuilt from their files, as after a restart) each
     masked an input of round 2 already, so each says so and reports the round failed, the round fails with its
     reason and the model stays as it was, and round 3 is summed as usual."""
     run_dir = tmp_path / "run"
     caplog.set_level(logging.INFO)
-    crashed_and_resumed(procs, crash(procs, run_dir, "unmasked", monkeypatch), run_dir)
+    crashed_and_resumed(procs, crash(procs, run_dir, "unmasked"), run_dir)
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [(r["round"], r["secagg_attempt"], r["secagg_summed"]) for r in rows] == [(1, 0, 3), (2, 1, 0), (3, 0, 3)]
     assert rows[1]["secagg_failed"] and rows[1]["reported"] == 0
@@ -259,13 +256,13 @@ def test_a_coordinator_that_crashed_while_unmasking_redoes_the_round_and_its_dev
 
 
 def test_a_coordinator_that_crashed_after_unmasking_applies_the_kept_sum_and_ends_as_the_uninterrupted_run(
-        tmp_path: Path, procs: Processes, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, procs: Processes) -> None:
     """Crash after round 2's sum was kept and folded, before its checkpoint (crash point ``aggregated``): the
     resumed coordinator does not redo round 2 (a redo would train from the same model, and a second sum of nearly
     the same inputs over other devices would give one device's update away); it applies the kept sum, and the run
     ends with the uninterrupted run's model, bit for bit."""
     run_dir, reference = tmp_path / "run", tmp_path / "reference"
-    process = crash(procs, run_dir, "aggregated", monkeypatch)
+    process = crash(procs, run_dir, "aggregated")
     run_here(SMALL_SECURE, reference)  # meanwhile, the uninterrupted run
     crashed_and_resumed(procs, process, run_dir)
     rows = read_jsonl(run_dir / "metrics.jsonl")
