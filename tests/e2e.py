@@ -78,12 +78,13 @@ class Processes:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def cleanup(self) -> None:
+        """Kill every started process's group, whether or not its leader has exited: a coordinator that ended at a
+        crash point leaves its local fleet's workers in its group."""
         for process in self.started:
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             process.wait(timeout=10)
 
 
