@@ -151,6 +151,15 @@ def join_session(settings: PluginRule, data: DeviceData, device: torch.device,
                       f"model and loss: {exc}") from None
     return session, tensors
 
+def inference_meta(session: JoinedSession, data: DeviceData) -> dict[str, Any]:
+    """What ``edge-agent predict`` needs beside the weights, written with a round's state by an agent and by a
+    simulated fleet's worker alike: the model spec and hash, the normalisation the device trained with, the
+    features' type, the task and the algorithm."""
+    return {"model": dict(session.welcome.model), "model_hash": session.welcome.model_hash,
+            "mean": list(session.mean), "std": list(session.std), "features": str(data.train_x.dtype),
+            "task": session.task.kind, "algorithm": session.welcome.algorithm}
+
+
 def data_tensors(session: JoinedSession, data: DeviceData, device: torch.device) -> Tensors:
     """The device's arrays as normalised tensors (the session's statistics), on the training device."""
     limit = session.welcome.train_limit

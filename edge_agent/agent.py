@@ -24,7 +24,14 @@ import fedge
 from fedge import codec
 from fedge.algorithms.loop import TrainingCancelled
 from fedge.client.data import DeviceData
-from fedge.client.joining import JoinedSession, Refused, data_tensors, join_session, training_device
+from fedge.client.joining import (
+    JoinedSession,
+    Refused,
+    data_tensors,
+    inference_meta,
+    join_session,
+    training_device,
+)
 from fedge.client.round import play_task, update_frame
 from fedge.client.state import DeviceState
 from fedge.edge_agent.availability import read_readings, why_not
@@ -151,7 +158,7 @@ class Agent:
                     raise ValueError(f"the data callable now returns samples shaped {self.data.input_shape}")
                 self.load_tensors(session, self.data)
             result = play_task(session, self.tensors, self.state, task, self.meter, cancelled=self.step,
-                               inference_meta=self.inference_meta(session), spent=self.budget())
+                               inference_meta=inference_meta(session, self.data), spent=self.budget())
             record = self.close_meter_window(task.round)
             record["cpu_s_decode"] = decode_cpu_s
             frame = update_frame(session, self.settings.client_id, result, record)
@@ -191,14 +198,6 @@ class Agent:
         if self.worker is not None and self.worker.is_alive():
             return self.train_steps
         return self.progress + self.train_steps
-
-    def inference_meta(self, session: JoinedSession) -> dict[str, Any]:
-        """What ``edge-agent predict`` needs beside the weights: the model spec and hash, the normalisation the
-        device trained with, and the algorithm."""
-        return {"model": dict(session.welcome.model), "model_hash": session.welcome.model_hash,
-                "mean": list(session.mean), "std": list(session.std), "features": str(self.data.train_x.dtype),
-                "task": session.task.kind,
-                "algorithm": session.welcome.algorithm}
 
     def close_meter_window(self, round_number: int) -> dict[str, Any]:
         """End the meter's window and open the next one at once: windows tile time, so every byte, joule and CPU

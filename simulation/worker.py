@@ -4,7 +4,8 @@
 another node) can train any client: it gets the client's Welcome and Task packets as bytes and the paths of the
 client's shard and state directory, joins the session as an agent would (``client.joining``: the same checks and
 the same model built from the session seed), plays THE client-round function (``client.round.play_task``: the
-committed device state loaded, trained, the round's state written as pending) and returns the Update packet. Its
+committed device state loaded, trained, the round's state written as pending, with what ``edge-agent predict``
+needs beside the weights, as an agent writes it) and returns the Update packet. Its
 state is committed by the fleet when the coordinator's Commit arrives (``client.state``, two phases as on a
 device). One torch thread, as an agent trains (thread counts change bits). Knows no transport and no algorithm by
 name.
@@ -22,7 +23,7 @@ import torch
 
 from fedge import codec
 from fedge.client.data import DeviceData
-from fedge.client.joining import Refused, join_session
+from fedge.client.joining import Refused, inference_meta, join_session
 from fedge.client.round import play_task, update_frame
 from fedge.client.state import DeviceState
 from fedge.plumbing.threads import one_blas_thread
@@ -86,11 +87,11 @@ def train_client(job: Job) -> Outcome:
         if not isinstance(welcome, codec.Welcome):
             raise ValueError(f"not a welcome: {type(welcome).__name__}")
         with one_torch_thread():
-            session, tensors = join_session(job.rule, DeviceData.open(job.client.shard), torch.device("cpu"),
-                                            welcome)
+            data = DeviceData.open(job.client.shard)
+            session, tensors = join_session(job.rule, data, torch.device("cpu"), welcome)
             state = DeviceState(job.client.state_dir)
             budget = job.max_steps
-            result = play_task(session, tensors, state, task,
+            result = play_task(session, tensors, state, task, inference_meta=inference_meta(session, data),
                                spent=(lambda steps: steps >= budget) if budget > 0 else None)
         return Outcome(task.round, update_frame(session, job.client.client_id, result), client_id=job.client.client_id)
     except Refused as refusal:

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e import procs
+from tests.inprocess_cli import logging_kept
 from tests.simfleet import sessions
 
-__all__ = ["one_thread", "procs", "sessions"]
+__all__ = ["logging_kept", "one_thread", "procs", "sessions"]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,12 +22,9 @@ SETTINGS = TrainSettings(epochs=1, batch_size=16, lr=0.05, optimizer="sgd")
 
 @pytest.fixture(autouse=True)
 def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Register the module under test and train on one thread (tiny models run slower on several)."""
+    """Register the module under test (training runs on one thread: conftest's ``one_thread``)."""
     monkeypatch.setitem(registry.REGISTRY, "fedbn", registry.AlgorithmSpec(fedbn))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(threads)
 
 
 def domains(sizes: list[int], seed: int = 0, scale: tuple[float, ...] = (), noise: float = 1.0

@@ -4,7 +4,7 @@ tiny models, CPU."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -30,12 +30,6 @@ from fedge.simulation import inprocess
 MLP = ModelSpec(name="mlp", input_shape=(1, 8, 8), num_classes=4)
 BN_CNN = ModelSpec(name="cnn-bn", input_shape=(1, 8, 8), num_classes=4)
 SETTINGS = TrainSettings(epochs=1, batch_size=16, lr=0.05, optimizer="sgd")
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def client_data(count: int, size: int = 48, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -393,13 +387,14 @@ def partner_above_others(alpha: np.ndarray) -> list[bool]:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_hypernetworks_learn_which_clients_share_classes(seed: int) -> None:
-    """The cheap proxy check of docs/algorithms.md section 6.5: after 30 rounds every client weights its
+    """The cheap proxy check of docs/algorithms.md section 6.5: after 20 rounds every client weights its
     partner above the others.
 
     eta_hn = 1, as in benchmarks/repro_pfedla.py's default: at 5e-3 no alpha entry moves by more than 0.001 in 30
     rounds here (measured). The rows start exactly uniform (no client passes: ties are not "above"), so every pass
-    is learned; the partners' weights grow by 0.031-0.047 on these seeds (measured), against a threshold of 0.02,
-    twice the sd of the random initial preference that the former bias-0 init gave.
+    is learned; the partners' weights grow by 0.029-0.042 in 20 rounds on these seeds (measured; 0.031-0.047 in
+    30), against a threshold of 0.02, twice the sd of the random initial preference that the former bias-0 init
+    gave. Every seed passes from round 2 on.
     """
     spec = ModelSpec(name="mlp", input_shape=(1, 8, 8), num_classes=8)
     fleet = inprocess.make_fleet("pfedla", {"hn_lr": 1.0}, spec, 8, seed=seed)
@@ -410,7 +405,7 @@ def test_hypernetworks_learn_which_clients_share_classes(seed: int) -> None:
         return np.stack([fleet.server.aggregation_weights(i).mean(axis=0) for i in range(8)])
 
     initial = averaged()
-    for round_number in range(30):
+    for round_number in range(20):
         inprocess.run_round(fleet, round_number, data, settings, seed=seed)
     final = averaged()
     assert all(partner_above_others(final)), f"initially {partner_above_others(initial)}, now {partner_above_others(final)}"

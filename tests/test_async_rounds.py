@@ -191,7 +191,7 @@ def test_efs_flat_mean_takes_the_discount_and_its_divisor_follows_normalize_in_a
 @pytest.mark.parametrize("name", ["fedavg", "fedprox"])
 def test_async_with_one_cohort_a_version_and_no_staleness_is_the_synchronous_run_bit_for_bit(name: str) -> None:
     """concurrency = buffer = the cohort, max_staleness 0, constant staleness, server lr 1, delta uploads."""
-    data = client_data(TINY_CNN_BN, 4, samples=40)
+    data = client_data(TINY_CNN_BN, 4, samples=32)
     sync = make_fleet(name, {"upload": "delta"}, TINY_CNN_BN, clients=4, seed=2)
     expected = []
     for number in (1, 2, 3):

@@ -9,7 +9,6 @@ import json
 import logging
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,24 +123,6 @@ def simulated_async(run_dir: Path, rounds: int, *settings: str, status: str = "d
     return run_here([*ASYNC, f"run.rounds={rounds}", *settings], run_dir, status=status)
 
 
-@pytest.fixture
-def replay_logging() -> Iterator[None]:
-    """`coordinator replay` run in this process sets up its own logging (``setup_logging``: its coordinator.log);
-    afterwards the handlers it left are closed and the test process's are put back."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        yield
-    finally:
-        for handler in [h for h in root.handlers if h not in handlers]:
-            root.removeHandler(handler)
-            handler.close()
-        for handler in handlers:
-            if handler not in root.handlers:
-                root.addHandler(handler)
-        root.setLevel(level)
-
-
 def crashing(procs: Processes, at: str, sets: list[str], run_dir: Path,
              name: str) -> subprocess.Popen[bytes]:
     """`coordinator start --set ... --run-dir RUN` that exits (70) at ``at`` (FEDGE_CRASH_AT=POINT:ROUND)."""
@@ -155,7 +136,7 @@ def test_a_simulated_async_session_resumes_after_a_crash_at_a_versions_checkpoin
     process, through `coordinator start --resume`'s rules) takes up the tasks in flight."""
     run_dir = tmp_path / "run"
     common = ["run.rounds=5", "model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=6",
-              "data.train_limit=600", "round.mode=async", "algorithm.name=fedavg", "asynchronous.buffer=2",
+              "data.train_limit=300", "round.mode=async", "algorithm.name=fedavg", "asynchronous.buffer=2",
               "asynchronous.concurrency=3", "run.export_onnx=false"]
     crashed = crashing(procs, "checkpoint:3", common, run_dir, "crashed")
     assert finished(crashed, 240) == 70, procs.output("crashed")
@@ -181,17 +162,17 @@ def test_a_simulated_async_session_resumes_after_a_crash_at_a_versions_checkpoin
 
 def test_real_agents_two_of_them_slowed_never_hold_the_others_back(procs: Processes, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str],
-                                                                   replay_logging: None) -> None:
-    """6 agents, 2 of them 0.4 s a step slower: versions of 3 updates go on without them."""
-    data, run_dir = shards(tmp_path, 6), tmp_path / "run"
+                                                                   logging_kept: None) -> None:
+    """5 agents, 2 of them 0.4 s a step slower: versions of 3 updates go on without them."""
+    data, run_dir = shards(tmp_path, 5), tmp_path / "run"
     coordinator = procs.coordinator(
-        "--bind", "tcp://127.0.0.1:0", "--expect", "6", "--rounds", "8", "--run-dir", str(run_dir),
-        "--set", "data.clients=6", "--set", "round.mode=async", "--set", "algorithm.name=fedavg",
-        "--set", "asynchronous.concurrency=6", "--set", "asynchronous.buffer=3", "--set", "asynchronous.max_staleness=4",
+        "--bind", "tcp://127.0.0.1:0", "--expect", "5", "--rounds", "8", "--run-dir", str(run_dir),
+        "--set", "data.clients=5", "--set", "round.mode=async", "--set", "algorithm.name=fedavg",
+        "--set", "asynchronous.concurrency=5", "--set", "asynchronous.buffer=3", "--set", "asynchronous.max_staleness=4",
         "--set", "round.deadline_s=60", *FAST)
     address = endpoint(run_dir)
-    for i in range(6):
-        slow = ["--step-delay-s", "0.4"] if i >= 4 else []
+    for i in range(5):
+        slow = ["--step-delay-s", "0.4"] if i >= 3 else []
         procs.agent("--coordinator", address, "--client-id", f"dev-{i}", "--data", str(data / f"client-{i:03d}.npz"),
                     "--state-dir", str(tmp_path / f"state-{i}"), "--max-steps", "4", *slow, name=f"agent-{i}")
     assert finished(coordinator, 300) == 0, procs.output("coordinator")
@@ -202,7 +183,7 @@ def test_real_agents_two_of_them_slowed_never_hold_the_others_back(procs: Proces
     for row in clients:
         by_device[row["client_index"]] = by_device.get(row["client_index"], 0) + 1
     ids = {row["client_index"]: row["client_id"] for row in clients}
-    slow_indices = {i for i, cid in ids.items() if cid in ("dev-4", "dev-5")}
+    slow_indices = {i for i, cid in ids.items() if cid in ("dev-3", "dev-4")}
     fast = [n for i, n in by_device.items() if i not in slow_indices]
     slowed = [by_device.get(i, 0) for i in slow_indices]
     assert sum(fast) >= 20 and max(slowed, default=0) < min(fast), by_device  # the fast devices did the work
@@ -212,7 +193,7 @@ def test_real_agents_two_of_them_slowed_never_hold_the_others_back(procs: Proces
     # the same final model, bit for bit
     from fedge.runtime.cli import main
 
-    given = [f"--data=dev-{i}={data / f'client-{i:03d}.npz'}" for i in range(6)]
+    given = [f"--data=dev-{i}={data / f'client-{i:03d}.npz'}" for i in range(5)]
     capsys.readouterr()
     code, said = main(["replay", str(run_dir), *given]), capsys.readouterr()
     assert code == 0, said.out + said.err
@@ -285,19 +266,44 @@ def test_what_crosses_the_sessions_goodbye_is_dropped_without_a_refusal() -> Non
 TIMINGS = ("wall_s", "train_s_max", "eval_s", "checkpoint_s", "receive_s", "fold_s", "downlink_s", "close_s", "tail_s")
 
 
-def test_a_session_on_the_simulated_clock_is_the_same_bit_for_bit_on_every_backend(sessions: InProcessSessions) -> None:
-    """The session played in this process on the inline backend and on worker processes (the local backend)."""
-    common = ["run.rounds=5", "model.name=mlp", "fleet.mode=simulated", "fleet.clock=simulated", "fleet.workers=2",
-              "data.clients=8", "data.train_limit=300", "round.mode=async", "algorithm.name=fedavg",
-              "asynchronous.buffer=2", "asynchronous.concurrency=4", "run.export_onnx=false"]
-    runs = {}
-    for backend in ("inline", "local"):
-        sessions.run([*common, f"fleet.backend={backend}"], name=backend)
-        runs[backend] = [{k: v for k, v in row.items() if k not in TIMINGS} for row in metrics(sessions.root / backend)]
+TRACE = "client,speed,from_s,until_s\n1,,0,0.5\n1,,0.9,\n2,,0.3,\n5,,0,1.5\n"
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
+    """An asynchronous ef-fedprox session on the simulated clock (devices coming and going by a trace, budgets in
+    simulated seconds, both packets on the link), without its backend; and its uninterrupted run, inline in this
+    process: the run every other backend and a crashed-and-resumed run must be, bit for bit (played once)."""
+    root = tmp_path_factory.mktemp("traced")
+    trace = root / "trace.csv"
+    trace.write_text(TRACE)
+    common = ["run.rounds=6", "model.name=mlp", "fleet.mode=simulated", "fleet.clock=simulated", "data.clients=8",
+              "data.train_limit=300", "round.mode=async", "algorithm.name=ef-fedprox", "asynchronous.buffer=2",
+              "asynchronous.concurrency=4", f"fleet.trace={trace}", "fleet.max_seconds=0.3", "fleet.bandwidth_bps=2e7",
+              "run.export_onnx=false"]
+    run_here([*common, "fleet.backend=inline"], root / "whole")
+    return common, root / "whole"
+
+
+def untimed(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    """A run's records without what depends on the machine's time."""
+    return [{k: v for k, v in row.items() if k not in (*TIMINGS, "train_s")} for row in run_rows(run_dir, name)]
+
+
+def test_a_session_on_the_simulated_clock_is_the_same_bit_for_bit_on_every_backend(
+        sessions: InProcessSessions, traced: tuple[list[str], Path]) -> None:
+    """The session played in this process on the inline backend (the shared run) and on worker processes (the local
+    backend)."""
+    common, whole = traced
+    sessions.run([*common, "fleet.backend=local", "fleet.workers=2"], name="local")
+    local = sessions.root / "local"
+    runs = {"inline": [{k: v for k, v in row.items() if k not in TIMINGS} for row in metrics(whole)],
+            "local": [{k: v for k, v in row.items() if k not in TIMINGS} for row in metrics(local)]}
     assert runs["inline"] == runs["local"]
+    assert untimed(whole, "clients.jsonl") == untimed(local, "clients.jsonl")
     times = [row["sim_time_s"] for row in runs["inline"]]
-    assert times == sorted(times) and times[0] > 0 and len(times) == 5
-    with np.load(sessions.root / "inline" / "model.npz") as a, np.load(sessions.root / "local" / "model.npz") as b:
+    assert times == sorted(times) and times[0] > 0 and len(times) == 6
+    with np.load(whole / "model.npz") as a, np.load(local / "model.npz") as b:
         assert a.files == b.files and all(np.array_equal(a[name], b[name]) for name in a.files)
 
 
@@ -430,7 +436,7 @@ def test_the_trusts_warnings_name_a_version_in_an_asynchronous_session(tmp_path:
 
 
 def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_the_runs(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], replay_logging: None) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], logging_kept: None) -> None:
     import argparse
 
     from fedge.coordinator.config import ConfigError
@@ -479,22 +485,15 @@ def test_replay_refuses_what_it_cannot_play_and_catches_a_journal_that_is_not_th
 
 
 def test_a_simulated_clock_session_resumed_after_a_crash_is_the_uninterrupted_one_bit_for_bit(
-        procs: Processes, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        procs: Processes, tmp_path: Path, caplog: pytest.LogCaptureFixture, traced: tuple[list[str], Path]) -> None:
     """The checkpoint at a flush holds the fleet's jobs out (their finish times, numbers and Task packets) and the
-    trace's moves made: the resumed run, on worker processes, makes every choice the uninterrupted one, inline,
-    made (devices coming and going by a trace, budgets in simulated seconds, both packets on the link). The crash
-    ends the coordinator's process; the uninterrupted run and the resume are played in this process (the resume
-    through `coordinator start --resume`'s rules)."""
-    trace = tmp_path / "trace.csv"
-    trace.write_text("client,speed,from_s,until_s\n1,,0,0.5\n1,,0.9,\n2,,0.3,\n5,,0,1.5\n")
-    common = ["run.rounds=6", "model.name=mlp", "fleet.mode=simulated", "fleet.clock=simulated", "data.clients=8",
-              "data.train_limit=300", "round.mode=async", "algorithm.name=ef-fedprox", "asynchronous.buffer=2",
-              "asynchronous.concurrency=4", f"fleet.trace={trace}", "fleet.max_seconds=0.3", "fleet.bandwidth_bps=2e7",
-              "run.export_onnx=false"]
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    crashed = crashing(procs, "checkpoint:3", [*common, "fleet.backend=local", "fleet.workers=2"], cut,
-                       "cut")
-    run_here([*common, "fleet.backend=inline"], whole)  # meanwhile, the uninterrupted run
+    trace's moves made: the resumed run makes every choice the uninterrupted one made (devices coming and going by a
+    trace, budgets in simulated seconds, both packets on the link). The crash ends the coordinator's process (its
+    fleet inline); the resume is played in this process (through `coordinator start --resume`'s rules), the
+    uninterrupted run is the module's (the same on every backend: the test above)."""
+    common, whole = traced
+    cut = tmp_path / "cut"
+    crashed = crashing(procs, "checkpoint:3", [*common, "fleet.backend=inline"], cut, "cut")
     assert finished(crashed, 240) == 70, procs.output("cut")
     from fedge.plumbing import load_arrays
 
@@ -503,8 +502,7 @@ def test_a_simulated_clock_session_resumed_after_a_crash_is_the_uninterrupted_on
     caplog.set_level(logging.INFO)
     assert resume_here(cut)["status"] == "done"
     for name in ("metrics.jsonl", "clients.jsonl"):
-        rows = [[{k: v for k, v in row.items() if k not in (*TIMINGS, "train_s")} for row in run_rows(d, name)]
-                for d in (whole, cut)]
+        rows = [untimed(d, name) for d in (whole, cut)]
         assert rows[0] == rows[1] and len(rows[0]) >= 6, name
     with np.load(whole / "model.npz") as a, np.load(cut / "model.npz") as b:
         assert a.files == b.files and all(np.array_equal(a[name], b[name]) for name in a.files)
@@ -582,16 +580,19 @@ def test_ef_runs_asynchronously_a_device_holding_at_most_one_uncommitted_task_an
 
 
 def test_a_stateful_fleet_too_small_for_its_buffer_is_named_and_ends_the_session_instead_of_hanging(
-        procs: Processes, tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], logging_kept: None) -> None:
     """Two of four ef devices leave for good (a trace) with a buffer of 3: every device left holds an update that
-    waits for the flush, so no task can be sent; after fleet.join_timeout_s the session ends with no-agents."""
+    waits for the flush, so no task can be sent; after fleet.join_timeout_s the session ends with no-agents.
+    (`coordinator start`, run in this process: a hang would be the test's timeout.)"""
+    from fedge.runtime.cli import main
+
     trace = tmp_path / "trace.csv"
     trace.write_text("client,speed,from_s,until_s\n0,,0,0.3\n1,,0,0.3\n")
     run_dir = tmp_path / "run"
-    coordinator = procs.cli([*ASYNC, "run.rounds=20", f"fleet.trace={trace}", "fleet.join_timeout_s=30",
-                             "data.clients=4", "data.train_limit=200", "algorithm.name=ef-fedavg",
-                             "asynchronous.buffer=3", "asynchronous.concurrency=4"], run_dir)
-    assert finished(coordinator, 120) != 0  # (`coordinator start`, whose exit status says the session failed)
+    sets = [*ASYNC, "run.rounds=20", f"fleet.trace={trace}", "fleet.join_timeout_s=30", "data.clients=4",
+            "data.train_limit=200", "algorithm.name=ef-fedavg", "asynchronous.buffer=3", "asynchronous.concurrency=4"]
+    code = main(["start", "--run-dir", str(run_dir), *[a for s in sets for a in ("--set", s)]])
+    assert code != 0, capsys.readouterr()  # (`coordinator start`, whose exit status says the session failed)
     assert json.loads((run_dir / "report.json").read_text())["status"] == "no-agents"
     log = (run_dir / "coordinator.log").read_text()
     assert "none of the 2 live agents can take one (2 hold an update that waits for version" in log, log[-2000:]

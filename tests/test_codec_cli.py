@@ -1,7 +1,12 @@
-"""`python -m fedge.codec`: encode / decode / inspect through real subprocesses, and one-line errors on bad input."""
+"""`python -m fedge.codec`: encode / decode / inspect, and one-line errors on bad input. The commands run through
+the CLI's ``main`` in this process (its exit status, stdout and stderr captured as a process would give them:
+``python -m fedge.codec`` is ``raise SystemExit(main())``); one round trip and one bad input go through a real
+``python -m fedge.codec`` subprocess, for the entry point and the process's exit status."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -11,13 +16,28 @@ import numpy as np
 import pytest
 
 from fedge.codec import PROTOCOL_VERSION, retained_count, topk_mask
+from fedge.codec.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m fedge.codec ARGS`` in a real subprocess."""
     return subprocess.run([sys.executable, "-m", "fedge.codec", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m fedge.codec ARGS`` through the CLI's ``main`` in this process: the status its ``SystemExit``
+    (or return) gives, and what it wrote on stdout and stderr. An exception escaping ``main`` fails the test (a
+    process would print its traceback)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors exit
+            code = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(["python", "-m", "fedge.codec", *args], code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture()
@@ -33,8 +53,9 @@ def model(tmp_path: Path) -> dict[str, np.ndarray]:
 
 
 def test_dense_encode_decode_is_lossless(tmp_path: Path, model: dict[str, np.ndarray]) -> None:
-    assert run("encode", "--npz", str(tmp_path / "in.npz"), "-o", str(tmp_path / "t.pkt")).returncode == 0
-    assert run("decode", str(tmp_path / "t.pkt"), "-o", str(tmp_path / "out.npz")).returncode == 0
+    """Through real ``python -m fedge.codec`` processes."""
+    assert process("encode", "--npz", str(tmp_path / "in.npz"), "-o", str(tmp_path / "t.pkt")).returncode == 0
+    assert process("decode", str(tmp_path / "t.pkt"), "-o", str(tmp_path / "out.npz")).returncode == 0
     with np.load(tmp_path / "out.npz") as out:
         assert list(out.files) == list(model)
         for name, arr in model.items():
@@ -117,9 +138,16 @@ def bad_inputs(tmp: Path) -> list[list[str]]:
 
 
 def test_bad_input_gives_one_line_and_a_failure_status(tmp_path: Path) -> None:
-    for args in bad_inputs(tmp_path):
+    inputs = bad_inputs(tmp_path)
+    for args in inputs:
         result = run(*args)
         assert result.returncode != 0, args
+        assert "Traceback" not in result.stderr, (args, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "error" in lines[0], (args, result.stderr)
+    for args in (inputs[1], inputs[-1]):  # a codec error and a usage error, from a real process
+        result = process(*args)
+        assert result.returncode == 2, (args, result.returncode, result.stderr)
         assert "Traceback" not in result.stderr, (args, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "error" in lines[0], (args, result.stderr)

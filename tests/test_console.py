@@ -5,12 +5,14 @@ joining and names a refused key (a real coordinator and agent on 127.0.0.1, clea
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
+
+from fedge.plumbing.keys import AGENT_KEY, generate_keys
 from fedge.runtime.console import WaitingLine
 from tests.e2e import Processes, endpoint, finished, shards, wait_for
+from tests.inprocess_cli import coordinator_main
 
 
 def test_the_waiting_line_follows_the_count_at_most_once_a_second_and_names_each_refused_key_once_even_when_it_retries() -> None:
@@ -40,8 +42,7 @@ def test_a_bound_coordinator_says_where_it_listens_which_keys_devices_need_and_w
         "--set", "fleet.heartbeat_s=0.5", "--set", "fleet.liveness_s=6.0", "--set", "run.export_onnx=false")
     address = endpoint(run_dir)
     keys = tmp_path / "device-keys"
-    subprocess.run([sys.executable, "-m", "fedge.edge_agent", "keygen", "--keys-dir", str(keys)], check=True,
-                   capture_output=True, timeout=60)
+    generate_keys(keys, AGENT_KEY)  # what `edge-agent keygen --keys-dir KEYS` writes
     procs.agent("--coordinator", address, "--client-id", "pi-01", "--data", str(data),
                 "--state-dir", str(tmp_path / "device"), "--curve", "on", "--keys-dir", str(keys),
                 "--coordinator-key", str(run_dir / "keys" / "coordinator.key"), name="device")
@@ -60,11 +61,13 @@ def test_a_bound_coordinator_says_where_it_listens_which_keys_devices_need_and_w
     assert "1 agent(s) connected; starting" in out and "done: 1 rounds" in out
 
 
-def test_print_config_shows_the_effective_configuration_that_config_toml_holds(tmp_path: Path) -> None:
+def test_print_config_shows_the_effective_configuration_that_config_toml_holds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``coordinator start --print-config`` (its ``main``, in this process: what it prints is the subject)."""
     run_dir = tmp_path / "run"
-    shown = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--rounds", "1", "--run-dir",
-                            str(run_dir), "--model", "mlp", "--print-config", "--set", "fleet.mode=\"simulated\"",
-                            "--set", "fleet.backend=\"inline\"", "--set", "data.train_limit=100",
-                            "--set", "run.export_onnx=false"], capture_output=True, text=True, timeout=300)
-    assert shown.returncode == 0, shown.stderr
-    assert (run_dir / "config.toml").read_text().strip() in shown.stdout
+    code = coordinator_main(["start", "--rounds", "1", "--run-dir", str(run_dir), "--model", "mlp", "--print-config",
+                             "--set", "fleet.mode=\"simulated\"", "--set", "fleet.backend=\"inline\"",
+                             "--set", "data.train_limit=100", "--set", "run.export_onnx=false"])
+    shown = capsys.readouterr()
+    assert code == 0, shown.err
+    assert (run_dir / "config.toml").read_text().strip() in shown.out

@@ -24,7 +24,8 @@ def test_rounds_finish_under_a_flood_and_its_log_lines_are_capped(procs: Process
         "--bind", "tcp://127.0.0.1:0", "--expect", "2", "--rounds", "3", "--run-dir", str(run_dir),
         "--model", "tests.plugin_models:tabular_mlp", "--algorithm", "fedavg",
         "--set", "data.dataset=\"tests.plugin_models:sensor_windows\"", "--set", "data.clients=2",
-        "--set", "security.curve=\"off\"", "--set", "fleet.heartbeat_s=0.5", "--quiet")
+        "--set", "security.curve=\"off\"", "--set", "fleet.heartbeat_s=0.5", "--set", "run.export_onnx=false",
+        "--quiet")
     address = wait_for(lambda: (run_dir / "endpoint").exists() and (run_dir / "endpoint").read_text().strip(),
                        60, "the endpoint file")
     context = zmq.Context()

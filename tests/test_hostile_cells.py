@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from threadpoolctl import threadpool_limits
 
 from fedge import codec
 from fedge.coordinator.config import ConfigError
@@ -56,11 +55,9 @@ MASKED = [cell(m, name, name=name) for m in SECURE_MODES for name in SECURE_PLAI
 
 @pytest.fixture(scope="module")
 def recorded() -> Iterator[Recorded]:
-    """The honest recordings and expected rounds, kept for the module; numpy's BLAS on one thread, as in the
-    coordinator's process (``runtime.launch.play``: idle OpenBLAS threads spin, and the norm of every update
-    waits on them)."""
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield Recorded()
+    """The honest recordings and expected rounds, kept for the module (numpy's BLAS and torch on one thread, as in
+    the coordinator's process: conftest's ``one_thread``)."""
+    yield Recorded()
 
 
 @pytest.mark.parametrize(("mode", "mutation"), CELLS)

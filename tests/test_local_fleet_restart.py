@@ -7,13 +7,12 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.e2e import FAST, Processes, finished, metrics, wait_for
+from tests.inprocess_cli import coordinator_main
 
 
 def agent_pids(run_dir: Path) -> list[int]:
@@ -27,15 +26,16 @@ def agent_pids(run_dir: Path) -> list[int]:
     return found
 
 
-ROUNDS = 15
+ROUNDS = 8
 
 
 def test_a_killed_local_agent_is_restarted_and_the_session_completes(procs: Processes, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # enough rounds that the session is still running when the agent is killed after round 1 (a round of this
-    # small model takes well under a second once agents send their updates as soon as they are ready)
+    # small model takes well under a second once agents send their updates as soon as they are ready; the round the
+    # killed agent was selected for waits for it for the liveness, by which time it is restarted)
     coordinator = procs.coordinator("--local-fleet", "3", "--rounds", str(ROUNDS), "--run-dir", str(run_dir),
-                                    "--algorithm", "fedavg", *FAST)
+                                    "--algorithm", "fedavg", *FAST, "--set", "fleet.liveness_s=3.0")
     wait_for(lambda: len(metrics(run_dir)) >= 1, 120, "round 1")
     victim = wait_for(lambda: agent_pids(run_dir), 30, "the agents")[0]
     os.kill(victim, signal.SIGKILL)
@@ -46,16 +46,19 @@ def test_a_killed_local_agent_is_restarted_and_the_session_completes(procs: Proc
     assert json.loads((run_dir / "report.json").read_text())["status"] == "done"
 
 
-def test_a_broken_agent_install_ends_the_session_with_code_4_and_the_tail(tmp_path: Path) -> None:
+def test_a_broken_agent_install_ends_the_session_with_code_4_and_the_tail(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``coordinator start`` (its ``main``, in this process: its exit status and what it prints are the subject;
+    the agents it starts are real processes, of a broken install)."""
     broken = tmp_path / "python"
     broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named fedge' >&2\nexit 1\n")
     broken.chmod(0o755)
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "fedge.runtime.cli", "start", "--local-fleet", "2",
-                          "--rounds", "1", "--run-dir", str(run_dir), "--set", f"fleet.agent_python=\"{broken}\"",
-                          "--quiet"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 4, out.stdout + out.stderr
-    lines = out.stderr.strip().splitlines()
+    code = coordinator_main(["start", "--local-fleet", "2", "--rounds", "1", "--run-dir", str(run_dir),
+                             "--set", f"fleet.agent_python=\"{broken}\"", "--quiet"])
+    out = capfd.readouterr()
+    assert code == 4, out.out + out.err
+    lines = out.err.strip().splitlines()
     assert lines[-1].startswith("coordinator: error: only 0 of 2 local agents are left"), lines[-1]
     assert "none can be restarted" in lines[-1]
     assert any("local agent agent-01 exited with code 1; its last lines: ModuleNotFoundError" in line

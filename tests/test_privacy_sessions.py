@@ -1,12 +1,13 @@
 """Differential privacy in real sessions: epsilon recomputed from report.json alone, the budget that stops a run,
 crashes that never release twice unaccounted, the population a bound fleet is sampled from, and every combination
 the guarantee cannot hold with refused in one line with nothing written. Sessions are played in this process
-(a simulated fleet, inline), but for the crash (a coordinator process that exits at a named point) and the
-bound fleet (agent processes that join over TCP, with the devices that never do)."""
+(a simulated fleet, inline; the bound fleet's agents joining over loopback TCP in threads), but for the crash (a
+coordinator process that exits at a named point)."""
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,8 @@ from fedge.coordinator.config import ConfigError, load_config
 from fedge.meter.report import write_report
 from fedge.runtime.cli import main as coordinator
 from fedge.runtime.plan import plan_session
-from tests.e2e import FAST, Processes, endpoint, finished, shards
-from tests.simfleet import InProcessSessions, read_jsonl
+from tests.e2e import Processes, shards, wait_for
+from tests.simfleet import InProcessSessions, read_jsonl, run_here
 
 # A private simulated fleet, small: 12 logical clients trained inline, 3 rounds, a tenth of a second a task.
 PRIVATE = ["model.name=mlp", "fleet.mode=simulated", "fleet.backend=inline", "data.clients=12",
@@ -113,20 +114,39 @@ def test_a_round_released_before_a_crash_stays_accounted_and_is_redone(
     assert report["privacy"]["rounds"] == 4 and report["privacy"]["epsilon"] == epsilons[-1]
 
 
-def test_a_bound_fleet_is_sampled_from_its_whole_population(procs: Processes, tmp_path: Path) -> None:
+def test_a_bound_fleet_is_sampled_from_its_whole_population(tmp_path: Path) -> None:
     """fleet.expect = 6 devices, 2 of them online: each round draws from all 6, the drawn offline ones are
-    dropouts, and the accounting's q is the cohort over the population, never over the devices online."""
+    dropouts, and the accounting's q is the cohort over the population, never over the devices online. The
+    coordinator serves on loopback TCP and the two devices join it there as agents (``api.run_agent``), all of
+    them threads of this process (agent processes: tests/test_e2e_run.py)."""
+    from fedge.api import run_agent
+
     data, run_dir = shards(tmp_path, 2), tmp_path / "run"
-    coordinator = procs.coordinator(
-        "--bind", "tcp://127.0.0.1:0", "--expect", "6", "--rounds", "4", "--run-dir", str(run_dir),
-        *FAST, "--set", "data.partition=iid", "--set", "fleet.join_timeout_s=4", "--set", "round.fraction=0.5",
-        "--set", "privacy.mode=central", "--set", "privacy.noise_multiplier=1.0", "--set", "round.deadline_s=30",
-        "--algorithm", "fedavg")
-    address = endpoint(run_dir)
-    for i in range(2):
-        procs.agent("--coordinator", address, "--client-id", f"dev-{i}", "--data", str(data / f"client-{i:03d}.npz"),
-                    "--state-dir", str(tmp_path / f"state-{i}"), name=f"agent-{i}")
-    assert finished(coordinator, 180) == 0, procs.output("coordinator")
+    sets = ["fleet.bind=tcp://127.0.0.1:0", "fleet.expect=6", "run.rounds=4", "model.name=mlp",
+            "data.train_limit=300", "fleet.heartbeat_s=0.5", "fleet.liveness_s=6.0", "run.export_onnx=false",
+            "data.partition=iid", "fleet.join_timeout_s=4", "round.fraction=0.5", "privacy.mode=central",
+            "privacy.noise_multiplier=1.0", "round.deadline_s=30", "algorithm.name=fedavg"]
+    done: dict[str, Any] = {}
+
+    def serve() -> None:
+        try:
+            done["report"] = run_here(sets, run_dir)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's own thread
+            done["error"] = exc
+
+    coordinator = threading.Thread(target=serve, daemon=True)
+    coordinator.start()
+    address = wait_for(lambda: "error" in done or (run_dir / "endpoint").exists() and
+                       (run_dir / "endpoint").read_text().strip(), 60, "the endpoint file")
+    assert "error" not in done, done
+    agents = [threading.Thread(target=run_agent, args=(address, f"dev-{i}", str(data / f"client-{i:03d}.npz"),
+                                                       tmp_path / f"state-{i}"), daemon=True) for i in range(2)]
+    for agent in agents:
+        agent.start()
+    coordinator.join(180)
+    for agent in agents:
+        agent.join(60)
+    assert "report" in done and not coordinator.is_alive(), done
     privacy = json.loads((run_dir / "report.json").read_text())["privacy"]
     assert privacy["population"] == 6 and privacy["cohort"] == 3.0
     assert privacy["epsilon"] == pytest.approx(epsilon_from_records(privacy), rel=1e-6)

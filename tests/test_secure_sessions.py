@@ -79,10 +79,13 @@ def test_the_model_moves_by_exactly_the_survivors_quantised_mean(algorithm: str,
         assert [r["ef_keyframe"] for r in rows] == [1, 1]  # a full round: the mean counts every device it sums
 
 
+FLEET = "fleet.local_agents=4"  # the bit-for-bit sessions' devices (at least 3: secure aggregation's least)
+
+
 def check_secure_records(expected: dict[str, Any], run_dir: Path, fleet: str, dssa: bool) -> None:
-    """A full-participation secure session's records: every device summed each round, and what is computed from a
-    device's data or its change stays on the device."""
-    assert [row["reported"] for row in expected["metrics"]] == [6, 6, 6]
+    """A full-participation secure session's records (four devices, three rounds): every device summed each round,
+    and what is computed from a device's data or its change stays on the device."""
+    assert [row["reported"] for row in expected["metrics"]] == [4, 4, 4]
     clients = read_jsonl(run_dir / "clients.jsonl")
     assert all(row.get("train_loss") is None and row.get("params_updated") is None
                and row.get("flops_opt_updated") is None for row in clients)
@@ -90,16 +93,16 @@ def check_secure_records(expected: dict[str, Any], run_dir: Path, fleet: str, ds
         assert all({"train_loss", "params_updated", "flops_opt_updated"} <= row.keys() for row in clients)
     assert all(row["train_loss"] is None for row in expected["metrics"])
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["secagg_summed"] for r in rows] == [6, 6, 6]
+    assert [r["secagg_summed"] for r in rows] == [4, 4, 4]
     if dssa:
         assert [r["dssa_sparse"] for r in rows] == [0, 1, 1]
 
 
 def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(tmp_path: Path, procs: Processes) -> None:
-    """Secure aggregation's one real fleet (`coordinator start`, six agent processes): DSSA with one warm-up round,
+    """Secure aggregation's one real fleet (`coordinator start`, four agent processes): DSSA with one warm-up round,
     so round 1 masks a dense update (every dense algorithm's path, FedAvg's) and rounds 2 and 3 its sparse
     uplink; the inline fleet plays the same session in this process meanwhile."""
-    sets = (*SECURE, "algorithm.name=dssa-fedprox", "algorithm.warmup_rounds=1")
+    sets = (*SECURE, "algorithm.name=dssa-fedprox", "algorithm.warmup_rounds=1", FLEET)
     process = procs.cli(overrides("dssa-fedprox", 1.0, "process", extra=sets), tmp_path / "process")
     try:
         run_here(overrides("dssa-fedprox", 1.0, "simulated", "inline", sets), tmp_path / "simulated")
@@ -113,7 +116,7 @@ def test_a_simulated_fleet_equals_a_fleet_of_agent_processes_bit_for_bit(tmp_pat
 def test_a_secure_fedavg_session_is_the_same_bit_for_bit_on_worker_processes(tmp_path: Path) -> None:
     """FedAvg's secure session on the inline fleet and on worker processes (the local backend): the same records,
     bit for bit (the dense masked round against agent processes: the test above)."""
-    sets = SECURE
+    sets = (*SECURE, FLEET)
     run_here(overrides("fedavg", 1.0, "simulated", "inline", sets), tmp_path / "inline")
     run_here(overrides("fedavg", 1.0, "simulated", "local", sets), tmp_path / "local")
     expected = records(tmp_path / "inline")

@@ -2,9 +2,11 @@
 processes, bit for bit, at full and partial participation; and across SIGTERM and --resume. One local Ray cluster
 for the whole module (bound to 127.0.0.1, usage statistics off).
 
-One real fleet of agent processes per algorithm family, at one participation (``REAL_FLEETS``); every other cell
-(algorithm, participation) compares the simulated backends with its inline session, played once in this process
-(``InlineRuns``, module-scoped, also what the Ray actors replay)."""
+One real fleet of agent processes per algorithm family, at one participation (``REAL_FLEETS``), its coordinator in
+this process (the agents' process boundary is the claim); every other cell (algorithm, participation) compares the
+simulated backends with its inline session, played once in this process (``InlineRuns``, module-scoped, also what the
+Ray actors replay). Four devices, at a seed where half participation has a device sit a round out and come back
+(``sits_out_and_returns``): the device state kept across that round is what the partial cells are about."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import psutil
 import pytest
 
 from tests.e2e import Processes, wait_for
-from tests.simfleet import differences, overrides, read_jsonl, records, run_here
+from tests.simfleet import differences, overrides, read_jsonl, records, resume_here, run_here
 
 pytestmark = pytest.mark.xdist_group("simulated_fleet")  # one Ray cluster, one set of pools, one cache of runs
 
@@ -37,6 +39,29 @@ REAL_FLEETS = {"fedavg": 1.0, "scaffold": 0.5, "dssa-fedprox": 0.5, "ef-fedprox"
 SIMULATED_CELLS = [(name, fraction) for name in ALGORITHMS for fraction in (0.5, 1.0)
                    if REAL_FLEETS.get(name) != fraction]  # the simulated backends against the inline session
 BACKENDS = ("inline", "local", "ray")
+# The sessions' size: 4 devices (half participation: 2 a round), seed 5: device 3 trains in rounds 1 and 3, devices 0
+# and 2 in two rounds in a row (``sits_out_and_returns`` checks it of every partial cell).
+DEVICES = 4
+SIZE = (f"fleet.local_agents={DEVICES}", "run.seed=5")
+
+
+def cell(algorithm: str, fraction: float, mode: str, backend: str = "local", extra: tuple[str, ...] = ()
+         ) -> list[str]:
+    """``simfleet.overrides`` at this module's size."""
+    return overrides(algorithm, fraction, mode, backend, (*SIZE, *extra))
+
+
+def reported(fraction: float) -> list[int]:
+    """The updates each of the 3 rounds must count."""
+    return [DEVICES // 2 if fraction == 0.5 else DEVICES] * 3
+
+
+def sits_out_and_returns(played: dict[str, Any]) -> bool:
+    """Some device trained in a round, sat the next one out and trained again later (``records``' clients)."""
+    rounds: dict[int, set[int]] = {}
+    for row in played["clients"]:
+        rounds.setdefault(row["client_index"], set()).add(row["round"])
+    return any(r + 1 not in mine and max(mine) > r + 1 for mine in rounds.values() for r in mine)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +129,7 @@ class InlineRuns:
 
             recording = Recording(InlineBackend(), self.root / f"{algorithm}-{fraction}-snapshots")
             recording.snapshots.mkdir()
-            run_here(overrides(algorithm, fraction, "simulated", "inline"), run_dir, recording)
+            run_here(cell(algorithm, fraction, "simulated", "inline"), run_dir, recording)
             self.recorded[(algorithm, fraction)] = recording
         return run_dir
 
@@ -125,23 +150,37 @@ def simulated(algorithm: str, fraction: float, root: Path, pools: dict[str, Any]
     runs = {"inline": inline_runs.run(algorithm, fraction)}
     for backend in ("local", "ray"):
         runs[backend] = root / backend
-        run_here(overrides(algorithm, fraction, "simulated", backend), runs[backend], pools[backend])
+        run_here(cell(algorithm, fraction, "simulated", backend), runs[backend], pools[backend])
     return runs
 
 
+def kill_agents_left(before: set[int]) -> None:
+    """Kill, by PID, the agent processes a session in this process left behind (its fleet stops them itself; this is
+    for a session that failed half-way)."""
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid not in before and "fedge.edge_agent" in child.cmdline():
+                child.kill()
+        except psutil.NoSuchProcess:
+            continue
+
+
 @pytest.mark.parametrize("algorithm", list(REAL_FLEETS))
-def test_every_backend_matches_a_fleet_of_agent_processes(algorithm: str, tmp_path: Path, procs: Processes,
-                                                         pools: dict[str, Any], inline_runs: InlineRuns) -> None:
-    """`coordinator start` with `fleet.mode = "process"` (six agent processes over loopback TCP), the family's
-    participation; meanwhile the simulated backends play the same session in this process."""
+def test_every_backend_matches_a_fleet_of_agent_processes(algorithm: str, tmp_path: Path, pools: dict[str, Any],
+                                                         inline_runs: InlineRuns) -> None:
+    """The session `coordinator start` with `fleet.mode = "process"` plays (four agent processes over loopback TCP,
+    the family's participation; its coordinator in this process), then the simulated backends' sessions."""
     fraction = REAL_FLEETS[algorithm]
-    process = procs.cli(overrides(algorithm, fraction, "process"), tmp_path / "process")
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
     try:
-        runs = simulated(algorithm, fraction, tmp_path, pools, inline_runs)
+        run_here(cell(algorithm, fraction, "process"), tmp_path / "process")
     finally:
-        procs.finish(process, "process")
+        kill_agents_left(before)
     expected = records(tmp_path / "process")
-    assert [row["reported"] for row in expected["metrics"]] == [3 if fraction == 0.5 else 6] * 3
+    assert len(list((tmp_path / "process" / "agents").glob("agent-*/agent.log"))) == DEVICES  # one process each
+    assert [row["reported"] for row in expected["metrics"]] == reported(fraction)
+    assert fraction == 1.0 or sits_out_and_returns(expected)
+    runs = simulated(algorithm, fraction, tmp_path, pools, inline_runs)
     for backend in BACKENDS:
         assert differences(expected, records(runs[backend])) == [], backend
 
@@ -153,28 +192,31 @@ def test_every_backend_plays_the_inline_session_bit_for_bit(algorithm: str, frac
     equality with agent processes, family by family: the test above)."""
     runs = simulated(algorithm, fraction, tmp_path, pools, inline_runs)
     expected = records(runs["inline"])
-    assert [row["reported"] for row in expected["metrics"]] == [3 if fraction == 0.5 else 6] * 3
+    assert [row["reported"] for row in expected["metrics"]] == reported(fraction)
+    assert fraction == 1.0 or sits_out_and_returns(expected)
     for backend in ("local", "ray"):
         assert differences(expected, records(runs[backend])) == [], backend
 
 
-def test_a_simulated_run_stopped_by_sigterm_resumes_to_the_uninterrupted_run(tmp_path: Path,
-                                                                            procs: Processes) -> None:
-    """`coordinator start` of a simulated fleet on worker processes, sent SIGTERM after its first round, and
-    `coordinator start --resume`: the records of the uninterrupted inline run, bit for bit."""
-    slow = ("run.rounds=6", "train.epochs=4")
+def test_a_simulated_run_stopped_by_sigterm_resumes_to_the_uninterrupted_run(tmp_path: Path, procs: Processes,
+                                                                            pools: dict[str, Any]) -> None:
+    """`coordinator start` of a simulated fleet on worker processes, sent SIGTERM as soon as its first row is
+    written (a round's row is written when the next round closes: rounds 3 to 6 are still to play), and resumed by
+    `--resume`'s rules (in this process, on the module's worker pool): the records of the uninterrupted inline run,
+    bit for bit."""
+    longer = ("run.rounds=6",)
     run_dir = tmp_path / "stopped"
-    process = procs.cli(overrides("ef-fedprox", 0.5, "simulated", "local", slow), run_dir)
-    wait_for(lambda: (run_dir / "metrics.jsonl").exists() or process.poll() is not None, 120, "the first round")
+    process = procs.cli(cell("ef-fedprox", 0.5, "simulated", "local", longer), run_dir)
+    first = run_dir / "metrics.jsonl"
+    wait_for(lambda: (first.exists() and first.stat().st_size) or process.poll() is not None, 120, "the first row",
+             interval=0.02)
     process.send_signal(signal.SIGTERM)
     procs.finish(process, "stopped", 60)
-    done = len(read_jsonl(run_dir / "metrics.jsonl"))
+    done = len(read_jsonl(first))
     assert 1 <= done < 6, procs.output("stopped")[-2000:]
-    resumed = procs.coordinator("--resume", str(run_dir), "--quiet", name="resumed")
-    try:  # meanwhile, the uninterrupted run
-        run_here(overrides("ef-fedprox", 0.5, "simulated", "inline", slow), tmp_path / "whole")
-    finally:
-        procs.finish(resumed, "resumed")
+    assert json.loads((run_dir / "report.json").read_text())["status"] == "stopped"
+    assert resume_here(run_dir, backend=pools["local"])["status"] == "done"
+    run_here(cell("ef-fedprox", 0.5, "simulated", "inline", longer), tmp_path / "whole")
     assert differences(records(tmp_path / "whole"), records(run_dir)) == []
 
 
@@ -206,7 +248,7 @@ def test_a_client_rebuilt_from_its_files_on_a_ray_actor_trains_as_it_did_here(po
     from fedge import codec
 
     recording = inline_runs.recording("scaffold", 0.5)
-    assert len(recording.jobs) == 9 and all(recording.frames.values())
+    assert len(recording.jobs) == sum(reported(0.5)) and all(recording.frames.values())
     ray_pool = pools["ray"]
     for job in recording.jobs:
         ray_pool.submit(job)
