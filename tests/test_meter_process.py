@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 from fedge.meter import Root
@@ -28,9 +29,12 @@ def test_cpu_clock_counts_this_process_and_thread() -> None:
 def test_peak_rss_windows_see_a_transient_allocation() -> None:
     rss = PeakRss()
     rss.take()
-    block = bytearray(64 * MB)
-    block[:: 4096] = b"x" * len(block[:: 4096])  # touch every page
-    del block
+    # An anonymous mapping of its own, unmapped on close: a bytearray goes through malloc, which in a long-lived
+    # worker may reuse memory already resident (CI saw that: the block never raised the RSS it was measured against).
+    block = mmap.mmap(-1, 64 * MB)
+    for offset in range(0, 64 * MB, mmap.PAGESIZE):  # touch every page
+        block[offset] = 1
+    block.close()
     peak_with_block = rss.take()
     peak_after = rss.take()
     if rss.exact:  # the kernel's high-water mark sees the freed block; a sampler could not
