@@ -111,13 +111,21 @@ def ledger_epsilon(events: Sequence[RoundEvent], delta: float, accountant: str) 
         from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
         orders, _ = event_rdp(counted[0][0])
-        total = sum(count * event_rdp(event)[1] for event, count in counted)
-        epsilon, _ = compute_epsilon(orders, total, delta)
+        epsilon, _ = compute_epsilon(orders, composed_rdp(counted), delta)
         return float(epsilon)
     tracker = make_accountant(accountant, events[0].sampling)
     for event, count in counted:
         tracker.compose(event.dp_event(), count)
     return float(tracker.get_epsilon(delta))
+
+
+def composed_rdp(counted: Sequence[tuple[RoundEvent, int]]) -> np.ndarray:
+    """The Renyi divergences of ``count`` rounds of each event composed, added in the order given (from zero, as
+    dp-accounting's RDP accountant adds each composed event to its own)."""
+    total = np.zeros_like(event_rdp(counted[0][0])[1]) if counted else np.zeros(0)
+    for event, count in counted:
+        total = total + count * event_rdp(event)[1]
+    return total
 
 
 @functools.lru_cache(maxsize=64)
@@ -148,8 +156,8 @@ def _calibrate(sampling: str, population: int, cohort: float, rounds: int, targe
         """An RDP accountant holding the rounds spent, their divergences computed once (``event_rdp``) and added
         in the order the composed event adds them: the same sums as composing them at every step of the search."""
         tracker = make_accountant("rdp", sampling)
-        for event, count in counted:
-            tracker._rdp = tracker._rdp + count * event_rdp(event)[1]
+        if counted:
+            tracker._rdp = tracker._rdp + composed_rdp(counted)
         return tracker
 
     def search(kind: str, bracket: Any) -> float:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from fedge.edge_agent.transport import CurveClientKeys, DealerTransport, tcp_pee
 from fedge.exhaustive import assert_never
 from fedge.meter import AgentMeter
 from fedge.plumbing import hold_directory
+from fedge.plumbing.forking import ParentWatch
 from fedge.plumbing.memory import trim_heap
 from fedge.protocol.agent import AgentProtocol, DeviceFacts
 from fedge.protocol.events import (
@@ -67,7 +67,9 @@ class Agent:
 
     def __init__(self, settings: AgentSettings, parent_pid: int | None = None, data: DeviceData | None = None) -> None:
         self.settings = settings
-        self.parent_pid = parent_pid
+        # stop when the process that started this agent is gone (a forked agent's parent is a server that outlives it)
+        self.parent_gone: Callable[[], bool] = ParentWatch(parent_pid).gone if parent_pid is not None \
+            else lambda: False
         self.stop_requested = threading.Event()
         self.cancel_requested = threading.Event()  # the coordinator cancelled the round being trained
         self.wake: Callable[[], None] = lambda: None  # ends the main loop's poll (the transport's, once serving)
@@ -293,7 +295,7 @@ class Agent:
         training = self.worker is not None and self.worker.is_alive()
         self.act(transport, self.protocol.tick(now, self.train_steps - self.train_steps_at_start if training else 0))
         self.show_status(self.protocol.status(training))
-        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+        if self.parent_gone():
             log.warning("the process that started this agent is gone; stopping")
             self.stop_requested.set()
 

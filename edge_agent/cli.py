@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-seconds", type=float, help="this device's work budget: train at most this long a round")
     run.add_argument("--step-delay-s", type=float,
                      help="emulate a slower board: wait this long before each training step (agent.step_delay_s)")
-    run.add_argument("--parent-pid", type=int, help="stop when this process is gone (used by the local fleet)")
+    run.add_argument("--parent-pid", type=int, help="stop when this process is gone (exited, or its pid reused; used by the local fleet)")
     run.add_argument("--log-file", help="also write JSON-lines logs here")
     run.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
     predict = sub.add_parser("predict", help="run this device's latest committed model on samples (no torch needed)")

@@ -1,22 +1,33 @@
 """The local fleet: real edge-agent processes on this machine, connected to the coordinator over loopback TCP.
 
-This is the deployment code run locally, not a simulator: each agent is ``python -m fedge.edge_agent run`` with its own
-shard, state directory and log, one torch thread each (OMP_NUM_THREADS=1), and the coordinator's pid as its parent
-so that it stops if the coordinator dies. An agent that exits while the session runs is logged at once (its id,
+This is the deployment code run locally, not a simulator: each agent runs ``fedge.edge_agent``'s ``run`` command with
+its own shard, state directory and log, one torch thread each (OMP_NUM_THREADS=1), and stops if the process that
+started it is gone. With the coordinator's own interpreter (``fleet.agent_python`` empty) each agent is forked from a
+server that imported the agent and torch once (``plumbing.forking``: an agent starts in milliseconds, not seconds of
+import); with another interpreter (another venv) it is ``PYTHON -m fedge.edge_agent run ...``. Either way the
+coordinator's log says each agent's pid. An agent that exits while the session runs is logged at once (its id,
 exit code and last lines) and restarted up to three times with backoff; when fewer agents are left than the
-session needs and none can be restarted, ``FleetLost`` ends the session (exit status 4). The agents allow the session's own plugins (``--allow-plugin``) and get the
-coordinator's working directory and ``sys.path`` entries, so that a user's plugin module imports there as here. Also writes the shards. Knows nothing of algorithms or the wire format.
+session needs and none can be restarted, ``FleetLost`` ends the session (exit status 4). The agents allow the
+session's own plugins (``--allow-plugin``) and get the coordinator's working directory and ``sys.path`` entries, so
+that a user's plugin module imports there as here. Also writes the shards. Knows nothing of algorithms or the wire
+format.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import runpy
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Protocol
+
+from fedge.plumbing.forking import ParentState, preloaded_context
 
 log = logging.getLogger("fedge.runtime.localfleet")
 
@@ -42,6 +53,55 @@ RESTART_BACKOFF_S = 1.0  # doubled per restart of the same agent
 LOG_TAIL_LINES = 5
 
 
+class AgentProcess(Protocol):
+    """What the fleet needs of a started agent: ``subprocess.Popen``'s, or a forked one's (``ForkedAgent``)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class ForkedAgent:
+    """An agent forked from the preloaded server, behind ``Popen``'s calls (its exit code: negative for a signal)."""
+
+    def __init__(self, process: BaseProcess) -> None:
+        self.process = process
+        self.pid = int(process.pid or 0)
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def terminate(self) -> None:
+        self.process.terminate()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"local agent {self.pid}", timeout or 0.0)
+        return self.process.exitcode
+
+
+def forked_agent_main(arguments: list[str], output: str, parent: ParentState) -> None:
+    """A forked agent's start: its starter's directory, path and environment, its output to ``output`` (as a
+    started command's is), one torch thread, then ``edge-agent run`` with ``arguments``."""
+    parent.adopt()
+    descriptor = os.open(output, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    os.close(descriptor)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own streams
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    sys.argv = ["edge-agent", *arguments]
+    runpy.run_module("fedge.edge_agent", run_name="__main__", alter_sys=True)  # as ``python -m fedge.edge_agent``
+
+
 class LocalFleet:
     """Start, watch, restart and stop the local agent processes."""
 
@@ -53,13 +113,15 @@ class LocalFleet:
         self.coordinator_key = coordinator_key
         self.python = python or sys.executable
         self.min_agents = min_agents
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.start_agent = self.command_agent if python else self.forked_agent  # another interpreter, or this one
+        self.processes: dict[str, AgentProcess] = {}
         self.restarts: dict[str, int] = {}
         self.restart_at: dict[str, float] = {}
         self.stopping = False
 
-    def command(self, agent: AgentSpec) -> list[str]:
-        cmd = [self.python, "-m", "fedge.edge_agent", "run", "--coordinator", self.endpoint,
+    def arguments(self, agent: AgentSpec) -> list[str]:
+        """``edge-agent``'s arguments for one agent: it stops when this process is gone (``--parent-pid``)."""
+        cmd = ["run", "--coordinator", self.endpoint,
                "--client-id", agent.client_id, "--data", str(agent.shard), "--state-dir", str(agent.state_dir),
                "--device", "cpu", "--parent-pid", str(os.getpid()), "--after-session", "exit",
                "--log-file", str(agent.state_dir / "agent.log")]
@@ -69,22 +131,39 @@ class LocalFleet:
             cmd += ["--curve", "on", "--keys-dir", str(agent.keys_dir), "--coordinator-key", str(self.coordinator_key)]
         return cmd
 
+    def command(self, agent: AgentSpec) -> list[str]:
+        return [self.python, "-m", "fedge.edge_agent", *self.arguments(agent)]
+
     def environment(self) -> dict[str, str]:
         paths = [p for p in sys.path if p and Path(p).is_dir()]
         return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": os.pathsep.join([os.getcwd(), *paths])}
 
-    def launch(self, agent: AgentSpec) -> None:
-        agent.state_dir.mkdir(parents=True, exist_ok=True)
+    def command_agent(self, agent: AgentSpec) -> AgentProcess:
         stderr = open(agent.state_dir / "agent.stderr", "ab")  # noqa: SIM115 - owned by the child
         try:
-            self.processes[agent.client_id] = subprocess.Popen(
-                self.command(agent), env=self.environment(), stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
-                cwd=os.getcwd())
-        except OSError as exc:
-            raise FleetLost(f"cannot start local agent {agent.client_id} with {self.python}: {exc}") from None
+            return subprocess.Popen(self.command(agent), env=self.environment(), stdin=subprocess.DEVNULL,
+                                    stdout=stderr, stderr=stderr, cwd=os.getcwd())
         finally:
             stderr.close()
+
+    def forked_agent(self, agent: AgentSpec) -> AgentProcess:
+        context = preloaded_context("torch", "fedge.edge_agent.cli", "fedge.edge_agent.agent")
+        parent = ParentState.now()  # the working directory first on the path, as the command's PYTHONPATH has it
+        parent = dataclasses.replace(parent, path=(parent.cwd, *parent.path))
+        process = context.Process(target=forked_agent_main, name=agent.client_id,
+                                  args=(self.arguments(agent), str(agent.state_dir / "agent.stderr"), parent))
+        process.start()
+        return ForkedAgent(process)
+
+    def launch(self, agent: AgentSpec) -> None:
+        agent.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            process = self.start_agent(agent)
+        except OSError as exc:
+            raise FleetLost(f"cannot start local agent {agent.client_id} with {self.python}: {exc}") from None
+        self.processes[agent.client_id] = process
+        log.info("local agent %s started (pid %d)", agent.client_id, process.pid)
 
     def start(self) -> None:
         for agent in self.agents:
@@ -112,7 +191,7 @@ class LocalFleet:
             cid = agent.client_id
             if cid not in self.restart_at:
                 count = self.restarts.get(cid, 0)
-                log.error("local agent %s exited with code %s; its last lines: %s", cid, process.returncode,
+                log.error("local agent %s exited with code %s; its last lines: %s", cid, process.poll(),
                           self.tail(agent))
                 if count >= RESTARTS:
                     self.restart_at[cid] = float("inf")

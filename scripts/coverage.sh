@@ -15,7 +15,7 @@ rm -rf "$out" && mkdir -p "$out"
 basetemp=()
 [[ -d /dev/shm && -w /dev/shm ]] && basetemp=(--basetemp "/dev/shm/fedge-coverage-$(id -u)")
 COVERAGE_FILE="$out/.coverage" .venv/bin/python -m coverage run -m pytest -n "${FEDGE_TEST_WORKERS:-auto}" \
-  --dist loadscope "${basetemp[@]}" "$@"
+  --dist loadscope --no-loadscope-reorder "${basetemp[@]}" "$@"
 status=$?
 COVERAGE_FILE="$out/.coverage" .venv/bin/python -m coverage combine -q "$out"
 COVERAGE_FILE="$out/.coverage" .venv/bin/python -m coverage report > "$out/report.txt"

@@ -11,13 +11,28 @@
 # played once) with its temporary directories on tmpfs (/dev/shm) where the machine has one: the sessions the
 # tests play write and fsync run directories, which costs real time on a disk and nothing on tmpfs. A failed test's
 # directory is kept there until the next run; a passed test's is removed at once.
+#
+# The deployment checks need nothing of the rest (their own tools, a wheel built from the tree): they start first,
+# in the background, beside the install, ruff and mypy (which keep one core busy), their output in a log printed
+# when pytest is done; the script fails if either fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+deploy_log=$(mktemp -t fedge-deploy-check.XXXXXX)
+bash deploy/ci-check.sh >"$deploy_log" 2>&1 &
+deploy=$!
+trap 'kill "$deploy" 2>/dev/null || true' EXIT
 bash scripts/install.sh --dev
 .venv/bin/ruff check .
 .venv/bin/python scripts/mypy_tree.py
 .venv/bin/python scripts/mypy_tree.py --check-resolution  # mypy resolves fedge.* and refuses what is not there
 basetemp=()
 [[ -d /dev/shm && -w /dev/shm ]] && basetemp=(--basetemp "/dev/shm/fedge-tests-$(id -u)")
-.venv/bin/python -m pytest -n "${FEDGE_TEST_WORKERS:-auto}" --dist loadscope "${basetemp[@]}" "$@"
-bash deploy/ci-check.sh
+tests=0
+.venv/bin/python -m pytest -n "${FEDGE_TEST_WORKERS:-auto}" --dist loadscope --no-loadscope-reorder "${basetemp[@]}" "$@" || tests=$?
+deployed=0
+wait "$deploy" || deployed=$?
+trap - EXIT
+cat "$deploy_log"
+rm -f "$deploy_log"
+(( deployed == 0 )) || echo "the deployment checks failed (exit $deployed)" >&2
+(( tests == 0 && deployed == 0 ))

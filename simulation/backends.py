@@ -2,8 +2,8 @@
 
 A backend takes ``Job``s and gives back ``Outcome``s (``simulation.worker``), in whatever order they finish; the
 fleet sorts nothing and needs nothing sorted, because the coordinator aggregates by client index. ``inline`` trains
-one job per poll in the calling process (tests, a quick look); ``local`` keeps ``workers`` processes (spawned, one
-torch thread each); ``ray`` keeps ``workers`` Ray actors of one CPU each (``simulation.ray_backend``, imported only
+one job per poll in the calling process (tests, a quick look); ``local`` keeps ``workers`` processes (forked from a
+server that imported the worker and torch once: ``plumbing.forking``; one torch thread each); ``ray`` keeps ``workers`` Ray actors of one CPU each (``simulation.ray_backend``, imported only
 when chosen, so that nothing else needs Ray). A worker process that dies fails the jobs it held, with the reason;
 the pool is started again. Knows no algorithm, no model and no coordinator.
 """
@@ -13,14 +13,14 @@ from __future__ import annotations
 import collections
 import concurrent.futures as futures
 import logging
-import multiprocessing
 import os
 import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol
 
+from fedge.plumbing.forking import ParentState, preloaded_context
 from fedge.protocol.events import Outcome
-from fedge.simulation.worker import Job, failed, train_client, worker_setup
+from fedge.simulation.worker import Job, failed, forked_worker_setup, train_client
 
 log = logging.getLogger("fedge.simulation")
 
@@ -64,7 +64,7 @@ def default_workers() -> int:
 
 
 class LocalBackend:
-    """A pool of spawned worker processes on this machine."""
+    """A pool of worker processes on this machine, forked from a preloaded server (``plumbing.forking``)."""
 
     def __init__(self, workers: int = 0) -> None:
         self.workers = workers or default_workers()
@@ -72,8 +72,8 @@ class LocalBackend:
         self.running: dict[futures.Future[Outcome], Job] = {}
 
     def start(self) -> futures.ProcessPoolExecutor:
-        return futures.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                           initializer=worker_setup)
+        return futures.ProcessPoolExecutor(self.workers, mp_context=preloaded_context("fedge.simulation.worker"),
+                                           initializer=forked_worker_setup, initargs=(ParentState.now(),))
 
     def submit(self, job: Job) -> None:
         try:

@@ -26,6 +26,7 @@ from fedge.client.data import DeviceData
 from fedge.client.joining import Refused, inference_meta, join_session
 from fedge.client.round import play_task, update_frame
 from fedge.client.state import DeviceState
+from fedge.plumbing.forking import ParentState
 from fedge.plumbing.threads import one_blas_thread
 from fedge.protocol.events import Outcome
 
@@ -99,6 +100,13 @@ def train_client(job: Job) -> Outcome:
     except Exception as exc:  # a failed round is reported, never fatal for the worker
         log.exception("client %s: round %d failed", job.client.client_id, task.round)
         return Outcome(task.round, None, f"{type(exc).__name__}: {exc}", job.client.client_id)
+
+
+def forked_worker_setup(parent: ParentState) -> None:
+    """A forked worker process's start: its starter's directory, path and environment (the server it was forked
+    from may be older than they are), then ``worker_setup``."""
+    parent.adopt()
+    worker_setup()
 
 
 def worker_setup() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,6 +122,13 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def local_agent_pids(run_dir: Path) -> list[int]:
+    """The local agents' pids, as the coordinator's log says them (a forked agent's command line is its server's)."""
+    log = run_dir / "coordinator.log"
+    text = log.read_text() if log.exists() else ""
+    return [int(pid) for pid in re.findall(r"local agent agent-\d+ started \(pid (\d+)\)", text)]
 
 
 def finished(process: subprocess.Popen[bytes], timeout: float) -> int:

@@ -6,6 +6,7 @@ with a fleet of agent processes. Real processes: ``tests/e2e.py``."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,14 @@ def resume_here(run_dir: Path, sets: list[str] | tuple[str, ...] = (), rounds: i
     return play(plan, RunDir(run_dir), resuming=True, backend=backend)
 
 
+def forkserver(child: psutil.Process) -> bool:
+    """Whether a child of this process is multiprocessing's fork server (its forks share its command line)."""
+    try:
+        return child.ppid() == os.getpid() and "multiprocessing.forkserver" in " ".join(child.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
 class InProcessSessions:
     """Sessions played in this process; ``cleanup`` kills, by PID, every process they left behind."""
 
@@ -78,7 +87,10 @@ class InProcessSessions:
         return resume_here(self.root / name, sets, rounds, backend)
 
     def cleanup(self) -> None:
-        left = [child for child in psutil.Process().children(recursive=True) if child.pid not in self.before]
+        """The forked children's server (``plumbing.forking``) is this process's for good, as the resource tracker
+        is: kept (multiprocessing would find it reaped by another); what it forked is killed like the rest."""
+        left = [child for child in psutil.Process().children(recursive=True)
+                if child.pid not in self.before and not forkserver(child)]
         for child in left:
             try:
                 child.kill()

@@ -9,22 +9,11 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.e2e import FAST, Processes, finished, metrics, wait_for
+from tests.e2e import FAST, Processes, finished, local_agent_pids, metrics, wait_for
 from tests.inprocess_cli import coordinator_main
-
-
-def agent_pids(run_dir: Path) -> list[int]:
-    import psutil
-
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if "fedge.edge_agent" in cmdline and str(run_dir) in " ".join(cmdline):
-            found.append(process.info["pid"])
-    return found
-
 
 ROUNDS = 8
 
@@ -37,13 +26,33 @@ def test_a_killed_local_agent_is_restarted_and_the_session_completes(procs: Proc
     coordinator = procs.coordinator("--local-fleet", "3", "--rounds", str(ROUNDS), "--run-dir", str(run_dir),
                                     "--algorithm", "fedavg", *FAST, "--set", "fleet.liveness_s=3.0")
     wait_for(lambda: len(metrics(run_dir)) >= 1, 120, "round 1")
-    victim = wait_for(lambda: agent_pids(run_dir), 30, "the agents")[0]
+    victim = wait_for(lambda: local_agent_pids(run_dir), 30, "the agents")[0]
     os.kill(victim, signal.SIGKILL)
     assert finished(coordinator, 240) == 0, procs.output("coordinator")
     log = (run_dir / "coordinator.log").read_text()
     assert "exited with code -9" in log and "restarting local agent" in log
     assert len(metrics(run_dir)) == ROUNDS
     assert json.loads((run_dir / "report.json").read_text())["status"] == "done"
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_local_agents_stop_when_their_coordinator_is_killed(procs: Processes, tmp_path: Path) -> None:
+    """The agents are forked from a server the coordinator started, not from the coordinator: SIGKILL the coordinator
+    alone (not its process group) and every agent still stops by itself, as a started command's would."""
+    run_dir = tmp_path / "run"
+    coordinator = procs.coordinator("--local-fleet", "2", "--rounds", "50", "--run-dir", str(run_dir),
+                                    "--algorithm", "fedavg", *FAST)
+    wait_for(lambda: len(metrics(run_dir)) >= 1, 120, "round 1")
+    agents = local_agent_pids(run_dir)
+    assert len(agents) == 2 and all(not gone(pid) for pid in agents)
+    os.kill(coordinator.pid, signal.SIGKILL)
+    wait_for(lambda: all(gone(pid) for pid in agents), 30, "the agents to stop")
 
 
 def test_a_broken_agent_install_ends_the_session_with_code_4_and_the_tail(

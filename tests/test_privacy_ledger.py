@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +157,34 @@ def test_heavy_noise_with_an_aggressive_server_step_is_warned_at_start(caplog: p
         plan_session(load_config(None, sets))
     lines = [record.getMessage() for record in caplog.records if "random-walk" in record.getMessage()]
     assert len(lines) == (1 if warned else 0) and all("\n" not in line for line in lines)
+
+
+SPENT_HISTORIES = {  # (sampling, the rounds spent before the calibration, each at its own multiplier)
+    "poisson, none spent": ("poisson", ()),
+    "poisson, two multipliers spent": ("poisson", (0.9, 0.9, 1.5, 1.5, 1.5, 1.5)),
+}
+
+
+@pytest.mark.parametrize("history", list(SPENT_HISTORIES))
+def test_calibration_after_spent_rounds_meets_the_budget_of_a_fresh_full_composition(history: str) -> None:
+    """``calibrate`` keeps the spent rounds' divergences and searches only the new rounds' multiplier; an auditor
+    composes everything afresh with dp-accounting's own accountant (no cache of Fedge's): the rounds spent and the
+    new ones at the calibrated multiplier cost at most the target, and a multiplier a little smaller costs more
+    (the search's tolerance is 1e-4). The ledger's sum says the same epsilon."""
+    from fedge.coordinator.privacy import RoundEvent, calibrate, ledger_epsilon, make_accountant, round_event
+
+    sampling, spent_multipliers = SPENT_HISTORIES[history]
+    population, cohort, rounds, target, delta = 1000, 50.0, 5, 3.0, 1e-5
+    spent = [RoundEvent(sampling, population, cohort, z) for z in spent_multipliers]
+    multiplier = calibrate(sampling, population, cohort, rounds, target, delta, "rdp", spent)
+
+    def fresh_epsilon(z: float) -> float:
+        accountant = make_accountant("rdp", sampling)
+        for each, count in Counter([*spent_multipliers, *[z] * rounds]).items():
+            accountant.compose(round_event(sampling, population, cohort, each), count)
+        return float(accountant.get_epsilon(delta))
+
+    assert fresh_epsilon(multiplier) <= target + 1e-9
+    assert fresh_epsilon(multiplier - 1e-3) > target
+    everything = [*spent, *[RoundEvent(sampling, population, cohort, multiplier)] * rounds]
+    assert ledger_epsilon(everything, delta, "rdp") == pytest.approx(fresh_epsilon(multiplier), rel=1e-9)

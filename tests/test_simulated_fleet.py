@@ -10,8 +10,10 @@ Ray actors replay). Four devices, at a seed where half participation has a devic
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -24,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e import Processes, wait_for
+from tests.e2e import Processes, local_agent_pids, wait_for
 from tests.simfleet import differences, overrides, read_jsonl, records, resume_here, run_here
 
 pytestmark = pytest.mark.xdist_group("simulated_fleet")  # one Ray cluster, one set of pools, one cache of runs
@@ -154,15 +156,12 @@ def simulated(algorithm: str, fraction: float, root: Path, pools: dict[str, Any]
     return runs
 
 
-def kill_agents_left(before: set[int]) -> None:
+def kill_agents_left(run_dir: Path) -> None:
     """Kill, by PID, the agent processes a session in this process left behind (its fleet stops them itself; this is
     for a session that failed half-way)."""
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.pid not in before and "fedge.edge_agent" in child.cmdline():
-                child.kill()
-        except psutil.NoSuchProcess:
-            continue
+    for pid in local_agent_pids(run_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("algorithm", list(REAL_FLEETS))
@@ -171,11 +170,10 @@ def test_every_backend_matches_a_fleet_of_agent_processes(algorithm: str, tmp_pa
     """The session `coordinator start` with `fleet.mode = "process"` plays (four agent processes over loopback TCP,
     the family's participation; its coordinator in this process), then the simulated backends' sessions."""
     fraction = REAL_FLEETS[algorithm]
-    before = {child.pid for child in psutil.Process().children(recursive=True)}
     try:
         run_here(cell(algorithm, fraction, "process"), tmp_path / "process")
     finally:
-        kill_agents_left(before)
+        kill_agents_left(tmp_path / "process")
     expected = records(tmp_path / "process")
     assert len(list((tmp_path / "process" / "agents").glob("agent-*/agent.log"))) == DEVICES  # one process each
     assert [row["reported"] for row in expected["metrics"]] == reported(fraction)
