@@ -14,7 +14,7 @@ out="$PWD/build/coverage"
 rm -rf "$out" && mkdir -p "$out"
 basetemp=()
 [[ -d /dev/shm && -w /dev/shm ]] && basetemp=(--basetemp "/dev/shm/fedge-coverage-$(id -u)")
-COVERAGE_FILE="$out/.coverage" .venv/bin/python -m coverage run -m pytest -n "${FEDGE_TEST_WORKERS:-auto}" \
+COVERAGE_FILE="$out/.coverage" .venv/bin/python -m coverage run -m pytest -n "${FEDGE_TEST_WORKERS:-$(($(nproc) + 1))}" \
   --dist loadscope --no-loadscope-reorder "${basetemp[@]}" "$@"
 status=$?
 COVERAGE_FILE="$out/.coverage" .venv/bin/python -m coverage combine -q "$out"

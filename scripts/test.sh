@@ -5,10 +5,11 @@
 # check, systemd-analyze verify; needs root, as CI is).
 #
 #   bash scripts/test.sh            # arguments go to pytest
-#   FEDGE_TEST_WORKERS=0 bash scripts/test.sh tests/test_config.py   # one pytest process (default: one per core)
+#   FEDGE_TEST_WORKERS=0 bash scripts/test.sh tests/test_config.py   # one pytest process (default: cores + 1)
 #
-# pytest runs on every core (pytest-xdist; a module's tests on one worker, so that its module-scoped runs are
-# played once) with its temporary directories on tmpfs (/dev/shm) where the machine has one: the sessions the
+# pytest runs one worker more than the machine has cores (pytest-xdist; a module's tests on one worker, so that its
+# module-scoped runs are played once; many tests wait on paced agents and timeouts, which leaves a core idle a fifth
+# of the time with one worker per core: docs/testing.md has the figures) with its temporary directories on tmpfs (/dev/shm) where the machine has one: the sessions the
 # tests play write and fsync run directories, which costs real time on a disk and nothing on tmpfs. A failed test's
 # directory is kept there until the next run; a passed test's is removed at once.
 #
@@ -28,7 +29,7 @@ bash scripts/install.sh --dev
 basetemp=()
 [[ -d /dev/shm && -w /dev/shm ]] && basetemp=(--basetemp "/dev/shm/fedge-tests-$(id -u)")
 tests=0
-.venv/bin/python -m pytest -n "${FEDGE_TEST_WORKERS:-auto}" --dist loadscope --no-loadscope-reorder "${basetemp[@]}" "$@" || tests=$?
+.venv/bin/python -m pytest -n "${FEDGE_TEST_WORKERS:-$(($(nproc) + 1))}" --dist loadscope --no-loadscope-reorder "${basetemp[@]}" "$@" || tests=$?
 deployed=0
 wait "$deploy" || deployed=$?
 trap - EXIT
