@@ -51,6 +51,7 @@ class FleetLost(RuntimeError):
 RESTARTS = 3          # per agent
 RESTART_BACKOFF_S = 1.0  # doubled per restart of the same agent
 LOG_TAIL_LINES = 5
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # every numeric library of an agent, started or forked
 
 
 class AgentProcess(Protocol):
@@ -97,7 +98,7 @@ def forked_agent_main(arguments: list[str], output: str, parent: ParentState) ->
     os.close(descriptor)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own streams
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    os.environ.update(ONE_THREAD)
     sys.argv = ["edge-agent", *arguments]
     runpy.run_module("fedge.edge_agent", run_name="__main__", alter_sys=True)  # as ``python -m fedge.edge_agent``
 
@@ -136,7 +137,7 @@ class LocalFleet:
 
     def environment(self) -> dict[str, str]:
         paths = [p for p in sys.path if p and Path(p).is_dir()]
-        return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        return {**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": os.pathsep.join([os.getcwd(), *paths])}
 
     def command_agent(self, agent: AgentSpec) -> AgentProcess:
